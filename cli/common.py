@@ -1,0 +1,132 @@
+"""What every command shares: how the database is named, opening the store, rendering."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import click
+from rich.console import Console
+
+from jobman.jobdb.errors import UsageError
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Job, Store
+from jobman.jobdb.url import DbTarget, parse_db
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+STATUS_STYLE = {
+    "WAITING": "dim", "QUEUED": "cyan", "RUNNING": "bold yellow", "DONE": "green", "FAILED": "bold red",
+    "CRASHED": "bold magenta", "CANCELED": "dim red", "BLOCKED": "red",
+}
+
+
+def db_options(fn: Callable) -> Callable:
+    """``[DB]`` positional (a URL, jobman style) plus ``--db`` and ``--table`` on every command."""
+    fn = click.option("--table", "-t", "table", metavar="NAME",
+                      help="Experiment (jobman's table) name; overrides ?table= in the URL.")(fn)
+    fn = click.option("--db", "db", metavar="URL", envvar="JOBMAN_DB",
+                      help="Database URL (sqlite:///file.db?table=T, postgresql://user@host/db?table=T). "
+                           "Default: $JOBMAN_DB, else sqlite:///jobman.db.")(fn)
+    return fn
+
+
+def split_db_arg(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take a leading database URL out of positional arguments, if there is one."""
+    if args and "://" in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def target_of(db: str | None, table: str | None, url_arg: str | None = None) -> DbTarget:
+    """The database and experiment: a URL given as first argument wins over --db and $JOBMAN_DB."""
+    return parse_db(url_arg or db, table)
+
+
+def open_store(db: str | None, table: str | None, url_arg: str | None = None, *, create: bool = False) -> Store:
+    """The store for the command's database and experiment."""
+    return Store(target_of(db, table, url_arg), create=create)
+
+
+def parse_ids(values: Iterable[str]) -> list[int]:
+    """Job ids from ``12 13``, ``12,13`` or ``10-20``."""
+    ids: list[int] = []
+    for value in values:
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                if "-" in part[1:]:
+                    lo, hi = part.split("-", 1)
+                    ids.extend(range(int(lo), int(hi) + 1))
+                else:
+                    ids.append(int(part))
+            except ValueError:
+                raise UsageError(f"{part!r} is not a job id (use 12, 12,13 or 10-20)") from None
+    return ids
+
+
+def fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def fmt_age(ts: float | None, now: float | None = None) -> str:
+    if not ts:
+        return "-"
+    secs = max(0.0, (now or time.time()) - ts)
+    if secs < 90:
+        return f"{secs:.0f}s"
+    if secs < 5400:
+        return f"{secs / 60:.0f}m"
+    if secs < 172800:
+        return f"{secs / 3600:.1f}h"
+    return f"{secs / 86400:.1f}d"
+
+
+def fmt_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def fmt_params(params: dict[str, Any], skip: Iterable[str] = ()) -> str:
+    skip = set(skip)
+    return " ".join(f"{k}={fmt_value(v)}" for k, v in params.items() if k not in skip)
+
+
+def styled_status(status: Status | str) -> str:
+    name = str(status)
+    return f"[{STATUS_STYLE.get(name, '')}]{name}[/]"
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """The stable JSON form of a job for scripts (``--format json``)."""
+    return {
+        "id": job.id, "phase": job.phase, "status": job.status.value, "target": job.target, "kind": job.kind,
+        "params": job.params, "results": job.results, "attempt": job.attempt, "max_attempts": job.max_attempts,
+        "priority": job.priority, "host": job.host, "pid": job.pid, "backend": job.backend,
+        "backend_id": job.backend_id, "workdir": job.workdir, "log_path": job.log_path,
+        "depends_on": job.depends_on, "error": job.error, "exit_code": job.exit_code,
+        "created_at": job.created_at, "started_at": job.started_at, "heartbeat_at": job.heartbeat_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask before a destructive change; ``--yes`` answers for scripts."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question.rstrip('?')}: refusing without a terminal to confirm (add --yes)")
+    if not click.confirm(question, default=False):
+        raise UsageError("nothing was changed")

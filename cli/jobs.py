@@ -1,0 +1,190 @@
+"""Looking at jobs: ``jobman list``, ``jobman show``, and jobman's ``sqlstatus``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import click
+from rich.panel import Panel
+from rich.table import Table
+
+from jobman.jobdb.status import CODES, Status, parse_status
+from jobman.jobdb.store import Job
+
+from .common import (db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out, parse_ids,
+                     print_json, split_db_arg, styled_status)
+
+
+def _statuses(values: tuple[str, ...]) -> list[Status]:
+    return [parse_status(v) for value in values for v in value.split(",") if v]
+
+
+def _varying_keys(jobs: list[Job]) -> set[str]:
+    """Parameters that differ between jobs (the others are printed once above the table)."""
+    seen: dict[str, set[str]] = {}
+    for j in jobs:
+        for k, v in j.params.items():
+            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    return {k for k, vals in seen.items() if len(vals) > 1 or any(k not in j.params for j in jobs)}
+
+
+def _results_summary(results: dict | None, width: int = 3) -> str:
+    if not results:
+        return ""
+    items = [(k, v) for k, v in results.items() if isinstance(v, (int, float)) and not k.startswith("_")]
+    return " ".join(f"{k}={fmt_value(v)}" for k, v in items[:width])
+
+
+@click.command("list")
+@click.argument("url", required=False, metavar="[DB]")
+@db_options
+@click.option("--status", "-s", "status", multiple=True, metavar="STATUS",
+              help="Only these statuses (names, jobman codes or START/ERR_RUN; comma-separated or repeated).")
+@click.option("--phase", type=int, help="Only this phase.")
+@click.option("--limit", type=click.IntRange(1), help="At most this many jobs.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[str, ...], phase: int | None,
+              limit: int | None, fmt: str) -> None:
+    """One row per job: id, phase, status, attempt, parameters, results.
+
+    \b
+    Example:
+      jobman list --db sqlite:///sweeps.db --table mlp --status RUNNING,FAILED
+      jobman list 'sqlite:///sweeps.db?table=mlp' --format json | jq '.[].status'
+    """
+    store = open_store(db, table, url)
+    jobs = store.jobs(status=_statuses(status), phase=phase, limit=limit)
+    if fmt == "json":
+        print_json([job_json(j) for j in jobs])
+        return
+    if fmt == "csv":
+        keys = sorted({k for j in jobs for k in j.params})
+        rkeys = sorted({k for j in jobs for k in (j.results or {})})
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["id", "phase", "status", "attempt", "depends_on", *keys, *rkeys])
+        for j in jobs:
+            writer.writerow([j.id, j.phase, j.status.value, j.attempt, " ".join(map(str, j.depends_on)),
+                             *[json.dumps(j.params.get(k)) for k in keys],
+                             *[json.dumps((j.results or {}).get(k)) for k in rkeys]])
+        return
+    varying = _varying_keys(jobs)
+    if jobs:
+        common = {k: v for k, v in jobs[0].params.items() if k not in varying}
+        if common and len(jobs) > 1:
+            out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
+    grid = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("id", "phase", "status", "try", "after", "params", "results", "where"):
+        grid.add_column(col, overflow="fold")
+    for j in jobs:
+        where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
+        grid.add_row(str(j.id), str(j.phase), styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
+                     ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
+                     fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
+                     _results_summary(j.results), where)
+    out.print(grid)
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.status.value] = counts.get(j.status.value, 0) + 1
+    out.print(f"[dim]{len(jobs)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "[/]")
+
+
+@click.command("show")
+@click.argument("args", nargs=-1, required=True, metavar="[DB] ID")
+@db_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> None:
+    """One job, whole: parameters, results, dependencies, where it ran, its status history.
+
+    \b
+    Example:
+      jobman show 7 --db 'sqlite:///sweeps.db?table=mlp'
+    """
+    url, rest = split_db_arg(args)
+    ids = parse_ids(rest)
+    if len(ids) != 1:
+        raise click.UsageError("give exactly one job id")
+    store = open_store(db, table, url)
+    job = store.job(ids[0])
+    children = store.children(job.id)
+    events = store.events(job.id)
+    if fmt == "json":
+        data = job_json(job)
+        data["children"] = children
+        data["events"] = [e.__dict__ for e in events]
+        print_json(data)
+        return
+    lines = [
+        f"[bold]job {job.id}[/]  phase {job.phase}  {styled_status(job.status)}  attempt {job.attempt}/"
+        f"{job.max_attempts}  priority {job.priority}",
+        f"target    {job.kind} {job.target}",
+        f"params    {fmt_params(job.params) or '-'}",
+        f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",
+        f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
+        f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}",
+        f"workdir   {job.workdir or '-'}",
+    ]
+    if job.log_path:
+        lines.append(f"output    {job.log_path}")
+    elif job.workdir and job.kind == "cmd":
+        lines.append(f"output    {job.workdir}/stdout.txt, {job.workdir}/stderr.txt")
+    lines.append(f"times     created {fmt_time(job.created_at)}  started {fmt_time(job.started_at)}  "
+                 f"heartbeat {fmt_age(job.heartbeat_at) + ' ago' if job.heartbeat_at else '-'}  finished {fmt_time(job.finished_at)}")
+    if job.exit_code is not None:
+        lines.append(f"exit code {job.exit_code}")
+    out.print(Panel("\n".join(lines), expand=False))
+    if job.error:
+        out.print("[bold red]error[/]")
+        out.print(job.error.rstrip(), markup=False, highlight=False)
+    history = Table(title="history", box=None, header_style="bold")
+    for col in ("when", "from", "to", "try", "why", "by"):
+        history.add_column(col, overflow="fold")
+    for e in events:
+        history.add_row(fmt_time(e.at), e.from_status or "", e.to_status or "", str(e.attempt or ""), e.why,
+                        e.source or "")
+    out.print(history)
+
+
+@click.command("sqlstatus")
+@click.argument("args", nargs=-1, metavar="[DB] [ID]...")
+@db_options
+@click.option("--status", "status", multiple=True, metavar="STATUS",
+              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, CANCELED, a code, or a name).")
+@click.option("--set_status", "--set-status", "set_to", metavar="STATUS", help="Set the selected jobs to STATUS.")
+@click.option("--print_keys", "--print-keys", "print_keys", metavar="K1,K2",
+              help="Also print these parameters/results.")
+@click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
+def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...],
+              set_to: str | None, print_keys: str | None, count: bool) -> None:
+    """jobman's status view: jobs with their numeric status codes, and --set_status.
+
+    \b
+    Example:
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --status START
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --set_status START
+    """
+    url, rest = split_db_arg(args)
+    store = open_store(db, table, url)
+    ids = parse_ids(rest)
+    jobs = store.jobs(status=_statuses(status), ids=ids, with_deps=False)
+    if set_to is not None:
+        new = parse_status(set_to)
+        if not jobs:
+            raise click.UsageError("no job matches; nothing was changed")
+        changed = store.set_status([j.id for j in jobs], new)
+        click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
+        return
+    if count:
+        click.echo(str(len(jobs)))
+        return
+    keys = [k for k in (print_keys or "").split(",") if k]
+    for j in jobs:
+        extra = " ".join(f"{k}={fmt_value({**j.params, **(j.results or {})}.get(k))}" for k in keys)
+        click.echo(f"Job {j.id}: status {CODES[j.status]} ({j.status.value}) phase {j.phase}"
+                   + (f" {extra}" if extra else ""))
+    if not jobs:
+        click.echo("no job matches")
+
+
+COMMANDS = [list_jobs, show, sqlstatus]

@@ -1,0 +1,99 @@
+"""The ``jobman`` command: a click group whose commands live in the modules beside this one."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from jobman import __version__
+from jobman.jobdb.errors import JobmanError
+from jobman.jobdb.url import mask_password
+
+
+class JobmanGroup(click.Group):
+    """Lists commands in the order they were added (the order of a typical session)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+@click.group(cls=JobmanGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="jobman")
+@click.option("--debug", is_flag=True, envvar="JOBMAN_DEBUG", help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """jobman: a job database and experiment scheduler for machine-learning research.
+
+    \b
+    Schedule a sweep, run it on local cores or Slurm, watch it, report the winner:
+      jobman sqlschedule 'sqlite:///sweeps.db?table=mlp' jobman.models.mlp:train lr={{0.1,0.01}}
+      jobman dispatch 'sqlite:///sweeps.db?table=mlp' -j 2
+      jobman report 'sqlite:///sweeps.db?table=mlp' --metric valid_error
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _register() -> None:
+    from . import db as db_cmds
+    from . import jobs, schedule
+
+    for module in (schedule, jobs, db_cmds):
+        for command in module.COMMANDS:
+            cli.add_command(command)
+    for optional in ("run", "repair", "monitor", "report", "demo"):
+        try:
+            module = __import__(f"jobman.cli.{optional}", fromlist=["COMMANDS"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"jobman.cli.{optional}":
+                raise
+            continue
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, turning every error a user can meet into one sentence."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("JOBMAN_DEBUG") == "1"
+    try:
+        rv = cli.main(args=args, prog_name="jobman", standalone_mode=False)
+        if isinstance(rv, int):
+            return rv
+    except click.exceptions.Abort:
+        click.echo("jobman: interrupted", err=True)
+        return 130
+    except click.ClickException as exc:
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            click.echo(exc.ctx.get_usage(), err=True)
+        click.echo(f"jobman: {mask_password(exc.format_message())}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except JobmanError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"jobman: {mask_password(str(exc))}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("jobman: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: still one sentence unless --debug
+        if debug:
+            traceback.print_exc()
+        message = mask_password(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        click.echo(f"jobman: internal error ({message}); rerun with --debug for the traceback", err=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

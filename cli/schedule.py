@@ -1,0 +1,136 @@
+"""``jobman sqlschedule``: a sweep on one command line becomes jobs in the database."""
+
+from __future__ import annotations
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from jobman.jobdb.errors import UsageError
+from jobman.jobdb.status import parse_status
+from jobman.jobdb.sweep import PHASE_SEPARATOR, count_jobs, expand, parse_sweep
+
+from .common import db_options, err, open_store, parse_ids, split_db_arg
+
+_SEP = "\x00phase\x00"
+
+
+class SweepCommand(click.Command):
+    """Keeps every ``--`` as a phase separator (click would swallow the first one)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, [_SEP if a == PHASE_SEPARATOR else a for a in args])
+
+
+def check_targets(targets: list[str]) -> None:
+    """Refuse a sweep whose function targets cannot be imported here (``--no-check`` skips this)."""
+    from jobman.dispatch.experiment import TargetError, resolve
+
+    for target in dict.fromkeys(targets):
+        try:
+            resolve(target)
+        except TargetError as exc:
+            raise UsageError(f"{exc} (use --no-check if it only exists where the jobs run)") from None
+
+
+def parse_after(selectors: tuple[str, ...]) -> dict:
+    """``--after phase=0 --after status=DONE --after lr=0.1 --after ids=1-9`` into filters (ANDed)."""
+    from jobman.jobdb.sweep import parse_value
+
+    out: dict = {"params": {}}
+    for sel in selectors:
+        if sel == "all":
+            continue
+        if "=" not in sel:
+            raise UsageError(f"--after {sel!r}: write key=value (phase=0, status=DONE, ids=1-9, target=..., "
+                             "or a parameter) or 'all'")
+        key, _, value = sel.partition("=")
+        if key == "phase":
+            out["phase"] = int(value) if value.lstrip("-").isdigit() else _bad_after(sel)
+        elif key == "status":
+            out["status"] = [parse_status(v) for v in value.split(",")]
+        elif key in ("id", "ids"):
+            out["ids"] = parse_ids([value])
+        elif key == "target":
+            out["target"] = value
+        else:
+            out["params"][key] = parse_value(value)
+    return out
+
+
+def _bad_after(sel: str):
+    raise UsageError(f"--after {sel!r}: the phase is a whole number")
+
+
+@click.command("sqlschedule", cls=SweepCommand, context_settings={"ignore_unknown_options": False})
+@click.argument("sweep", nargs=-1, required=True, metavar="[DB] TARGET [k=v | k={{a,b}}]... [-- [TARGET] k=v...]")
+@db_options
+@click.option("--cmd", "command", metavar="COMMAND",
+              help="Run a command instead of a function: 'python train.py' (parameters become --key value "
+                   "arguments, or fill {key} placeholders).")
+@click.option("--after", multiple=True, metavar="SELECTOR",
+              help="Fan-in: the first phase depends on every existing job matching SELECTOR "
+                   "(phase=0, status=DONE, ids=1-9, target=..., key=value; repeat to AND; 'all').")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True,
+              help="Runs allowed per job before a crash is final.")
+@click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
+@click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
+def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
+                after: tuple[str, ...], priority: int, max_attempts: int, no_check: bool, dry_run: bool) -> None:
+    """Schedule a sweep: one job per point of the grid, phases joined by '--'.
+
+    \b
+    Example:
+      jobman sqlschedule 'sqlite:///sweeps.db?table=mlp' mypkg.train:main \\
+          lr={{0.1,0.01,0.001}} nhid={{64,256}} -- epochs={{10,50}}
+    Each '--' starts a phase: its jobs are made once per job of the phase
+    before, inherit its parameters, and start when it is DONE. A phase may
+    name its own target first: ... -- jobman.models.dbn:finetune lr={{0.1,0.03}}.
+    Scheduling the same sweep twice adds nothing.
+    """
+    url, tokens = split_db_arg(sweep)
+    tokens = [PHASE_SEPARATOR if t == _SEP else t for t in tokens]
+    parsed = parse_sweep(tokens, command=command)
+    if command is not None and not command.strip():
+        raise UsageError("--cmd needs a command line, such as 'python train.py'")
+    total = count_jobs(parsed)
+    if total > 5_000_000:
+        raise UsageError(f"the sweep makes {total:,} jobs; split it (at most 5,000,000 at once)")
+    specs = expand(parsed)
+    if not no_check:
+        check_targets([s.target for s in specs if s.kind == "fn"])
+    if dry_run:
+        click.echo(f"{len(specs)} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
+        return
+    store = open_store(db, table, url, create=True)
+    after_ids: list[int] = []
+    if after:
+        sel = parse_after(after)
+        after_ids = store.select_ids(status=sel.get("status", ()), phase=sel.get("phase"),
+                                     params=sel["params"] or None, target=sel.get("target"))
+        if "ids" in sel:
+            after_ids = sorted(set(after_ids) & set(sel["ids"]))
+        if not after_ids:
+            raise UsageError(f"--after {' '.join(after)} matches no job in experiment {store.experiment!r}")
+    if len(specs) >= 20_000:
+        with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                      TimeRemainingColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("schedule", total=len(specs))
+            result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
+                                    progress=lambda n: bar.update(task, completed=n))
+    else:
+        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts)
+    where = f"experiment {store.experiment!r} of {store.target.display}"
+    if result.added == 0:
+        click.echo(f"all {result.existing} jobs of this sweep are already in {where}; nothing added")
+    else:
+        extra = f" ({result.existing} already present)" if result.existing else ""
+        click.echo(f"added {result.added} jobs to {where}{extra}")
+
+
+def _alias(name: str) -> SweepCommand:
+    return SweepCommand(name, callback=sqlschedule.callback, params=sqlschedule.params, help=sqlschedule.help,
+                        short_help=f"Same as sqlschedule (the name jobman users know).")
+
+
+COMMANDS = [sqlschedule, _alias("sqlschedules"), _alias("schedule")]

@@ -1,0 +1,120 @@
+"""Resolve a target and call it the way jobman did: ``fn(state, channel)`` or ``fn(**params)``.
+
+The outcome of a call is an :class:`Outcome`: DONE with results, INCOMPLETE
+(re-queue and resume), or FAILED with a reason. Workers and ``jobman cmdline``
+share this module so a function behaves the same everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .channel import COMPLETE, INCOMPLETE, DD, Channel, DirectChannel, to_jsonable
+
+
+class TargetError(Exception):
+    """The target cannot be imported or is not callable."""
+
+
+def resolve(target: str) -> Callable[..., Any]:
+    """Import ``pkg.module:fn`` or ``pkg.module.fn`` and return the callable."""
+    if ":" in target:
+        module_name, _, attr = target.partition(":")
+    else:
+        module_name, _, attr = target.rpartition(".")
+    if not module_name or not attr:
+        raise TargetError(f"target {target!r} is not of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"cannot import module {module_name!r} of target {target!r}: {exc}") from None
+    except Exception as exc:  # a module that raises on import
+        raise TargetError(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TargetError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise TargetError(f"target {target!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def takes_state_and_channel(fn: Callable[..., Any]) -> bool:
+    """True for jobman's ``fn(state, channel)`` signature, False for keyword functions."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:2] == ["state", "channel"]
+
+
+@dataclass
+class Outcome:
+    """How a call ended. ``status`` is DONE, INCOMPLETE or FAILED."""
+
+    status: str
+    results: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
+    """Run ``fn`` on ``state`` and turn whatever it does into an :class:`Outcome`."""
+    channel.bind(state)
+    try:
+        if takes_state_and_channel(fn):
+            ret = fn(state, channel)
+        else:
+            ret = _call_with_keywords(fn, state, channel)
+    except Exception:
+        return Outcome("FAILED", _safe_results(channel, state), traceback.format_exc(limit=20))
+    if isinstance(ret, Mapping):
+        state.update(ret)
+        ret = COMPLETE
+    results = _safe_results(channel, state)
+    if ret is None or ret == COMPLETE:
+        return Outcome("DONE", results)
+    if ret == INCOMPLETE:
+        return Outcome("INCOMPLETE", results)
+    return Outcome("FAILED", results, f"the job returned {ret!r}; expected None, a dict, COMPLETE or INCOMPLETE")
+
+
+def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
+    sig = inspect.signature(fn)
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    kwargs = {k: v for k, v in state.items() if accepts_any or k in sig.parameters}
+    if "channel" in sig.parameters and "channel" not in kwargs:
+        kwargs["channel"] = channel
+    return fn(**kwargs)
+
+
+def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
+    try:
+        return to_jsonable(channel.results_of(state))
+    except (TypeError, ValueError) as exc:
+        return {"_unserialisable_results": str(exc)}
+
+
+def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], workdir: str | Path,
+               *, resume: bool = True) -> Outcome:
+    """Run one experiment in ``workdir`` without a database (``jobman cmdline``).
+
+    With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first.
+    """
+    fn = resolve(target) if isinstance(target, str) else target
+    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params))
+    channel.workdir.mkdir(parents=True, exist_ok=True)
+    state = DD(params)
+    if resume:
+        state.update(channel.saved_results())
+    outcome = call(fn, state, channel)
+    if outcome.status != "FAILED":
+        channel._save(outcome.results)
+    return outcome

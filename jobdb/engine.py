@@ -1,0 +1,216 @@
+"""Connecting: SQLAlchemy engines tuned per database, the schema check, and error translation.
+
+SQLite runs in WAL mode with a busy timeout, and every write transaction starts
+with BEGIN IMMEDIATE so that two writers queue on the lock instead of failing
+with "database is locked" half-way through.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from .errors import DatabaseError, SchemaError
+from .schema import VERSION_TABLE, metadata
+from .url import DbTarget, mask_password
+
+SQLITE_BUSY_TIMEOUT_S = 60.0
+NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "fuse.sshfs", "9p",
+                       "ceph", "fuse.glusterfs", "afs", "beegfs"}
+
+
+def make_engine(target: DbTarget) -> Engine:
+    """An engine for ``target``, with the per-database settings jobman relies on."""
+    if target.dialect == "sqlite":
+        return _sqlite_engine(target)
+    engine = sa.create_engine(
+        target.sqlalchemy_url,
+        pool_pre_ping=True,
+        pool_size=2,
+        max_overflow=4,
+        connect_args={"connect_timeout": 10, "application_name": "jobman"},
+    )
+    if target.schema:
+        engine = engine.execution_options(schema_translate_map={None: target.schema})
+    return engine
+
+
+def _sqlite_engine(target: DbTarget) -> Engine:
+    path = target.sqlite_path
+    if path:
+        refuse_network_filesystem(Path(path))
+    engine = sa.create_engine(
+        target.sqlalchemy_url,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        mode = cur.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode != "wal":
+            try:
+                cur.execute("PRAGMA journal_mode = WAL")
+            except Exception:  # a read-only file keeps its mode; writes will say why
+                pass
+        cur.execute("PRAGMA synchronous = NORMAL")  # durable with WAL across process crashes
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("jobman_readonly"):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def refuse_network_filesystem(path: Path) -> None:
+    """SQLite's WAL needs shared memory, which a network filesystem does not give: refuse it."""
+    if os.environ.get("JOBMAN_ALLOW_NETWORK_SQLITE") == "1":
+        return
+    fstype = filesystem_type(path.resolve().parent)
+    if fstype in NETWORK_FILESYSTEMS:
+        raise DatabaseError(
+            f"{path} is on a network filesystem ({fstype}), where SQLite's WAL mode does not work "
+            "(sqlite.org/wal.html): use PostgreSQL for a database shared between machines")
+
+
+def filesystem_type(directory: Path) -> str | None:
+    """The type of the filesystem holding ``directory``, read from /proc/mounts."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    best, best_type = "", None
+    text = str(directory)
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        if (text == mount or text.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, best_type = mount, fields[2]
+    return best_type
+
+
+# -- migrations ----------------------------------------------------------------
+
+def alembic_config(connection: Connection):
+    """An alembic Config that runs the shipped migrations on ``connection``."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", "jobman:migrations")
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _script_directory():
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", "jobman:migrations")
+    return ScriptDirectory.from_config(cfg)
+
+
+def head_revision() -> str:
+    """The newest schema revision this jobman ships."""
+    return _script_directory().get_current_head()
+
+
+def known_revisions() -> set[str]:
+    """Every schema revision this jobman ships."""
+    return {rev.revision for rev in _script_directory().walk_revisions()}
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The schema revision stored in the database, or None for a database jobman never touched."""
+    inspector = sa.inspect(conn)
+    schema = conn.get_execution_options().get("schema_translate_map", {}).get(None)
+    if not inspector.has_table(VERSION_TABLE, schema=schema):
+        if inspector.has_table("job", schema=schema):
+            raise SchemaError("this database has a 'job' table that jobman did not make; use another database")
+        return None
+    table = sa.table(VERSION_TABLE, sa.column("version_num"), schema=schema)
+    return conn.execute(sa.select(table.c.version_num)).scalar()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Bring the schema to the newest revision; return (before, after)."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242424242)")
+        before = current_revision(conn)
+        command.upgrade(alembic_config(conn), "head")
+        after = current_revision(conn)
+    return before, after or head_revision()
+
+
+def ensure_schema(engine: Engine, create: bool = True) -> None:
+    """Create the schema on a fresh database (when ``create``); refuse an older or newer one."""
+    with engine.connect().execution_options(jobman_readonly=True) as conn:
+        rev = current_revision(conn)
+    head = head_revision()
+    if rev == head:
+        return
+    if rev is None:
+        if not create:
+            raise SchemaError("this database has no jobman tables yet: schedule a sweep first "
+                              "(or run `jobman db upgrade`)")
+        upgrade(engine)
+        return
+    if rev in known_revisions():
+        raise SchemaError(f"the database schema is at revision {rev}, older than this jobman's {head}: "
+                          "run `jobman db upgrade`")
+    raise SchemaError(f"the database schema is at revision {rev}, which this jobman does not know: "
+                      "it was made by a newer jobman, so upgrade jobman")
+
+
+@contextmanager
+def translated_errors(target: DbTarget) -> Iterator[None]:
+    """Turn driver errors a user can meet into one-sentence :class:`DatabaseError`."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        raise DatabaseError(describe_db_error(exc, target)) from exc
+
+
+def describe_db_error(exc: BaseException, target: DbTarget) -> str:
+    """One sentence for a database error, with passwords masked."""
+    text = str(getattr(exc, "orig", exc) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+    low = text.lower()
+    where = target.display
+    if "readonly database" in low or "read-only" in low:
+        return f"cannot write to {where}: the database file or its directory is read-only"
+    if "disk is full" in low or "no space left" in low or "disk full" in low:
+        return f"cannot write to {where}: the disk is full"
+    if "unable to open database file" in low:
+        return f"cannot open {where}: the file or its directory does not exist or is not accessible"
+    if "password authentication failed" in low:
+        return f"cannot connect to {where}: the password was refused"
+    if "does not exist" in low and "database" in low:
+        return f"cannot connect to {where}: that database does not exist"
+    if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \
+            or "could not translate host name" in low or "name or service not known" in low:
+        return f"cannot connect to {where}: the server is unreachable ({mask_password(text)})"
+    if "permission denied" in low:
+        return f"{where}: permission denied ({mask_password(text)})"
+    return f"database error on {where}: {mask_password(text)}"
+
+
+def declared_metadata() -> sa.MetaData:
+    return metadata

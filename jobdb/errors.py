@@ -1,0 +1,46 @@
+"""Errors a user can meet: each is one clear sentence, its docstring the default message."""
+
+from __future__ import annotations
+
+
+class JobmanError(Exception):
+    """Something went wrong in jobman."""
+
+    exit_code = 1
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class UsageError(JobmanError):
+    """The command was given something it cannot use."""
+
+    exit_code = 2
+
+
+class SweepError(UsageError):
+    """The sweep expression is malformed."""
+
+
+class DatabaseError(JobmanError):
+    """The database cannot be used."""
+
+
+class SchemaError(DatabaseError):
+    """The database schema is not the one this jobman expects."""
+
+
+class NoSuchJob(UsageError):
+    """No job has that id in this experiment."""
+
+
+class NoSuchExperiment(UsageError):
+    """No experiment of that name is in the database."""
+
+
+class LeaseLost(JobmanError):
+    """This worker no longer owns the job: it was reset, cancelled or declared crashed."""
+
+
+class StateTooLarge(JobmanError):
+    """The job's state is larger than the database accepts."""

@@ -1,0 +1,107 @@
+"""The tables every part of jobman shares. Migrations in ``migrations/`` must produce exactly these.
+
+Times are seconds since the epoch (floats), so that both engines compare them the
+same way and tests can move them back instead of sleeping.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+metadata = MetaData()
+
+experiment = Table(
+    "experiment",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+)
+
+job = Table(
+    "job",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("experiment_id", Integer, ForeignKey("experiment.id", ondelete="CASCADE"), nullable=False),
+    Column("phase", Integer, nullable=False, server_default=text("0")),
+    Column("kind", String(8), nullable=False, server_default=text("'fn'")),  # 'fn' or 'cmd'
+    Column("target", Text, nullable=False),
+    Column("params", Text, nullable=False),  # JSON object
+    Column("params_hash", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("queue_order", Integer, nullable=False, server_default=text("0")),  # < 0: first in line
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False, server_default=text("3")),
+    Column("lease", Integer, nullable=False, server_default=text("0")),  # fencing token, +1 per claim
+    Column("resume", Boolean, nullable=False, server_default=text("false")),  # next claim continues this attempt
+    Column("stop_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("results", Text),  # JSON object
+    Column("host", String(255)),
+    Column("pid", Integer),
+    Column("pid_started_at", Float),
+    Column("backend", String(16)),
+    Column("backend_id", String(64)),
+    Column("log_path", Text),
+    Column("workdir", Text),
+    Column("created_at", Float, nullable=False),
+    Column("queued_at", Float),
+    Column("started_at", Float),
+    Column("heartbeat_at", Float),
+    Column("finished_at", Float),
+    Column("error", Text),
+    Column("exit_code", Integer),
+    UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
+)
+# The claim: the first QUEUED job of an experiment by priority and order.
+Index("ix_job_claim", job.c.experiment_id, job.c.status, job.c.priority.desc(), job.c.queue_order, job.c.id)
+
+job_dep = Table(
+    "job_dep",
+    metadata,
+    Column("job_id", Integer, ForeignKey("job.id", ondelete="CASCADE"), primary_key=True),
+    Column("depends_on", Integer, ForeignKey("job.id", ondelete="CASCADE"), primary_key=True),
+)
+Index("ix_job_dep_parent", job_dep.c.depends_on)
+
+job_event = Table(
+    "job_event",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer, ForeignKey("job.id", ondelete="CASCADE"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("from_status", String(16)),
+    Column("to_status", String(16)),
+    Column("attempt", Integer),
+    Column("why", Text, nullable=False),
+    Column("source", String(255)),  # host:pid of whoever made the change
+    Column("data", Text),  # JSON: results cleared by a reset, and the like
+)
+Index("ix_job_event_job", job_event.c.job_id, job_event.c.id)
+
+job_metric = Table(
+    "job_metric",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("job_id", Integer, ForeignKey("job.id", ondelete="CASCADE"), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("name", String(100), nullable=False),
+    Column("value", Float, nullable=False),
+    Column("at", Float, nullable=False),
+)
+Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.step)
+
+VERSION_TABLE = "jobman_alembic_version"

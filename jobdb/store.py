@@ -1,0 +1,849 @@
+"""The store: every SQL statement jobman runs, behind domain verbs.
+
+``schedule``, ``claim``, ``heartbeat``, ``save``, ``log_metrics``, ``finish``,
+``crash``, ``reset``, ``cancel``, ... Each verb is one transaction. Every status
+change writes a ``job_event`` row in the same transaction. ``heartbeat``,
+``save`` and ``finish`` take the caller's lease (a fencing token bumped on every
+claim) and refuse a caller that no longer owns the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from . import engine as _engine
+from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .schema import experiment as t_exp
+from .schema import job as t_job
+from .schema import job_dep as t_dep
+from .schema import job_event as t_event
+from .schema import job_metric as t_metric
+from .status import BLOCKING, Status
+from .sweep import JobSpec
+from .url import DbTarget, parse_db
+
+T = TypeVar("T")
+MAX_STATE_BYTES = 4 * 1024 * 1024  # a job's results/checkpoint JSON; weights belong in its workdir
+CHUNK = 900  # ids per IN (...) list: under SQLite's bound-parameter limit with room to spare
+_TRANSIENT = ("database is locked", "database table is locked", "could not serialize", "deadlock detected",
+              "server closed the connection", "connection reset", "terminating connection")
+
+
+def source_tag() -> str:
+    """Who makes a change: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def params_hash(phase: int, kind: str, target: str, params: dict[str, Any]) -> str:
+    """A job's identity within its experiment: the same sweep twice adds nothing."""
+    blob = json.dumps({"phase": phase, "kind": kind, "target": target, "params": params},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def dump_json(value: Any, what: str = "value") -> str:
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the {what} cannot be stored as JSON: {exc}") from None
+
+
+def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+# -- what the verbs return ------------------------------------------------------
+
+@dataclass
+class Job:
+    """One row of ``job``, decoded."""
+
+    id: int
+    experiment_id: int
+    phase: int
+    kind: str
+    target: str
+    params: dict[str, Any]
+    status: Status
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease: int
+    results: dict[str, Any] | None
+    host: str | None
+    pid: int | None
+    pid_started_at: float | None
+    backend: str | None
+    backend_id: str | None
+    log_path: str | None
+    workdir: str | None
+    created_at: float
+    queued_at: float | None
+    started_at: float | None
+    heartbeat_at: float | None
+    finished_at: float | None
+    error: str | None
+    exit_code: int | None
+    stop_requested: bool = False
+    resume: bool = False
+    depends_on: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
+        m = row._mapping
+        return cls(
+            id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
+            params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
+            attempt=m["attempt"], max_attempts=m["max_attempts"], lease=m["lease"],
+            results=json.loads(m["results"]) if m["results"] else None, host=m["host"], pid=m["pid"],
+            pid_started_at=m["pid_started_at"], backend=m["backend"], backend_id=m["backend_id"],
+            log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
+            started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
+            error=m["error"], exit_code=m["exit_code"], stop_requested=bool(m["stop_requested"]),
+            resume=bool(m["resume"]), depends_on=deps or [],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["status"] = self.status.value
+        return d
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    job_id: int
+    at: float
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    why: str
+    source: str | None
+    data: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    added: int
+    existing: int
+    job_ids: list[int]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who claims: recorded on the job so the monitor can find the process again."""
+
+    host: str
+    pid: int
+    pid_started_at: float | None = None
+    backend: str = "local"
+    backend_id: str | None = None
+    log_path: str | None = None
+
+    @classmethod
+    def here(cls, **kwargs: Any) -> "WorkerInfo":
+        try:
+            import psutil
+
+            started = psutil.Process(kwargs.get("pid", os.getpid())).create_time()
+        except Exception:
+            started = None
+        kwargs.setdefault("pid", os.getpid())
+        kwargs.setdefault("pid_started_at", started)
+        return cls(host=socket.gethostname(), **kwargs)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed job: what a worker needs to run it and to prove it still owns it."""
+
+    job: Job
+    lease: int
+
+
+# -- the store ------------------------------------------------------------------------
+
+class Store:
+    """One experiment of one database, spoken to in domain verbs."""
+
+    def __init__(self, target: DbTarget, engine: Engine | None = None, *, check_schema: bool = True,
+                 create: bool = True) -> None:
+        self.target = target
+        path = target.sqlite_path
+        if not create and path and path != ":memory:" and not os.path.exists(path):
+            raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
+        self.engine = engine or _engine.make_engine(target)
+        self._experiment_id: int | None = None
+        if check_schema:
+            with _engine.translated_errors(target):
+                _engine.ensure_schema(self.engine, create=create)
+
+    @classmethod
+    def open(cls, url: str | None = None, table: str | None = None, **kwargs: Any) -> "Store":
+        """Open ``url`` (or ``JOBMAN_DB``, or ./jobman.db) for experiment ``table``."""
+        return cls(parse_db(url, table), **kwargs)
+
+    @property
+    def experiment(self) -> str:
+        return self.target.experiment
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def after_fork(self) -> None:
+        """Drop pooled connections inherited from the parent process without closing them."""
+        self.engine.dispose(close=False)
+
+    # -- transactions --------------------------------------------------------------
+    def _write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
+        """Run ``fn`` in one write transaction, retrying lock and serialization conflicts."""
+        delay = 0.05
+        for attempt in range(retries + 1):
+            try:
+                with _engine.translated_errors(self.target):
+                    try:
+                        with self.engine.begin() as conn:
+                            return fn(conn)
+                    except sa.exc.DBAPIError as exc:
+                        if attempt < retries and _is_transient(exc):
+                            raise _Retry() from exc
+                        raise
+            except _Retry:
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, fn: Callable[[Connection], T]) -> T:
+        with _engine.translated_errors(self.target):
+            with self.engine.connect().execution_options(jobman_readonly=True) as conn:
+                with conn.begin():
+                    return fn(conn)
+
+    def _experiment(self, conn: Connection, create: bool = False) -> int:
+        if self._experiment_id is not None:
+            return self._experiment_id
+        found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == self.experiment)).scalar()
+        if found is None:
+            if not create:
+                names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
+                known = ", ".join(names) if names else "none yet"
+                raise NoSuchExperiment(f"no experiment {self.experiment!r} in {self.target.display} "
+                                       f"(experiments: {known})")
+            found = conn.execute(sa.insert(t_exp).values(name=self.experiment, created_at=time.time())
+                                 .returning(t_exp.c.id)).scalar_one()
+        self._experiment_id = found
+        return found
+
+    def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        now, src = time.time(), source_tag()
+        for r in rows:
+            r.setdefault("at", now)
+            r.setdefault("source", src)
+            r.setdefault("data", None)
+            r.setdefault("attempt", None)
+        conn.execute(sa.insert(t_event), rows)
+
+    def experiments(self) -> list[str]:
+        """Every experiment in the database."""
+        return self._read(lambda c: c.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all())
+
+    # -- schedule -------------------------------------------------------------------
+    def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
+                 max_attempts: int = 3, progress: Callable[[int], None] | None = None) -> ScheduleResult:
+        """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
+
+        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
+        """
+        hashes = [params_hash(s.phase, s.kind, s.target, s.params) for s in specs]
+        encoded = [dump_json(s.params, "parameters") for s in specs]
+
+        def run(conn: Connection) -> ScheduleResult:
+            exp = self._experiment(conn, create=True)
+            if after:
+                found = set()
+                for chunk in _chunks(list(after)):
+                    found.update(conn.execute(sa.select(t_job.c.id).where(
+                        t_job.c.experiment_id == exp, t_job.c.id.in_(chunk))).scalars())
+                missing = sorted(set(after) - found)
+                if missing:
+                    raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
+            ids: dict[str, int] = {}
+            unique = list(dict.fromkeys(hashes))
+            for chunk in _chunks(unique):
+                ids.update(conn.execute(sa.select(t_job.c.params_hash, t_job.c.id).where(
+                    t_job.c.experiment_id == exp, t_job.c.params_hash.in_(chunk))).tuples().all())
+            existing = len(ids)
+            now = time.time()
+            fresh = _first_occurrences(hashes, ids)
+            rows = []
+            for i in fresh:
+                s = specs[i]
+                has_deps = s.parent is not None or bool(after)
+                rows.append({
+                    "experiment_id": exp, "phase": s.phase, "kind": s.kind, "target": s.target,
+                    "params": encoded[i], "params_hash": hashes[i],
+                    "status": (Status.WAITING if has_deps else Status.QUEUED).value,
+                    "priority": priority, "max_attempts": max_attempts, "created_at": now,
+                    "queued_at": None if has_deps else now,
+                })
+            done = 0
+            for batch in _chunks(rows, 5000):
+                result = conn.execute(sa.insert(t_job).returning(t_job.c.params_hash, t_job.c.id,
+                                                                 sort_by_parameter_order=True), list(batch))
+                ids.update(result.tuples().all())
+                done += len(batch)
+                if progress:
+                    progress(done)
+            fresh_ids = [ids[hashes[i]] for i in fresh]
+            deps = []
+            for i in fresh:
+                s = specs[i]
+                child = ids[hashes[i]]
+                if s.parent is not None:
+                    deps.append({"job_id": child, "depends_on": ids[hashes[s.parent]]})
+                elif after:
+                    deps.extend({"job_id": child, "depends_on": a} for a in after)
+            for batch in _chunks(deps, 10000):
+                conn.execute(sa.insert(t_dep), list(batch))
+            # New jobs whose parents already exist may be ready (or blocked) right away.
+            waiting = [ids[hashes[i]] for i in fresh if specs[i].parent is not None or after]
+            pending_parents = {ids[hashes[specs[i].parent]] for i in fresh if specs[i].parent is not None}
+            if after or pending_parents - set(fresh_ids):
+                self._refresh(conn, waiting, why="scheduled")
+            return ScheduleResult(added=len(fresh), existing=existing, job_ids=[ids[h] for h in unique])
+
+        return self._write(run)
+
+    # -- the status machine's shared moves ----------------------------------------------
+    def _refresh(self, conn: Connection, job_ids: Sequence[int], why: str) -> None:
+        """Re-derive WAITING/BLOCKED/QUEUED of not-started jobs from their parents."""
+        if not job_ids:
+            return
+        p = t_job.alias("p")
+        bad_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
+                                       p.c.status.in_([s.value for s in BLOCKING]))
+        open_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
+                                        p.c.status != Status.DONE.value)
+        for chunk in _chunks(list(job_ids)):
+            rows = conn.execute(sa.select(
+                t_job.c.id, t_job.c.status, t_job.c.attempt,
+                sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
+                        else_=Status.QUEUED.value).label("want"),
+            ).where(t_job.c.id.in_(chunk),
+                    t_job.c.status.in_([Status.WAITING.value, Status.BLOCKED.value, Status.QUEUED.value]))).all()
+            moves: dict[str, list[int]] = {}
+            events = []
+            for r in rows:
+                if r.want != r.status:
+                    moves.setdefault(r.want, []).append(r.id)
+                    events.append({"job_id": r.id, "from_status": r.status, "to_status": r.want,
+                                   "attempt": r.attempt, "why": why})
+            now = time.time()
+            for status, ids in moves.items():
+                values: dict[str, Any] = {"status": status}
+                if status == Status.QUEUED.value:
+                    values["queued_at"] = now
+                conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(**values))
+            self._events(conn, events)
+
+    def _children(self, conn: Connection, job_id: int) -> list[int]:
+        return list(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == job_id)).scalars())
+
+    def _descendants(self, conn: Connection, roots: Sequence[int]) -> list[int]:
+        """Every job downstream of ``roots`` (not the roots themselves), one recursive query."""
+        if not roots:
+            return []
+        out: set[int] = set()
+        for chunk in _chunks(list(roots)):
+            down = sa.select(t_dep.c.job_id.label("id")).where(t_dep.c.depends_on.in_(chunk)) \
+                .cte("down", recursive=True)
+            down = down.union(sa.select(t_dep.c.job_id).join(down, t_dep.c.depends_on == down.c.id))
+            out.update(conn.execute(sa.select(down.c.id)).scalars())
+        return sorted(out - set(roots))
+
+    def _block_downstream(self, conn: Connection, job_id: int, why: str) -> int:
+        """Dependents of a job that ended badly can never run: BLOCKED, transitively."""
+        down = self._descendants(conn, [job_id])
+        events, ids = [], []
+        for chunk in _chunks(down):
+            for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
+                    t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
+                ids.append(r.id)
+                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
+                               "attempt": r.attempt, "why": why})
+        for chunk in _chunks(ids):
+            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
+        self._events(conn, events)
+        return len(ids)
+
+    def _promote_children(self, conn: Connection, job_id: int) -> None:
+        """The commit that marks a job DONE queues its dependents that are now ready."""
+        children = self._children(conn, job_id)
+        if children:
+            self._refresh(conn, children, why=f"job {job_id} is DONE")
+
+    # -- a worker's verbs ------------------------------------------------------------------
+    def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
+        """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
+
+        def run(conn: Connection) -> Claimed | None:
+            exp = self._experiment(conn)
+            pick = (sa.select(t_job.c.id)
+                    .where(t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value)
+                    .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
+                    .limit(1))
+            if conn.dialect.name == "postgresql":
+                pick = pick.with_for_update(skip_locked=True)
+            now = time.time()
+            values: dict[str, Any] = dict(
+                status=Status.RUNNING.value, lease=t_job.c.lease + 1,
+                attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
+                resume=False, stop_requested=False, host=worker.host, pid=worker.pid,
+                pid_started_at=worker.pid_started_at, backend=worker.backend, backend_id=worker.backend_id,
+                log_path=worker.log_path, started_at=now, heartbeat_at=now, finished_at=None, error=None,
+                exit_code=None)
+            if workdir_root is not None:
+                values["workdir"] = sa.func.coalesce(
+                    t_job.c.workdir, sa.literal(workdir_root.rstrip("/") + "/") + sa.cast(t_job.c.id, sa.String))
+            row = conn.execute(sa.update(t_job)
+                               .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == Status.QUEUED.value)
+                               .values(**values).returning(*t_job.c)).first()
+            if row is None:
+                return None
+            job = Job.from_row(row, self._parent_ids(conn, row.id))
+            self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
+                                 "to_status": Status.RUNNING.value, "attempt": job.attempt,
+                                 "why": f"claimed by {worker.host}:{worker.pid}"
+                                        + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
+            return Claimed(job, job.lease)
+
+        return self._write(run)
+
+    def _owned(self, job_id: int, lease: int):
+        return sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == Status.RUNNING.value)
+
+    def _refuse(self, conn: Connection, job_id: int, lease: int, what: str) -> LeaseLost:
+        row = conn.execute(sa.select(t_job.c.status, t_job.c.lease, t_job.c.attempt)
+                           .where(t_job.c.id == job_id)).first()
+        if row is None:
+            return LeaseLost(f"job {job_id} was deleted while it ran; its {what} was dropped")
+        return LeaseLost(f"job {job_id} is {row.status} at lease {row.lease}; the {what} of lease {lease} was refused")
+
+    def _refuse_logged(self, job_id: int, lease: int, what: str) -> LeaseLost:
+        """Record a refused write from a caller that lost the job, then return the error to raise."""
+        def run(conn: Connection) -> LeaseLost:
+            err = self._refuse(conn, job_id, lease, what)
+            if conn.execute(sa.select(t_job.c.id).where(t_job.c.id == job_id)).first() is not None:
+                self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                                     "why": f"refused a stale {what} from lease {lease}"}])
+            return err
+        return self._write(run)
+
+    def heartbeat(self, job_id: int, lease: int) -> bool:
+        """Prove the job alive; returns True when a stop was requested (cancel --running)."""
+        def run(conn: Connection) -> bool | None:
+            row = conn.execute(sa.update(t_job).where(self._owned(job_id, lease))
+                               .values(heartbeat_at=time.time()).returning(t_job.c.stop_requested)).first()
+            return None if row is None else bool(row[0])
+
+        answer = self._write(run)
+        if answer is None:
+            raise self._refuse_logged(job_id, lease, "heartbeat")
+        return answer
+
+    def save(self, job_id: int, lease: int, results: dict[str, Any]) -> None:
+        """Checkpoint a running job's results so a relaunch resumes from them."""
+        blob = dump_json(results, "job state")
+        if len(blob) > MAX_STATE_BYTES:
+            raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                                "limit: keep large arrays in files in the job's workdir")
+        ok = self._write(lambda c: c.execute(sa.update(t_job).where(self._owned(job_id, lease))
+                                             .values(results=blob, heartbeat_at=time.time())).rowcount)
+        if not ok:
+            raise self._refuse_logged(job_id, lease, "checkpoint")
+
+    def log_metrics(self, job_id: int, lease: int, points: Iterable[tuple[int, str, float]]) -> None:
+        """Append learning-curve points (step, name, value) of a job the caller owns."""
+        now = time.time()
+        rows = [{"job_id": job_id, "step": s, "name": n, "value": v, "at": now} for s, n, v in points]
+
+        def run(conn: Connection) -> bool:
+            if conn.execute(sa.select(t_job.c.id).where(self._owned(job_id, lease))).first() is None:
+                return False
+            if rows:
+                conn.execute(sa.insert(t_metric), rows)
+            return True
+
+        if not self._write(run):
+            raise self._refuse_logged(job_id, lease, "metrics")
+
+    def finish(self, job_id: int, lease: int, outcome: str, *, results: dict[str, Any] | None = None,
+               error: str | None = None, exit_code: int | None = None, why: str | None = None,
+               relaunch: bool = True) -> Status:
+        """Record how an owned run ended and move the graph on; returns the job's new status.
+
+        ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
+        re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
+        """
+        blob = dump_json(results, "job results") if results is not None else None
+        if blob is not None and len(blob) > MAX_STATE_BYTES:
+            blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                                          "limit: keep large arrays in files in its workdir"), "FAILED"
+
+        def run(conn: Connection) -> Status | None:
+            row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
+                               .where(self._owned(job_id, lease))).first()
+            if row is None:
+                return None
+            now = time.time()
+            values: dict[str, Any] = {"heartbeat_at": now}
+            if blob is not None:
+                values["results"] = blob
+            if row.stop_requested and outcome in ("INCOMPLETE", "REQUEUE", "CRASHED", "FAILED"):
+                new, reason = Status.CANCELED, why or "cancelled while running"
+            elif outcome == "DONE":
+                new, reason = Status.DONE, why or "finished"
+            elif outcome == "FAILED":
+                new, reason = Status.FAILED, why or "failed"
+            elif outcome == "CRASHED":
+                new, reason = Status.CRASHED, why or "crashed"
+            elif outcome in ("INCOMPLETE", "REQUEUE"):
+                new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome == "INCOMPLETE"
+                                                     else "put back by its stopping worker")
+                values.update(resume=True, queue_order=-1, queued_at=now)
+            else:
+                raise ValueError(f"unknown outcome {outcome!r}")
+            values["status"] = new.value
+            if new is not Status.QUEUED:
+                values["finished_at"] = now
+            if error is not None or new in (Status.DONE, Status.QUEUED):
+                values["error"] = error
+            if exit_code is not None:
+                values["exit_code"] = exit_code
+            conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
+            self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": new.value,
+                                 "attempt": row.attempt, "why": reason}])
+            if new is Status.DONE:
+                self._promote_children(conn, job_id)
+            elif new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
+                new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
+            elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
+                self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
+            return new
+
+        status = self._write(run)
+        if status is None:
+            raise self._refuse_logged(job_id, lease, "finish")
+        return status
+
+    def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:
+        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
+            status=Status.QUEUED.value, queued_at=time.time(), queue_order=0, resume=False,
+            stop_requested=False, finished_at=None))
+        self._events(conn, [{"job_id": job_id, "from_status": Status.CRASHED.value, "to_status": Status.QUEUED.value,
+                             "attempt": attempt, "why": why}])
+        return Status.QUEUED
+
+    # -- the monitor's verbs ---------------------------------------------------------------
+    def running(self) -> list[Job]:
+        """Every RUNNING job of the experiment (the monitor's scan)."""
+        def run(conn: Connection) -> list[Job]:
+            exp = self._experiment(conn)
+            rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
+                                                       t_job.c.status == Status.RUNNING.value)).all()
+            return [Job.from_row(r) for r in rows]
+        return self._read(run)
+
+    def crash(self, job_id: int, lease: int, reason: str, *, relaunch: bool = True) -> Status:
+        """Declare a RUNNING job crashed (found dead); relaunch within max_attempts."""
+        return self.finish(job_id, lease, "CRASHED", why=reason, relaunch=relaunch)
+
+    def relaunch(self, job_ids: Sequence[int], why: str, *, include_failed: bool = False,
+                 ignore_limit: bool = False, dry_run: bool = False) -> list[int]:
+        """Put CRASHED (and, if asked, FAILED) jobs back in the queue within max_attempts, cascading."""
+        statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
+
+        def run(conn: Connection) -> list[int]:
+            exp = self._experiment(conn)
+            q = sa.select(t_job.c.id, t_job.c.attempt, t_job.c.max_attempts).where(
+                t_job.c.experiment_id == exp, t_job.c.status.in_(statuses))
+            rows = []
+            for chunk in _chunks(list(job_ids)):
+                rows.extend(conn.execute(q.where(t_job.c.id.in_(chunk))).all())
+            chosen = [r.id for r in rows if ignore_limit or r.attempt < r.max_attempts]
+            if not dry_run:
+                self._reset(conn, chosen, cascade=True, why=why, fresh=False)
+            return sorted(chosen)
+
+        return self._write(run)
+
+    # -- a user's repairs ----------------------------------------------------------------
+    def reset(self, job_ids: Sequence[int], *, cascade: bool = True, why: str = "reset by hand",
+              force_running: bool = False) -> list[int]:
+        """Put jobs back to run again (fresh attempt budget); their dependents back to WAITING.
+
+        Returns every job whose status changed. The results they had go into the event log.
+        """
+        def run(conn: Connection) -> list[int]:
+            self._check_ids(conn, job_ids)
+            if not force_running:
+                busy = conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(list(job_ids)[:CHUNK]),
+                                                                t_job.c.status == Status.RUNNING.value)).first()
+                if busy is not None:
+                    raise UsageError(f"job {busy.id} is RUNNING: cancel it with --running first, or reset with --force")
+            return self._reset(conn, job_ids, cascade=cascade, why=why, fresh=True)
+
+        return self._write(run)
+
+    def _reset(self, conn: Connection, job_ids: Sequence[int], *, cascade: bool, why: str, fresh: bool) -> list[int]:
+        if not job_ids:
+            return []
+        roots = sorted(set(job_ids))
+        down = [d for d in self._descendants(conn, roots) if d not in set(roots)]
+        events = []
+        cleared: list[int] = []
+        for group, is_root in ((roots, True), (down, False)):
+            for chunk in _chunks(group):
+                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
+                                    .where(t_job.c.id.in_(chunk))).all()
+                for r in rows:
+                    if not is_root and not cascade and r.status not in (Status.BLOCKED.value,):
+                        continue
+                    if not is_root and r.status == Status.WAITING.value and not r.results:
+                        continue
+                    data = {"results": json.loads(r.results)} if r.results else None
+                    events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
+                                   "attempt": r.attempt, "data": json.dumps(data) if data else None,
+                                   "why": why if is_root else f"{why}: upstream job reset"})
+                    cleared.append(r.id)
+        values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
+                                      finished_at=None, stop_requested=False, resume=False, queue_order=0,
+                                      queued_at=None)
+        for chunk in _chunks([i for i in cleared if i in set(roots)]):
+            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk))
+                         .values(**values, **({"attempt": 0} if fresh else {})))
+        for chunk in _chunks([i for i in cleared if i not in set(roots)]):
+            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
+        self._events(conn, events)
+        self._refresh(conn, cleared, why="dependencies re-checked after reset")
+        return cleared
+
+    def cancel(self, job_ids: Sequence[int], *, running: bool = False, why: str = "cancelled by hand") -> list[int]:
+        """Cancel jobs that have not finished; with ``running``, ask running ones to stop."""
+        def run(conn: Connection) -> list[int]:
+            self._check_ids(conn, job_ids)
+            changed = []
+            for chunk in _chunks(list(job_ids)):
+                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                                    .where(t_job.c.id.in_(chunk))).all()
+                for r in rows:
+                    if r.status == Status.RUNNING.value:
+                        if not running:
+                            raise UsageError(f"job {r.id} is RUNNING: add --running to ask it to stop")
+                        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(stop_requested=True))
+                        self._events(conn, [{"job_id": r.id, "from_status": r.status, "to_status": r.status,
+                                             "attempt": r.attempt, "why": f"{why}: stop requested"}])
+                        changed.append(r.id)
+                    elif r.status in (Status.WAITING.value, Status.QUEUED.value, Status.BLOCKED.value):
+                        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(
+                            status=Status.CANCELED.value, finished_at=time.time()))
+                        self._events(conn, [{"job_id": r.id, "from_status": r.status,
+                                             "to_status": Status.CANCELED.value, "attempt": r.attempt, "why": why}])
+                        self._block_downstream(conn, r.id, f"job {r.id} is CANCELED")
+                        changed.append(r.id)
+            return changed
+
+        return self._write(run)
+
+    def set_status(self, job_ids: Sequence[int], status: Status, why: str = "status set by hand") -> list[int]:
+        """Force a status (jobman's --set_status), keeping the graph consistent around it."""
+        def run(conn: Connection) -> list[int]:
+            self._check_ids(conn, job_ids)
+            changed = []
+            for chunk in _chunks(list(job_ids)):
+                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                                    .where(t_job.c.id.in_(chunk))).all()
+                for r in rows:
+                    if r.status == status.value:
+                        continue
+                    values: dict[str, Any] = {"status": status.value}
+                    if status is Status.QUEUED:
+                        values.update(queued_at=time.time(), resume=False)
+                    conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(**values))
+                    self._events(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value,
+                                         "attempt": r.attempt, "why": why}])
+                    changed.append(r.id)
+                    if status is Status.DONE:
+                        self._promote_children(conn, r.id)
+                    elif status in BLOCKING:
+                        self._block_downstream(conn, r.id, f"job {r.id} is {status.value}")
+                    elif r.status in [s.value for s in BLOCKING]:
+                        self._refresh(conn, self._descendants(conn, [r.id]), why=f"job {r.id} is {status.value}")
+            return changed
+
+        return self._write(run)
+
+    def set_priority(self, job_ids: Sequence[int], priority: int) -> int:
+        """Higher runs first among QUEUED jobs."""
+        def run(conn: Connection) -> int:
+            self._check_ids(conn, job_ids)
+            n = 0
+            for chunk in _chunks(list(job_ids)):
+                n += conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(priority=priority)).rowcount
+            return n
+        return self._write(run)
+
+    def delete(self, job_ids: Sequence[int]) -> int:
+        """Remove jobs with their events and metrics; their dependents lose that dependency."""
+        def run(conn: Connection) -> int:
+            self._check_ids(conn, job_ids)
+            affected = set()
+            n = 0
+            for chunk in _chunks(list(job_ids)):
+                affected.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
+                for table, col in ((t_metric, t_metric.c.job_id), (t_event, t_event.c.job_id),
+                                   (t_dep, t_dep.c.job_id), (t_dep, t_dep.c.depends_on)):
+                    conn.execute(sa.delete(table).where(col.in_(chunk)))
+                n += conn.execute(sa.delete(t_job).where(t_job.c.id.in_(chunk))).rowcount
+            self._refresh(conn, sorted(affected - set(job_ids)), why="a dependency was deleted")
+            return n
+        return self._write(run)
+
+    def _check_ids(self, conn: Connection, job_ids: Sequence[int]) -> None:
+        exp = self._experiment(conn)
+        if not job_ids:
+            raise UsageError("no job was selected")
+        found: set[int] = set()
+        for chunk in _chunks(list(job_ids)):
+            found.update(conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
+                                                                  t_job.c.id.in_(chunk))).scalars())
+        missing = sorted(set(job_ids) - found)
+        if missing:
+            raise NoSuchJob(f"no job {missing[0]} in experiment {self.experiment!r}")
+
+    # -- reading ------------------------------------------------------------------------
+    def _parent_ids(self, conn: Connection, job_id: int) -> list[int]:
+        return sorted(conn.execute(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == job_id)).scalars())
+
+    def jobs(self, *, status: Sequence[Status] = (), phase: int | None = None, ids: Sequence[int] = (),
+             with_deps: bool = True, limit: int | None = None) -> list[Job]:
+        """Jobs of the experiment, by id, optionally filtered."""
+        def run(conn: Connection) -> list[Job]:
+            exp = self._experiment(conn)
+            q = sa.select(t_job).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
+            if status:
+                q = q.where(t_job.c.status.in_([s.value for s in status]))
+            if phase is not None:
+                q = q.where(t_job.c.phase == phase)
+            if ids:
+                q = q.where(t_job.c.id.in_(list(ids)))
+            if limit:
+                q = q.limit(limit)
+            rows = conn.execute(q).all()
+            deps: dict[int, list[int]] = {}
+            if with_deps and rows:
+                dq = sa.select(t_dep.c.job_id, t_dep.c.depends_on).join(t_job, t_job.c.id == t_dep.c.job_id) \
+                    .where(t_job.c.experiment_id == exp).order_by(t_dep.c.depends_on)
+                for child, parent in conn.execute(dq).tuples():
+                    deps.setdefault(child, []).append(parent)
+            return [Job.from_row(r, deps.get(r.id, [])) for r in rows]
+        return self._read(run)
+
+    def job(self, job_id: int) -> Job:
+        """One job, with the ids it depends on."""
+        def run(conn: Connection) -> Job:
+            exp = self._experiment(conn)
+            row = conn.execute(sa.select(t_job).where(t_job.c.id == job_id, t_job.c.experiment_id == exp)).first()
+            if row is None:
+                raise NoSuchJob(f"no job {job_id} in experiment {self.experiment!r}")
+            return Job.from_row(row, self._parent_ids(conn, job_id))
+        return self._read(run)
+
+    def children(self, job_id: int) -> list[int]:
+        return self._read(lambda c: sorted(self._children(c, job_id)))
+
+    def parents(self, job_id: int) -> list[Job]:
+        """The jobs ``job_id`` depends on, whole (a job reads its parents' workdirs and results)."""
+        def run(conn: Connection) -> list[Job]:
+            rows = conn.execute(sa.select(t_job).join(t_dep, t_dep.c.depends_on == t_job.c.id)
+                                .where(t_dep.c.job_id == job_id).order_by(t_job.c.id)).all()
+            return [Job.from_row(r) for r in rows]
+        return self._read(run)
+
+    def events(self, job_id: int) -> list[Event]:
+        def run(conn: Connection) -> list[Event]:
+            rows = conn.execute(sa.select(t_event).where(t_event.c.job_id == job_id).order_by(t_event.c.id)).all()
+            return [Event(r.id, r.job_id, r.at, r.from_status, r.to_status, r.attempt, r.why, r.source,
+                          json.loads(r.data) if r.data else None) for r in rows]
+        return self._read(run)
+
+    def metrics(self, job_ids: Sequence[int]) -> list[tuple[int, int, str, float]]:
+        """(job_id, step, name, value) of the given jobs, in step order."""
+        def run(conn: Connection) -> list[tuple[int, int, str, float]]:
+            out = []
+            for chunk in _chunks(list(job_ids)):
+                out.extend(conn.execute(sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name,
+                                                  t_metric.c.value).where(t_metric.c.job_id.in_(chunk))
+                                        .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)).tuples())
+            return out
+        return self._read(run)
+
+    def counts(self) -> dict[tuple[int, str], int]:
+        """Number of jobs per (phase, status)."""
+        def run(conn: Connection) -> dict[tuple[int, str], int]:
+            exp = self._experiment(conn)
+            q = sa.select(t_job.c.phase, t_job.c.status, sa.func.count()).where(t_job.c.experiment_id == exp) \
+                .group_by(t_job.c.phase, t_job.c.status)
+            return {(p, s): n for p, s, n in conn.execute(q).tuples()}
+        return self._read(run)
+
+    def select_ids(self, *, status: Sequence[Status] = (), phase: int | None = None,
+                   params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
+        """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
+        jobs = self.jobs(status=status, phase=phase, with_deps=False)
+        out = []
+        for j in jobs:
+            if target is not None and j.target != target:
+                continue
+            if params and any(j.params.get(k, _MISSING) != v for k, v in params.items()):
+                continue
+            out.append(j.id)
+        return out
+
+
+_MISSING = object()
+
+
+class _Retry(Exception):
+    pass
+
+
+def _is_transient(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    return any(t in text for t in _TRANSIENT)
+
+
+def _first_occurrences(hashes: list[str], existing: dict[str, int]) -> list[int]:
+    seen: set[str] = set(existing)
+    out = []
+    for i, h in enumerate(hashes):
+        if h not in seen:
+            seen.add(h)
+            out.append(i)
+    return out
+
+
+__all__ = ["Store", "Job", "Event", "Claimed", "WorkerInfo", "ScheduleResult", "DatabaseError",
+           "params_hash", "source_tag", "MAX_STATE_BYTES"]

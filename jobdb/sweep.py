@@ -1,0 +1,310 @@
+"""The sweep grammar: ``TARGET k=v k={{a,b,c}} -- [TARGET2] k2={{x,y}}``.
+
+``{{a,b,c}}`` gives one job per value and several give their product; each ``--``
+starts a phase whose jobs are made once per job of the phase before, inherit its
+parameters and depend on it. Values are typed as jobman did: int, float, bool,
+None, str, plus ``[lists]``; ``"quoted"`` text stays a string. Parsing is pure;
+errors say which argument and which character.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from .errors import SweepError
+
+PHASE_SEPARATOR = "--"
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$")
+_SPECIAL = set(",{}[]\"'")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    key: str
+    values: tuple[Any, ...]
+    grid: bool  # written as {{...}}
+
+
+@dataclass
+class Phase:
+    target: str | None  # None: same target as the phase before
+    assignments: list[Assignment] = field(default_factory=list)
+
+
+@dataclass
+class Sweep:
+    phases: list[Phase]
+    kind: str = "fn"  # "fn" (a Python function path) or "cmd" (a command line)
+
+    def targets(self) -> list[str]:
+        """The target each phase runs, inherited where a phase names none."""
+        out, current = [], None
+        for phase in self.phases:
+            current = phase.target or current
+            out.append(current)
+        return out
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to schedule. ``parent`` is the index of the job it depends on, if any."""
+
+    phase: int
+    kind: str
+    target: str
+    params: dict[str, Any]
+    parent: int | None
+
+
+def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> SweepError:
+    where = f" at character {pos + 1}" if pos is not None else ""
+    return SweepError(f"argument {arg_index + 1} {token!r}: {message}{where}")
+
+
+# -- values ----------------------------------------------------------------------
+
+def split_top_level(text: str, offset: int = 0) -> list[tuple[str, int]]:
+    """Split at commas outside brackets and quotes; each piece with its start position."""
+    pieces, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == "\\" and quote == '"':
+                continue
+            if ch == quote and (i == 0 or text[i - 1] != "\\" or quote == "'"):
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"']' without '['@{offset + i}")
+        elif ch == "," and depth == 0:
+            pieces.append((text[start:i], offset + start))
+            start = i + 1
+    if quote:
+        raise ValueError(f"quote {quote} is never closed@{offset + text.rindex(quote)}")
+    if depth:
+        raise ValueError(f"'[' is never closed@{offset + text.index('[')}")
+    pieces.append((text[start:], offset + start))
+    return pieces
+
+
+def parse_value(text: str, offset: int = 0) -> Any:
+    """One typed value. Raises ValueError('message@position') when malformed."""
+    s = text.strip()
+    lead = offset + (len(text) - len(text.lstrip()))
+    if s in ("True", "true"):
+        return True
+    if s in ("False", "false"):
+        return False
+    if s in ("None", "null"):
+        return None
+    if _INT.match(s):
+        return int(s)
+    if _FLOAT.match(s):
+        return float(s)
+    if s.startswith("[") and s.endswith("]"):
+        inner = s[1:-1]
+        if not inner.strip():
+            return []
+        return [parse_value(piece, pos) for piece, pos in split_top_level(inner, lead + 1)]
+    if len(s) >= 2 and s[0] == s[-1] == '"':
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            raise ValueError(f"malformed quoted string@{lead}") from None
+    if len(s) >= 2 and s[0] == s[-1] == "'":
+        return s[1:-1]
+    for i, ch in enumerate(s):
+        if ch in "{}[]":
+            raise ValueError(f"unexpected {ch!r}@{lead + i}")
+        if ch in "\"'":
+            raise ValueError(f"stray quote {ch}@{lead + i}")
+    return s
+
+
+def format_value(value: Any) -> str:
+    """The printed form of a value, such that ``parse_value(format_value(v)) == v``."""
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    text = str(value)
+    plain = text == text.strip() and text and not (_SPECIAL & set(text))
+    if plain:
+        try:
+            if parse_value(text) == text:
+                return text
+        except ValueError:
+            pass
+    return json.dumps(text)
+
+
+# -- expressions -------------------------------------------------------------------
+
+def parse_assignment(token: str, arg_index: int) -> Assignment:
+    """``k=v`` or ``k={{a,b,c}}``."""
+    if "=" not in token:
+        raise _fail(arg_index, token, "'=' is missing: parameters are written key=value")
+    key, _, raw = token.partition("=")
+    if not _KEY.match(key):
+        raise _fail(arg_index, token, f"{key!r} is not a valid parameter name", 0)
+    start = len(key) + 1
+    try:
+        if raw.startswith("{{"):
+            if not raw.endswith("}}") or len(raw) < 4:
+                raise ValueError(f"'{{{{' is never closed with '}}}}'@{start}")
+            inner = raw[2:-2]
+            if "{{" in inner or "}}" in inner:
+                bad = inner.index("{{") if "{{" in inner else inner.index("}}")
+                raise ValueError(f"grids cannot be nested@{start + 2 + bad}")
+            if not inner.strip():
+                raise ValueError(f"the grid is empty@{start}")
+            values = []
+            for piece, pos in split_top_level(inner, start + 2):
+                if not piece.strip():
+                    raise ValueError(f"the grid has an empty value@{pos}")
+                values.append(parse_value(piece, pos))
+            return Assignment(key, tuple(values), True)
+        if "}}" in raw:
+            raise ValueError(f"'}}}}' without '{{{{'@{start + raw.index('}}')}")
+        return Assignment(key, (parse_value(raw, start),), False)
+    except ValueError as exc:
+        message, _, pos = str(exc).rpartition("@")
+        raise _fail(arg_index, token, message, int(pos)) from None
+
+
+_SHELL_EXPANDED = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=\{([^{}]*)\}$")
+
+
+def rejoin_shell_expansion(tokens: Sequence[str]) -> list[str]:
+    """Undo the shell's brace expansion: an unquoted ``k={{a,b}}`` reaches us as ``k={a} k={b}``."""
+    out: list[str] = []
+    run_key, run_values = None, []
+
+    def flush() -> None:
+        nonlocal run_key, run_values
+        if run_key is not None:
+            out.append(f"{run_key}={{{{{','.join(run_values)}}}}}")
+        run_key, run_values = None, []
+
+    for token in tokens:
+        m = _SHELL_EXPANDED.match(token)
+        if m and (run_key is None or m.group(1) == run_key):
+            run_key = m.group(1)
+            run_values.append(m.group(2))
+            continue
+        flush()
+        m = _SHELL_EXPANDED.match(token)
+        if m:
+            run_key, run_values = m.group(1), [m.group(2)]
+        else:
+            out.append(token)
+    flush()
+    return out
+
+
+def parse_sweep(tokens: Sequence[str], command: str | None = None) -> Sweep:
+    """Parse a sweep. With ``command`` (``--cmd``), the first phase runs that command line.
+
+    Grids the shell has brace-expanded (``k={a} k={b}``) are joined back first.
+    """
+    tokens = rejoin_shell_expansion(tokens)
+    if not tokens and command is None:
+        raise SweepError("the sweep is empty: give a target such as mypkg.train:main and parameters")
+    phases: list[Phase] = [Phase(target=command)]
+    seen: dict[str, int] = {}
+    expect_target = command is None
+    for i, token in enumerate(tokens):
+        if token == PHASE_SEPARATOR:
+            if i == len(tokens) - 1:
+                raise SweepError(f"argument {i + 1} '--': a phase separator must be followed by a phase")
+            if not phases[-1].assignments and phases[-1].target is None:
+                raise SweepError(f"argument {i + 1} '--': the phase before it is empty")
+            phases.append(Phase(target=None))
+            expect_target = True
+            continue
+        if expect_target and "=" not in token:
+            if not _TARGET.match(token):
+                raise _fail(i, token, "is neither key=value nor a target like package.module:function")
+            phases[-1].target = token
+            expect_target = False
+            continue
+        expect_target = False
+        assignment = parse_assignment(token, i)
+        if assignment.key in seen:
+            where = "this phase" if seen[assignment.key] == len(phases) - 1 else f"phase {seen[assignment.key]}"
+            raise _fail(i, token, f"parameter {assignment.key!r} is already set in {where}")
+        seen[assignment.key] = len(phases) - 1
+        phases[-1].assignments.append(assignment)
+    if phases[0].target is None:
+        raise SweepError("the sweep has no target: start it with a function such as mypkg.train:main")
+    return Sweep(phases, "cmd" if command is not None else "fn")
+
+
+def format_sweep(sweep: Sweep) -> list[str]:
+    """The tokens that parse back to ``sweep`` (the command, for ``--cmd`` sweeps, is not a token)."""
+    tokens: list[str] = []
+    for index, phase in enumerate(sweep.phases):
+        if index:
+            tokens.append(PHASE_SEPARATOR)
+        if phase.target is not None and not (index == 0 and sweep.kind == "cmd"):
+            tokens.append(phase.target)
+        for a in phase.assignments:
+            if a.grid:
+                tokens.append(f"{a.key}={{{{" + ",".join(format_value(v) for v in a.values) + "}}")
+            else:
+                tokens.append(f"{a.key}={format_value(a.values[0])}")
+    return tokens
+
+
+def _grid(phase: Phase) -> Iterator[dict[str, Any]]:
+    keys = [a.key for a in phase.assignments]
+    for combo in itertools.product(*(a.values for a in phase.assignments)):
+        yield dict(zip(keys, combo))
+
+
+def expand(sweep: Sweep) -> list[JobSpec]:
+    """Every job of the sweep, parents before children."""
+    targets = sweep.targets()
+    jobs: list[JobSpec] = []
+    previous: list[int] = [-1]
+    kinds: list[str] = []
+    for number, phase in enumerate(sweep.phases):
+        kinds.append(sweep.kind if number == 0 else ("fn" if phase.target else kinds[-1]))
+        kind = kinds[-1]
+        current = []
+        combos = list(_grid(phase))
+        for parent in previous:
+            base = jobs[parent].params if parent >= 0 else {}
+            for combo in combos:
+                jobs.append(JobSpec(number, kind, targets[number], {**base, **combo},
+                                    parent if parent >= 0 else None))
+                current.append(len(jobs) - 1)
+        previous = current
+    return jobs
+
+
+def count_jobs(sweep: Sweep) -> int:
+    """How many jobs ``expand`` makes, without making them."""
+    total, per_parent = 0, 1
+    for phase in sweep.phases:
+        size = 1
+        for a in phase.assignments:
+            size *= len(a.values)
+        per_parent *= size
+        total += per_parent
+    return total

@@ -1,0 +1,89 @@
+"""Database URLs the jobman way: ``sqlite:///x.db?table=mlp``, ``postgres://u@h/db?table=mlp``."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
+
+from .errors import UsageError
+
+DEFAULT_DB = "sqlite:///jobman.db"
+DEFAULT_TABLE = "default"
+_SCHEMES = {
+    "sqlite": "sqlite",
+    "postgres": "postgresql+psycopg",
+    "postgresql": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class DbTarget:
+    """A parsed database location: the SQLAlchemy URL, the experiment, and a printable form."""
+
+    sqlalchemy_url: str
+    experiment: str
+    dialect: str  # "sqlite" or "postgresql"
+    schema: str | None = None
+
+    @property
+    def display(self) -> str:
+        """The URL with any password masked, safe for logs and errors."""
+        return mask_password(self.sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://"))
+
+    @property
+    def sqlite_path(self) -> str | None:
+        if self.dialect != "sqlite":
+            return None
+        path = self.sqlalchemy_url[len("sqlite:///"):].split("?", 1)[0]
+        return path or None
+
+    def with_table(self) -> str:
+        """A URL that names this experiment, to hand to another process."""
+        base, _, query_text = self.sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://").partition("?")
+        query = dict(parse_qsl(query_text))
+        query["table"] = self.experiment
+        if self.schema:
+            query["schema"] = self.schema
+        return f"{base}?{urlencode(query)}"
+
+
+def mask_password(text: str) -> str:
+    """Replace the password of every URL in ``text`` by ``***``."""
+    return re.sub(r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^@\s]*)(@)", r"\1***\3", text)
+
+
+def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
+    """Resolve ``--db``/``--table``/``JOBMAN_DB`` into a :class:`DbTarget`.
+
+    The experiment name comes from ``--table``, else the URL's ``?table=``, else ``default``.
+    """
+    raw = url or os.environ.get("JOBMAN_DB") or DEFAULT_DB
+    if "://" not in raw:
+        if raw.endswith((".db", ".sqlite", ".sqlite3")) or os.sep in raw:
+            raw = "sqlite:///" + raw
+        else:
+            raise UsageError(f"{mask_password(raw)!r} is not a database URL (try sqlite:///file.db or postgresql://user@host/db)")
+    scheme, _, rest = raw.partition("://")
+    dialect = _SCHEMES.get(scheme.lower())
+    if dialect is None:
+        raise UsageError(
+            f"unknown database scheme {scheme!r}: use sqlite:///path.db or postgresql://user@host/db")
+    path, _, query_text = rest.partition("?")
+    query = dict(parse_qsl(query_text, keep_blank_values=True))
+    experiment = table or query.pop("table", None) or DEFAULT_TABLE
+    query.pop("table", None)
+    schema = query.pop("schema", None)
+    if not _NAME.match(experiment):
+        raise UsageError(f"experiment name {experiment!r} may only hold letters, digits, '_', '-' and '.'")
+    if schema is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", schema):
+        raise UsageError(f"schema name {schema!r} is not a plain SQL identifier")
+    clean = f"{dialect}://{path}" + (f"?{urlencode(query)}" if query else "")
+    if dialect == "sqlite":
+        if not path.startswith("/") or len(path) < 2:
+            raise UsageError("a SQLite URL has three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db")
+        return DbTarget(clean, experiment, "sqlite")
+    return DbTarget(clean, experiment, "postgresql", schema)

@@ -1,0 +1,19 @@
+"""Alembic environment: runs jobman's migrations on the connection jobman hands it."""
+
+from alembic import context
+
+from jobman.jobdb.schema import VERSION_TABLE, metadata
+
+connection = context.config.attributes.get("connection")
+if connection is None:  # pragma: no cover - jobman always passes its connection
+    raise RuntimeError("run migrations through `jobman db upgrade`")
+
+context.configure(
+    connection=connection,
+    target_metadata=metadata,
+    version_table=VERSION_TABLE,
+    version_table_schema=connection.get_execution_options().get("schema_translate_map", {}).get(None),
+    render_as_batch=connection.dialect.name == "sqlite",
+)
+with context.begin_transaction():
+    context.run_migrations()
