@@ -266,8 +266,8 @@ class Store:
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
         """
+        encoded = [dump_json(s.params, "parameters") for s in specs]  # first: says which value is not JSON
         hashes = [params_hash(s.phase, s.kind, s.target, s.params) for s in specs]
-        encoded = [dump_json(s.params, "parameters") for s in specs]
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
@@ -623,7 +623,7 @@ class Store:
                         continue
                     if not is_root and r.status == Status.WAITING.value and not r.results:
                         continue
-                    data = {"results": json.loads(r.results)} if r.results else None
+                    data = {"results": json.loads(r.results)} if r.results and (fresh or not is_root) else None
                     events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
                                    "attempt": r.attempt, "data": json.dumps(data) if data else None,
                                    "why": why if is_root else f"{why}: upstream job reset"})
@@ -631,9 +631,10 @@ class Store:
         values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
                                       finished_at=None, stop_requested=False, resume=False, queue_order=0,
                                       queued_at=None)
+        # A relaunch keeps the job's last checkpoint so it resumes; a reset by hand starts afresh.
+        root_values = {**values, "attempt": 0} if fresh else {k: v for k, v in values.items() if k != "results"}
         for chunk in _chunks([i for i in cleared if i in set(roots)]):
-            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk))
-                         .values(**values, **({"attempt": 0} if fresh else {})))
+            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**root_values))
         for chunk in _chunks([i for i in cleared if i not in set(roots)]):
             conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
         self._events(conn, events)
@@ -807,6 +808,17 @@ class Store:
             q = sa.select(t_job.c.phase, t_job.c.status, sa.func.count()).where(t_job.c.experiment_id == exp) \
                 .group_by(t_job.c.phase, t_job.c.status)
             return {(p, s): n for p, s, n in conn.execute(q).tuples()}
+        return self._read(run)
+
+    def outstanding(self) -> dict[str, int]:
+        """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""
+        def run(conn: Connection) -> dict[str, int]:
+            exp = self._experiment(conn)
+            wanted = [Status.QUEUED.value, Status.RUNNING.value, Status.WAITING.value]
+            q = sa.select(t_job.c.status, sa.func.count()).where(
+                t_job.c.experiment_id == exp, t_job.c.status.in_(wanted)).group_by(t_job.c.status)
+            found = dict(conn.execute(q).tuples().all())
+            return {s: found.get(s, 0) for s in wanted}
         return self._read(run)
 
     def select_ids(self, *, status: Sequence[Status] = (), phase: int | None = None,

@@ -72,12 +72,14 @@ def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> S
 
 def split_top_level(text: str, offset: int = 0) -> list[tuple[str, int]]:
     """Split at commas outside brackets and quotes; each piece with its start position."""
-    pieces, depth, quote, start = [], 0, None, 0
+    pieces, depth, quote, start, escaped = [], 0, None, 0, False
     for i, ch in enumerate(text):
         if quote:
-            if ch == "\\" and quote == '"':
-                continue
-            if ch == quote and (i == 0 or text[i - 1] != "\\" or quote == "'"):
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
                 quote = None
         elif ch in "\"'":
             quote = ch
@@ -168,8 +170,8 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
             if not raw.endswith("}}") or len(raw) < 4:
                 raise ValueError(f"'{{{{' is never closed with '}}}}'@{start}")
             inner = raw[2:-2]
-            if "{{" in inner or "}}" in inner:
-                bad = inner.index("{{") if "{{" in inner else inner.index("}}")
+            bad = _find_unquoted(inner, ("{{", "}}"))
+            if bad >= 0:
                 raise ValueError(f"grids cannot be nested@{start + 2 + bad}")
             if not inner.strip():
                 raise ValueError(f"the grid is empty@{start}")
@@ -179,12 +181,31 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
                     raise ValueError(f"the grid has an empty value@{pos}")
                 values.append(parse_value(piece, pos))
             return Assignment(key, tuple(values), True)
-        if "}}" in raw:
-            raise ValueError(f"'}}}}' without '{{{{'@{start + raw.index('}}')}")
+        bad = _find_unquoted(raw, ("}}",))
+        if bad >= 0:
+            raise ValueError(f"'}}}}' without '{{{{'@{start + bad}")
         return Assignment(key, (parse_value(raw, start),), False)
     except ValueError as exc:
         message, _, pos = str(exc).rpartition("@")
         raise _fail(arg_index, token, message, int(pos)) from None
+
+
+def _find_unquoted(text: str, needles: tuple[str, ...]) -> int:
+    """The index of the first of ``needles`` outside quoted strings, or -1."""
+    quote, escaped = None, False
+    for i, ch in enumerate(text):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif text.startswith(needles, i):
+            return i
+    return -1
 
 
 _SHELL_EXPANDED = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=\{([^{}]*)\}$")

@@ -1,0 +1,71 @@
+"""The local backend: N worker processes on this host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import psutil
+
+from .base import AllocationState, WorkerSpec
+
+
+def worker_command(spec: WorkerSpec) -> list[str]:
+    """The argv that starts one ``jobman worker`` with this interpreter."""
+    return [sys.executable, "-m", "jobman.cli.main", "worker", spec.db_url, *spec.worker_args]
+
+
+class LocalBackend:
+    """Starts workers as child processes in their own sessions, so Ctrl-C reaches only the dispatcher."""
+
+    name = "local"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.procs: list[subprocess.Popen] = []
+
+    def start_workers(self, spec: WorkerSpec, count: int) -> list[str]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        ids = []
+        for _ in range(count):
+            index = len(self.procs)
+            log_path = self.log_dir / f"worker-{os.getpid()}-{index}.log"
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "JOBMAN_WORKER_LOG": str(log_path)})
+            self.procs.append(proc)
+            ids.append(str(proc.pid))
+        return ids
+
+    def running_workers(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def stop_workers(self, grace: float = 60.0) -> None:
+        """SIGTERM every worker (each puts its job back), then SIGKILL what is left after ``grace``."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + grace
+        while time.time() < deadline and self.running_workers():
+            time.sleep(0.1)
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def allocation_states(self, backend_ids: Sequence[str]) -> dict[str, AllocationState]:
+        out = {}
+        for bid in backend_ids:
+            try:
+                alive = psutil.Process(int(bid)).status() != psutil.STATUS_ZOMBIE
+            except (psutil.NoSuchProcess, ValueError):
+                alive = False
+            out[bid] = AllocationState(bid, alive, "RUNNING" if alive else "GONE",
+                                       "" if alive else f"worker process {bid} is gone")
+        return out

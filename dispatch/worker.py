@@ -1,0 +1,103 @@
+"""The worker loop: claim, run, record, claim again, until nothing is ready or a limit is hit.
+
+``jobman worker`` and jobman's ``jobman sql`` are this loop. SIGTERM, SIGINT and
+SIGUSR1 (Slurm's warning before a time limit) make it stop: the running job is
+told to checkpoint (``channel.should_stop()``), put back in the queue without
+counting an attempt, and the worker exits. It never leaves a job RUNNING.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jobman.jobdb.store import Store, WorkerInfo
+
+from .runner import LOST, Runner, RunLimits
+
+
+@dataclass
+class WorkerOptions:
+    workdir_root: Path
+    limits: RunLimits = field(default_factory=RunLimits)
+    max_jobs: int | None = None  # None: no limit
+    wait: bool = True  # while other jobs run, wait for the ones they unlock
+    poll_interval: float = 1.0
+    idle_timeout: float | None = None  # give up waiting after this long without a claim
+
+
+@dataclass
+class WorkerSummary:
+    ran: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    stopped_by_signal: bool = False
+
+    def line(self) -> str:
+        parts = ", ".join(f"{n} {s}" for s, n in sorted(self.by_status.items()))
+        return f"worker ran {self.ran} job(s)" + (f": {parts}" if parts else "")
+
+
+def worker_identity() -> WorkerInfo:
+    """Who this worker is, including the Slurm job it runs in, if any."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+        backend_id = f"{array_job}_{task}" if array_job and task else env["SLURM_JOB_ID"]
+        return WorkerInfo.here(backend="slurm", backend_id=backend_id, log_path=env.get("JOBMAN_WORKER_LOG"))
+    return WorkerInfo.here(backend="local", backend_id=str(os.getpid()), log_path=env.get("JOBMAN_WORKER_LOG"))
+
+
+class Worker:
+    """One worker process's loop over one experiment."""
+
+    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
+        self.store = store
+        self.options = options
+        self.log = log or (lambda m: print(f"[jobman worker {os.getpid()}] {m}", file=sys.stderr, flush=True))
+        self._stop_signal: int | None = None
+        self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log)
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        self._stop_signal = signum
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    def run(self) -> WorkerSummary:
+        summary = WorkerSummary()
+        identity = worker_identity()
+        root = self.options.workdir_root.resolve() / self.store.experiment
+        idle_since = time.time()
+        while self._stop_signal is None:
+            if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
+                break
+            claimed = self.store.claim(identity, str(root))
+            if claimed is None:
+                if not self._should_wait(idle_since):
+                    break
+                time.sleep(self.options.poll_interval * random.uniform(0.7, 1.3))
+                continue
+            self.log(f"running job {claimed.job.id} (attempt {claimed.job.attempt}) {claimed.job.target}")
+            status = self.runner.run(claimed)
+            summary.ran += 1
+            summary.by_status[status] = summary.by_status.get(status, 0) + 1
+            self.log(f"job {claimed.job.id} {'was taken from this worker' if status == LOST else status}")
+            idle_since = time.time()
+        summary.stopped_by_signal = self._stop_signal is not None
+        return summary
+
+    def _should_wait(self, idle_since: float) -> bool:
+        """Nothing is ready: wait only while running jobs may still unlock others."""
+        if not self.options.wait or self._stop_signal is not None:
+            return False
+        if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
+            return False
+        left = self.store.outstanding()
+        return left["QUEUED"] > 0 or left["RUNNING"] > 0

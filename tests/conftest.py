@@ -1,0 +1,96 @@
+"""Shared fixtures: a real SQLite file and a real PostgreSQL database for every storage test.
+
+PostgreSQL comes from ``JOBMAN_TEST_PG`` or the local server on 127.0.0.1:5432; a
+throwaway database is made for the test session and dropped after it. Under
+``CI=true`` a missing server fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+PG_ADMIN_URL = os.environ.get("JOBMAN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+_counter = itertools.count()
+
+
+def need_service(reason: str) -> None:
+    """A service a test needs is missing: fail under CI, skip on a developer's machine."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: tests that need it must not be skipped)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> str:
+    """The URL of a PostgreSQL database made for this test session."""
+    import psycopg
+
+    admin = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
+    name = f"jobman_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except Exception as exc:  # noqa: BLE001 - any failure means: no usable server
+        need_service(f"PostgreSQL is not reachable at {admin}: {exc}".splitlines()[0])
+    base = admin.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception:
+        pass
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def db_url(engine_name: str, tmp_path: Path, request) -> str:
+    """A database URL naming a fresh experiment, on each engine in turn."""
+    experiment = f"t{next(_counter)}_{uuid.uuid4().hex[:6]}"
+    if engine_name == "sqlite":
+        return f"sqlite:///{tmp_path / 'jobs.db'}?table={experiment}"
+    base = request.getfixturevalue("pg_database")
+    return f"{base}?table={experiment}"
+
+
+@pytest.fixture
+def store(db_url):
+    from jobman.jobdb.store import Store
+
+    s = Store.open(db_url)
+    yield s
+    s.dispose()
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_jobman(*args: str, cwd: str | Path | None = None, env: dict | None = None, timeout: float = 300,
+               stdin: str | None = None) -> CliResult:
+    """Run the real ``jobman`` command in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "jobman.cli.main", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, input=stdin)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def jobman():
+    """Call the jobman CLI as a user would (a real process)."""
+    return run_jobman
