@@ -50,6 +50,14 @@ def pg_database() -> str:
         pass
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node Slurm, started once per test session (installed with apt-get if missing)."""
+    from slurm_cluster import slurm_cluster_fixture
+
+    yield from slurm_cluster_fixture()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine_name(request) -> str:
     return request.param
