@@ -29,16 +29,11 @@ def make_engine(target: DbTarget) -> Engine:
     """An engine for ``target``, with the per-database settings jobman relies on."""
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
-    engine = sa.create_engine(
-        target.sqlalchemy_url,
-        pool_pre_ping=True,
-        pool_size=2,
-        max_overflow=4,
-        connect_args={"connect_timeout": 10, "application_name": "jobman"},
-    )
-    if target.schema:
-        engine = engine.execution_options(schema_translate_map={None: target.schema})
-    return engine
+    connect_args: dict = {"connect_timeout": 10, "application_name": "jobman"}
+    if target.schema:  # every statement, raw or not, resolves its tables in that schema
+        connect_args["options"] = f"-c search_path={target.schema}"
+    return sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
+                            connect_args=connect_args)
 
 
 def _sqlite_engine(target: DbTarget) -> Engine:
@@ -138,7 +133,7 @@ def known_revisions() -> set[str]:
 def current_revision(conn: Connection) -> str | None:
     """The schema revision stored in the database, or None for a database jobman never touched."""
     inspector = sa.inspect(conn)
-    schema = conn.get_execution_options().get("schema_translate_map", {}).get(None)
+    schema = None  # the connection's search_path decides
     if not inspector.has_table(VERSION_TABLE, schema=schema):
         if inspector.has_table("job", schema=schema):
             raise SchemaError("this database has a 'job' table that jobman did not make; use another database")
@@ -155,6 +150,8 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(4242424242)")
         before = current_revision(conn)
+        if before is not None and before not in known_revisions():
+            raise _newer_schema(before)
         command.upgrade(alembic_config(conn), "head")
         after = current_revision(conn)
     return before, after or head_revision()
@@ -176,8 +173,12 @@ def ensure_schema(engine: Engine, create: bool = True) -> None:
     if rev in known_revisions():
         raise SchemaError(f"the database schema is at revision {rev}, older than this jobman's {head}: "
                           "run `jobman db upgrade`")
-    raise SchemaError(f"the database schema is at revision {rev}, which this jobman does not know: "
-                      "it was made by a newer jobman, so upgrade jobman")
+    raise _newer_schema(rev)
+
+
+def _newer_schema(rev: str) -> SchemaError:
+    return SchemaError(f"the database schema is at revision {rev}, which this jobman does not know: "
+                       "it was made by a newer jobman, so upgrade jobman")
 
 
 @contextmanager

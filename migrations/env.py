@@ -12,7 +12,6 @@ context.configure(
     connection=connection,
     target_metadata=metadata,
     version_table=VERSION_TABLE,
-    version_table_schema=connection.get_execution_options().get("schema_translate_map", {}).get(None),
     render_as_batch=connection.dialect.name == "sqlite",
 )
 with context.begin_transaction():
