@@ -832,7 +832,7 @@ class Store:
             exp = self._experiment(conn)
             q = sa.select(t_job.c.phase, t_job.c.status, sa.func.count()).where(t_job.c.experiment_id == exp) \
                 .group_by(t_job.c.phase, t_job.c.status)
-            return {(p, s): n for p, s, n in conn.execute(q).tuples()}
+            return {(p, s): n for p, s, n in conn.execute(q).all()}
         return self._read(run)
 
     def outstanding(self) -> dict[str, int]:
