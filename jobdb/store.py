@@ -49,27 +49,31 @@ def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str
     return hashlib.sha256(f"{phase}\x1f{kind}\x1f{target}\x1f{encoded}".encode()).hexdigest()
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False)
+
+
 def dump_json(value: Any, what: str = "value") -> str:
+    """Canonical JSON (sorted keys, no NaN), or a UsageError naming what could not be stored."""
     try:
-        return json.dumps(value, sort_keys=True, allow_nan=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"the {what} cannot be stored as JSON: {exc}") from None
 
 
-def bulk_insert(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert many rows through the driver's own executemany, compiling the statement once.
+def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    """Insert many rows (tuples in ``columns`` order) through the driver's own executemany.
 
-    Values stay bound parameters; this only skips SQLAlchemy's per-row processing, which
-    dominates when a sweep inserts 100,000 jobs.
+    The statement is compiled once and values stay bound parameters; this only skips
+    SQLAlchemy's per-row processing, which dominates when a sweep inserts 100,000 jobs.
     """
     if not rows:
         return
-    compiled = sa.insert(table).compile(dialect=conn.dialect, column_keys=list(rows[0]))
+    compiled = sa.insert(table).compile(dialect=conn.dialect, column_keys=list(columns))
     if compiled.positional:
-        order = compiled.positiontup
-        params: list[Any] = [tuple(r[k] for k in order) for r in rows]
+        where = [list(columns).index(k) for k in compiled.positiontup]
+        params: list[Any] = rows if where == list(range(len(columns))) else [tuple(r[i] for i in where) for r in rows]
     else:
-        params = list(rows)
+        params = [dict(zip(columns, r)) for r in rows]
     conn.exec_driver_sql(str(compiled), params)
 
 
@@ -134,6 +138,11 @@ class Job:
         d["status"] = self.status.value
         return d
 
+    @property
+    def awaiting_allocation(self) -> bool:
+        """QUEUED for one allocation made for it (``assign``) that has not claimed it yet."""
+        return self.status is Status.QUEUED and self.backend_id is not None and self.pid is None
+
 
 @dataclass(frozen=True)
 class Event:
@@ -185,6 +194,25 @@ class Claimed:
 
     job: Job
     lease: int
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What the monitor needs of a RUNNING job to judge whether it still runs (no params, no results)."""
+
+    id: int
+    phase: int
+    lease: int
+    attempt: int
+    max_attempts: int
+    host: str | None
+    pid: int | None
+    pid_started_at: float | None
+    backend: str | None
+    backend_id: str | None
+    started_at: float | None
+    heartbeat_at: float | None
+    stop_requested: bool
 
 
 # -- the store ------------------------------------------------------------------------
@@ -306,23 +334,18 @@ class Store:
             existing = len(set(hashes) & set(ids))
             now = time.time()
             fresh = _first_occurrences(hashes, ids)
-            rows = []
-            for i in fresh:
-                s = specs[i]
-                has_deps = s.parent is not None or bool(after)
-                rows.append({
-                    "experiment_id": exp, "phase": s.phase, "kind": s.kind, "target": s.target,
-                    "params": encoded[i], "params_hash": hashes[i],
-                    "status": (Status.WAITING if has_deps else Status.QUEUED).value,
-                    "priority": priority, "max_attempts": max_attempts, "created_at": now,
-                    "queued_at": None if has_deps else now,
-                })
+            columns = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
+                       "max_attempts", "created_at", "queued_at")
+            waiting, queued = Status.WAITING.value, Status.QUEUED.value
+            rows = [(exp, specs[i].phase, specs[i].kind, specs[i].target, encoded[i], hashes[i],
+                     waiting if specs[i].parent is not None or after else queued, priority, max_attempts, now,
+                     None if specs[i].parent is not None or after else now) for i in fresh]
             # Plain executemany (both drivers' fast path); the new ids are read back afterwards,
             # which is safe because the experiment is locked for this transaction.
             before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
             done = 0
             for batch in _chunks(rows, 10000):
-                bulk_insert(conn, t_job, batch)
+                bulk_insert(conn, t_job, columns, batch)
                 done += len(batch)
                 if progress:
                     progress(done)
@@ -335,11 +358,11 @@ class Store:
                 s = specs[i]
                 child = ids[hashes[i]]
                 if s.parent is not None:
-                    deps.append({"job_id": child, "depends_on": ids[hashes[s.parent]]})
+                    deps.append((child, ids[hashes[s.parent]]))
                 elif after:
-                    deps.extend({"job_id": child, "depends_on": a} for a in after)
+                    deps.extend((child, a) for a in after)
             for batch in _chunks(deps, 10000):
-                bulk_insert(conn, t_dep, batch)
+                bulk_insert(conn, t_dep, ("job_id", "depends_on"), batch)
             # New jobs whose parents already exist may be ready (or blocked) right away.
             waiting = [ids[hashes[i]] for i in fresh if specs[i].parent is not None or after]
             pending_parents = {ids[hashes[specs[i].parent]] for i in fresh if specs[i].parent is not None}
@@ -451,6 +474,87 @@ class Store:
                                  "why": f"claimed by {worker.host}:{worker.pid}"
                                         + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
             return Claimed(job, job.lease)
+
+        return self._write(run)
+
+    # -- one allocation per job (Slurm's one-job-per-task) ----------------------------------
+    # A QUEUED job assigned to an allocation carries its backend id and no pid until that
+    # allocation claims it: ``Job.awaiting_allocation``. Pull workers' ``claim`` ignores this.
+    def assign(self, job_id: int, backend: str, backend_id: str, log_path: str | None = None) -> bool:
+        """Record that allocation ``backend_id`` was made to run this QUEUED job; False if the job is
+        not QUEUED any more or another allocation already waits for it (then cancel ``backend_id``)."""
+        def run(conn: Connection) -> bool:
+            exp = self._experiment(conn)
+            row = conn.execute(sa.update(t_job).where(
+                t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value,
+                sa.or_(t_job.c.backend_id.is_(None), t_job.c.pid.isnot(None)))
+                .values(backend=backend, backend_id=backend_id, log_path=log_path, host=None, pid=None,
+                        pid_started_at=None).returning(t_job.c.attempt)).first()
+            if row is not None:
+                self._events(conn, [{"job_id": job_id, "from_status": Status.QUEUED.value,
+                                     "to_status": Status.QUEUED.value, "attempt": row.attempt,
+                                     "why": f"submitted as {backend} job {backend_id}"}])
+            return row is not None
+
+        return self._write(run)
+
+    def claim_job(self, job_id: int, worker: WorkerInfo, workdir_root: str | None = None, *,
+                  assigned_to: str | None = None) -> Claimed | None:
+        """Atomically take one given QUEUED job, or None; with ``assigned_to``, only if that backend id
+        is the job's (the allocation it was assigned to, or the one that last ran it)."""
+        def run(conn: Connection) -> Claimed | None:
+            exp = self._experiment(conn)
+            where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value]
+            if assigned_to is not None:
+                where.append(t_job.c.backend_id == assigned_to)
+            now = time.time()
+            values: dict[str, Any] = dict(
+                status=Status.RUNNING.value, lease=t_job.c.lease + 1,
+                attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
+                resume=False, stop_requested=False, host=worker.host, pid=worker.pid,
+                pid_started_at=worker.pid_started_at, backend=worker.backend, backend_id=worker.backend_id,
+                log_path=worker.log_path, started_at=now, heartbeat_at=now, finished_at=None, error=None,
+                exit_code=None)
+            if workdir_root is not None:
+                values["workdir"] = sa.func.coalesce(
+                    t_job.c.workdir, sa.literal(workdir_root.rstrip("/") + "/") + sa.cast(t_job.c.id, sa.String))
+            row = conn.execute(sa.update(t_job).where(*where).values(**values).returning(*t_job.c)).first()
+            if row is None:
+                return None
+            job = Job.from_row(row, self._parent_ids(conn, row.id))
+            self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
+                                 "to_status": Status.RUNNING.value, "attempt": job.attempt,
+                                 "why": f"claimed by {worker.host}:{worker.pid}"
+                                        + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
+            return Claimed(job, job.lease)
+
+        return self._write(run)
+
+    def release(self, job_id: int, backend_id: str, reason: str) -> Status | None:
+        """Allocation ``backend_id`` ended without claiming its job: that counts as an attempt; the job
+        stays QUEUED for another allocation, or is CRASHED once max_attempts are spent. None if the
+        job no longer waits for that allocation."""
+        def run(conn: Connection) -> Status | None:
+            exp = self._experiment(conn)
+            row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts).where(
+                t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value,
+                t_job.c.backend_id == backend_id, t_job.c.pid.is_(None)).with_for_update()).first()
+            if row is None:
+                return None
+            attempt = row.attempt + 1
+            if attempt < row.max_attempts:
+                conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
+                    attempt=attempt, backend=None, backend_id=None))
+                new, why = Status.QUEUED, f"{reason} (attempt {attempt} of {row.max_attempts}; to be submitted again)"
+            else:
+                conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
+                    attempt=attempt, status=Status.CRASHED.value, error=reason, finished_at=time.time()))
+                new, why = Status.CRASHED, f"{reason} (attempt {attempt} of {row.max_attempts})"
+            self._events(conn, [{"job_id": job_id, "from_status": Status.QUEUED.value, "to_status": new.value,
+                                 "attempt": attempt, "why": why}])
+            if new is Status.CRASHED:
+                self._block_downstream(conn, job_id, f"job {job_id} is CRASHED")
+            return new
 
         return self._write(run)
 
@@ -611,6 +715,167 @@ class Store:
             return sorted(chosen)
 
         return self._write(run)
+
+    def running_brief(self) -> list[RunningJob]:
+        """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
+        cols = [t_job.c.id, t_job.c.phase, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.host,
+                t_job.c.pid, t_job.c.pid_started_at, t_job.c.backend, t_job.c.backend_id, t_job.c.started_at,
+                t_job.c.heartbeat_at, t_job.c.stop_requested]
+
+        def run(conn: Connection) -> list[RunningJob]:
+            exp = self._experiment(conn)
+            rows = conn.execute(sa.select(*cols).where(t_job.c.experiment_id == exp,
+                                                       t_job.c.status == Status.RUNNING.value)
+                                .order_by(t_job.c.id)).all()
+            return [RunningJob(**{**r._mapping, "stop_requested": bool(r.stop_requested)}) for r in rows]
+        return self._read(run)
+
+    def crash_many(self, found: Sequence[tuple[int, int, str]], *, relaunch: bool = True,
+                   max_attempts: int | None = None) -> dict[int, Status]:
+        """Declare many RUNNING jobs crashed in one transaction: the monitor's batch of ``crash``.
+
+        ``found`` holds (job id, lease, reason). A job no longer RUNNING at that lease (it finished or
+        was taken meanwhile) is left alone and absent from the answer, which maps every job changed to
+        its new status. Within ``max_attempts`` (each job's own when None) a crashed job is queued again
+        keeping its checkpoint; past it, it stays CRASHED and its dependents are BLOCKED. A job whose
+        stop was requested is CANCELED instead.
+        """
+        wanted = {job_id: (lease, reason) for job_id, lease, reason in found}
+
+        def run(conn: Connection) -> dict[int, Status]:
+            exp = self._experiment(conn)
+            rows = []
+            for chunk in _chunks(sorted(wanted)):
+                rows.extend(conn.execute(
+                    sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts,
+                              t_job.c.stop_requested)
+                    .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk),
+                           t_job.c.status == Status.RUNNING.value)
+                    .with_for_update()).all())
+            now = time.time()
+            groups: dict[Status, list[dict[str, Any]]] = {Status.QUEUED: [], Status.CRASHED: [], Status.CANCELED: []}
+            events: list[dict[str, Any]] = []
+            out: dict[int, Status] = {}
+            for r in rows:
+                lease, reason = wanted[r.id]
+                if r.lease != lease:
+                    continue
+                if r.stop_requested:
+                    new = Status.CANCELED
+                else:
+                    new = Status.CRASHED
+                limit = r.max_attempts if max_attempts is None else max_attempts
+                events.append({"job_id": r.id, "from_status": Status.RUNNING.value, "to_status": new.value,
+                               "attempt": r.attempt, "why": reason})
+                if new is Status.CRASHED and relaunch and r.attempt < limit:
+                    events.append({"job_id": r.id, "from_status": Status.CRASHED.value,
+                                   "to_status": Status.QUEUED.value, "attempt": r.attempt,
+                                   "why": f"relaunch after crash ({reason}), attempt {r.attempt} of {limit}"})
+                    new = Status.QUEUED
+                groups[new].append({"_id": r.id, "_error": reason})
+                out[r.id] = new
+            ended = dict(status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now)
+            for new, params in groups.items():
+                if not params:
+                    continue
+                values = dict(ended) if new is not Status.QUEUED else dict(
+                    ended, finished_at=None, queued_at=now, queue_order=0, resume=False, stop_requested=False)
+                conn.execute(sa.update(t_job).where(t_job.c.id == sa.bindparam("_id")).values(**values),
+                             [{**p, "_status": new.value} for p in params])
+            self._events(conn, events)
+            dead = sorted(i for i, s in out.items() if s is not Status.QUEUED)
+            if dead:
+                self._block_many(conn, dead, out)
+            requeued = sorted(i for i, s in out.items() if s is Status.QUEUED)
+            if requeued:  # a parent reset while the job ran leaves it WAITING, not QUEUED
+                self._refresh(conn, requeued, why="its dependencies are not all DONE")
+            return out
+
+        return self._write(run) if wanted else {}
+
+    def _block_many(self, conn: Connection, dead: Sequence[int], status: dict[int, Status]) -> None:
+        """Block the dependents of many jobs that ended badly: one recursive query, not one per job."""
+        if len(dead) == 1:
+            self._block_downstream(conn, dead[0], f"job {dead[0]} is {status[dead[0]].value}")
+            return
+        named = ", ".join(map(str, dead[:5])) + (f" and {len(dead) - 5} more" if len(dead) > 5 else "")
+        why = f"jobs {named} ended CRASHED or CANCELED"
+        down = self._descendants(conn, list(dead))
+        events, ids = [], []
+        for chunk in _chunks(down):
+            for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
+                    t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
+                ids.append(r.id)
+                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
+                               "attempt": r.attempt, "why": why})
+        for chunk in _chunks(ids):
+            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
+        self._events(conn, events)
+
+    def relaunch_due(self, *, include_failed: bool = False, max_attempts: int | None = None,
+                     why: str = "relaunched by the monitor", dry_run: bool = False) -> list[int]:
+        """Relaunch every CRASHED (and, if asked, FAILED) job with attempts left, cascading; one transaction.
+
+        ``max_attempts`` overrides each job's own limit. The jobs keep their workdir and checkpoint.
+        """
+        statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
+
+        def run(conn: Connection) -> list[int]:
+            exp = self._experiment(conn)
+            limit = t_job.c.max_attempts if max_attempts is None else sa.literal(max_attempts)
+            ids = sorted(conn.execute(sa.select(t_job.c.id).where(
+                t_job.c.experiment_id == exp, t_job.c.status.in_(statuses), t_job.c.attempt < limit)
+                .with_for_update()).scalars())
+            if ids and not dry_run:
+                self._reset(conn, ids, cascade=True, why=why, fresh=False)
+            return ids
+
+        return self._write(run)
+
+    def recent_events(self, *, to_status: Sequence[Status] = (), since: float | None = None,
+                      limit: int = 20) -> list[Event]:
+        """The experiment's latest status changes, newest first (the monitor's "recent crashes")."""
+        def run(conn: Connection) -> list[Event]:
+            exp = self._experiment(conn)
+            q = (sa.select(t_event).join(t_job, t_job.c.id == t_event.c.job_id)
+                 .where(t_job.c.experiment_id == exp).order_by(t_event.c.id.desc()).limit(limit))
+            if to_status:
+                q = q.where(t_event.c.to_status.in_([s.value for s in to_status]))
+            if since is not None:
+                q = q.where(t_event.c.at >= since)
+            return [Event(r.id, r.job_id, r.at, r.from_status, r.to_status, r.attempt, r.why, r.source,
+                          json.loads(r.data) if r.data else None) for r in conn.execute(q)]
+        return self._read(run)
+
+    def rehearse(self, verb: Callable[[], T]) -> tuple[T, list[dict[str, Any]]]:
+        """Run ``verb`` (a call of this store's write verbs) in transactions that are rolled back.
+
+        Returns what it returned and the status changes it would have logged (job_id, from_status,
+        to_status, why): a dry run that is exactly the real thing, minus the commit.
+        """
+        changes: list[dict[str, Any]] = []
+        write, log = self._write, self._events
+
+        def rolled_back(fn: Callable[[Connection], Any], retries: int = 8) -> Any:
+            def run(conn: Connection) -> Any:
+                raise _Rehearsed(fn(conn))
+            try:
+                write(run, retries)
+            except _Rehearsed as done:
+                return done.result
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        def recorded(conn: Connection, rows: list[dict[str, Any]]) -> None:
+            changes.extend({k: r.get(k) for k in ("job_id", "from_status", "to_status", "why")}
+                           for r in rows if r.get("to_status") is not None)
+            log(conn, rows)
+
+        self._write, self._events = rolled_back, recorded  # type: ignore[method-assign]
+        try:
+            result = verb()
+        finally:
+            del self._write, self._events
+        return result, changes
 
     # -- a user's repairs ----------------------------------------------------------------
     def reset(self, job_ids: Sequence[int], *, cascade: bool = True, why: str = "reset by hand",
@@ -826,6 +1091,17 @@ class Store:
             return out
         return self._read(run)
 
+    def report_rows(self, phase: int | None = None) -> list[tuple[int, int, str, str, str, str | None]]:
+        """(id, phase, status, target, params JSON, results JSON) of every job, in one query: what a report reads."""
+        def run(conn: Connection) -> list[tuple[int, int, str, str, str, str | None]]:
+            exp = self._experiment(conn)
+            q = sa.select(t_job.c.id, t_job.c.phase, t_job.c.status, t_job.c.target, t_job.c.params,
+                          t_job.c.results).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
+            if phase is not None:
+                q = q.where(t_job.c.phase == phase)
+            return [tuple(r) for r in conn.execute(q)]
+        return self._read(run)
+
     def counts(self) -> dict[tuple[int, str], int]:
         """Number of jobs per (phase, status)."""
         def run(conn: Connection) -> dict[tuple[int, str], int]:
@@ -867,6 +1143,14 @@ class _Retry(Exception):
     pass
 
 
+class _Rehearsed(Exception):
+    """Carries a rehearsed verb's answer out of the transaction it rolls back."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("rehearsal")
+        self.result = result
+
+
 def _is_transient(exc: BaseException) -> bool:
     text = str(getattr(exc, "orig", exc)).lower()
     return any(t in text for t in _TRANSIENT)
@@ -882,5 +1166,5 @@ def _first_occurrences(hashes: list[str], existing: dict[str, int]) -> list[int]
     return out
 
 
-__all__ = ["Store", "Job", "Event", "Claimed", "WorkerInfo", "ScheduleResult", "DatabaseError",
+__all__ = ["Store", "Job", "Event", "Claimed", "RunningJob", "WorkerInfo", "ScheduleResult", "DatabaseError",
            "params_hash", "source_tag", "MAX_STATE_BYTES"]

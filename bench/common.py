@@ -1,0 +1,112 @@
+"""What every benchmark shares: figures beside their baselines, the machine, RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PG_URL = os.environ.get("JOBMAN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass
+class Figure:
+    """One measured figure: jobman's, the baseline's (if any) and the target it answers to."""
+
+    name: str
+    jobman: float
+    unit: str
+    baseline: float | None = None
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline in (None, 0):
+            return None
+        return self.jobman / self.baseline
+
+    def line(self) -> str:
+        base = f" | baseline {self.baseline:,.2f} {self.unit} | ratio {self.ratio:.2f}" if self.baseline else ""
+        met = "" if self.met is None else (" | target met" if self.met else " | TARGET MISSED")
+        return f"{self.name}: {self.jobman:,.2f} {self.unit}{base}{met} ({self.target}) {self.note}".rstrip()
+
+
+def say(figure: Figure) -> Figure:
+    print(figure.line(), flush=True)
+    return figure
+
+
+def machine() -> dict[str, str]:
+    import numpy
+    import sqlalchemy
+
+    try:
+        import psycopg
+
+        pg_driver = psycopg.__version__
+    except Exception:  # noqa: BLE001
+        pg_driver = "-"
+    try:
+        server = subprocess.run(["psql", "-tA", PG_URL, "-c", "show server_version"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "-"
+    except (OSError, subprocess.SubprocessError):
+        server = "-"
+    import sqlite3
+
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "memory": _memory(),
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "postgresql": server,
+        "sqlalchemy": sqlalchemy.__version__,
+        "psycopg": pg_driver,
+        "numpy": numpy.__version__,
+    }
+
+
+def _memory() -> str:
+    try:
+        import psutil
+
+        return f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+    except Exception:  # noqa: BLE001
+        return "-"
+
+
+def fresh_pg_database() -> tuple[str, callable]:
+    """A throwaway PostgreSQL database: its URL and a function that drops it."""
+    import psycopg
+
+    name = f"jobman_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = PG_URL.rsplit("/", 1)[0] + "/" + name
+
+    def drop() -> None:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return url, drop
+
+
+def grid(n: int) -> str:
+    return "{{" + ",".join(str(i) for i in range(n)) + "}}"
+
+
+class Timer:
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self.start
