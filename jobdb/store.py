@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .hot import HotStatements
 from .schema import experiment as t_exp
 from .schema import job as t_job
 from .schema import job_dep as t_dep
@@ -120,7 +121,10 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
-        m = row._mapping
+        return cls.from_mapping(row._mapping, deps)
+
+    @classmethod
+    def from_mapping(cls, m: Any, deps: list[int] | None = None) -> "Job":
         return cls(
             id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
             params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
@@ -227,6 +231,9 @@ class Store:
         if not create and path and path != ":memory:" and not os.path.exists(path):
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
         self.engine = engine or _engine.make_engine(target)
+        self.hot = HotStatements(self.engine.dialect)
+        self._conn: Connection | None = None
+        self._conn_pid = 0
         self._experiment_id: int | None = None
         if check_schema:
             with _engine.translated_errors(target):
@@ -242,11 +249,30 @@ class Store:
         return self.target.experiment
 
     def dispose(self) -> None:
+        self._drop_writer()
         self.engine.dispose()
 
     def after_fork(self) -> None:
-        """Drop pooled connections inherited from the parent process without closing them."""
+        """Drop connections inherited from the parent process without closing them."""
+        self._conn = None
         self.engine.dispose(close=False)
+
+    def _writer(self) -> Connection:
+        """The connection this process writes on: kept between transactions (a worker is one thread)."""
+        if self._conn is None or self._conn_pid != os.getpid():
+            self._conn = self.engine.connect()
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    def _drop_writer(self, invalidate: bool = False) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._conn_pid == os.getpid():
+            try:
+                if invalidate:
+                    conn.invalidate()
+                conn.close()
+            except sa.exc.SQLAlchemyError:
+                pass
 
     # -- transactions --------------------------------------------------------------
     def _write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
@@ -255,10 +281,12 @@ class Store:
         for attempt in range(retries + 1):
             try:
                 with _engine.translated_errors(self.target):
+                    conn = self._writer()
                     try:
-                        with self.engine.begin() as conn:
+                        with conn.begin():
                             return fn(conn)
                     except sa.exc.DBAPIError as exc:
+                        self._drop_writer(invalidate=exc.connection_invalidated)
                         if attempt < retries and _is_transient(exc):
                             raise _Retry() from exc
                         raise
@@ -302,7 +330,10 @@ class Store:
             r.setdefault("source", src)
             r.setdefault("data", None)
             r.setdefault("attempt", None)
-        conn.execute(sa.insert(t_event), rows)
+        if len(rows) == 1:
+            self.hot.event.run(conn, **rows[0])
+        else:
+            conn.execute(sa.insert(t_event), rows)
 
     def experiments(self) -> list[str]:
         """Every experiment in the database."""
@@ -382,27 +413,38 @@ class Store:
                                        p.c.status.in_([s.value for s in BLOCKING]))
         open_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
                                         p.c.status != Status.DONE.value)
-        for chunk in _chunks(list(job_ids)):
-            rows = conn.execute(sa.select(
-                t_job.c.id, t_job.c.status, t_job.c.attempt,
-                sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
-                        else_=Status.QUEUED.value).label("want"),
-            ).where(t_job.c.id.in_(chunk),
-                    t_job.c.status.in_([Status.WAITING.value, Status.BLOCKED.value, Status.QUEUED.value]))).all()
-            moves: dict[str, list[int]] = {}
-            events = []
-            for r in rows:
-                if r.want != r.status:
-                    moves.setdefault(r.want, []).append(r.id)
-                    events.append({"job_id": r.id, "from_status": r.status, "to_status": r.want,
-                                   "attempt": r.attempt, "why": why})
-            now = time.time()
-            for status, ids in moves.items():
-                values: dict[str, Any] = {"status": status}
-                if status == Status.QUEUED.value:
-                    values["queued_at"] = now
-                conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(**values))
-            self._events(conn, events)
+        blocked: set[int] = set()
+        for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves
+            moved = False
+            for chunk in _chunks(list(job_ids)):
+                rows = conn.execute(sa.select(
+                    t_job.c.id, t_job.c.status, t_job.c.attempt,
+                    sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
+                            else_=Status.QUEUED.value).label("want"),
+                ).where(t_job.c.id.in_(chunk),
+                        t_job.c.status.in_([Status.WAITING.value, Status.BLOCKED.value, Status.QUEUED.value]))).all()
+                moves: dict[str, list[int]] = {}
+                events = []
+                for r in rows:
+                    if r.want != r.status:
+                        moves.setdefault(r.want, []).append(r.id)
+                        events.append({"job_id": r.id, "from_status": r.status, "to_status": r.want,
+                                       "attempt": r.attempt, "why": why})
+                now = time.time()
+                for status, ids in moves.items():
+                    values: dict[str, Any] = {"status": status}
+                    if status == Status.QUEUED.value:
+                        values["queued_at"] = now
+                    conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(**values))
+                self._events(conn, events)
+                blocked.update(moves.get(Status.BLOCKED.value, []))
+                moved = moved or bool(moves)
+            if not moved or len(job_ids) == 1:
+                break
+        if blocked:  # their dependents outside the set can no longer run either
+            still = [i for chunk in _chunks(sorted(blocked)) for i in conn.execute(
+                sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)).scalars()]
+            self._block_many(conn, still, "a dependency is BLOCKED")
 
     def _children(self, conn: Connection, job_id: int) -> list[int]:
         return list(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == job_id)).scalars())
@@ -445,30 +487,14 @@ class Store:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
 
         def run(conn: Connection) -> Claimed | None:
-            exp = self._experiment(conn)
-            pick = (sa.select(t_job.c.id)
-                    .where(t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value)
-                    .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
-                    .limit(1))
-            if conn.dialect.name == "postgresql":
-                pick = pick.with_for_update(skip_locked=True)
-            now = time.time()
-            values: dict[str, Any] = dict(
-                status=Status.RUNNING.value, lease=t_job.c.lease + 1,
-                attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
-                resume=False, stop_requested=False, host=worker.host, pid=worker.pid,
-                pid_started_at=worker.pid_started_at, backend=worker.backend, backend_id=worker.backend_id,
-                log_path=worker.log_path, started_at=now, heartbeat_at=now, finished_at=None, error=None,
-                exit_code=None)
-            if workdir_root is not None:
-                values["workdir"] = sa.func.coalesce(
-                    t_job.c.workdir, sa.literal(workdir_root.rstrip("/") + "/") + sa.cast(t_job.c.id, sa.String))
-            row = conn.execute(sa.update(t_job)
-                               .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == Status.QUEUED.value)
-                               .values(**values).returning(*t_job.c)).first()
-            if row is None:
+            root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
+            rows = self.hot.claim.mappings(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
+                                           pid_started_at=worker.pid_started_at, backend=worker.backend,
+                                           backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
+                                           root=root)
+            if not rows:
                 return None
-            job = Job.from_row(row, self._parent_ids(conn, row.id))
+            job = Job.from_mapping(rows[0], [r[0] for r in self.hot.parents.rows(conn, id=rows[0]["id"])])
             self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
                                  "to_status": Status.RUNNING.value, "attempt": job.attempt,
                                  "why": f"claimed by {worker.host}:{worker.pid}"
@@ -476,6 +502,29 @@ class Store:
             return Claimed(job, job.lease)
 
         return self._write(run)
+
+    @staticmethod
+    def _claim_pick(exp: int, dialect: str) -> sa.Select:
+        """The claim's choice: the first QUEUED job by priority, then order (INCOMPLETE first), then id."""
+        pick = (sa.select(t_job.c.id)
+                .where(t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value)
+                .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
+                .limit(1))
+        return pick.with_for_update(skip_locked=True) if dialect == "postgresql" else pick
+
+    @staticmethod
+    def _running_select(exp: int, *columns: Any) -> sa.Select:
+        """RUNNING jobs of an experiment: the monitor's scan."""
+        return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp,
+                                                       t_job.c.status == Status.RUNNING.value)
+
+    def claim_query(self) -> sa.Select:
+        """The select ``claim`` picks its job with, for this experiment (to EXPLAIN: it must use ix_job_claim)."""
+        return self._read(lambda conn: self._claim_pick(self._experiment(conn), conn.dialect.name))
+
+    def running_query(self) -> sa.Select:
+        """The select of the monitor's scan of RUNNING jobs, for this experiment (to EXPLAIN)."""
+        return self._read(lambda conn: self._running_select(self._experiment(conn)))
 
     # -- one allocation per job (Slurm's one-job-per-task) ----------------------------------
     # A QUEUED job assigned to an allocation carries its backend id and no pid until that
@@ -581,9 +630,8 @@ class Store:
     def heartbeat(self, job_id: int, lease: int) -> bool:
         """Prove the job alive; returns True when a stop was requested (cancel --running)."""
         def run(conn: Connection) -> bool | None:
-            row = conn.execute(sa.update(t_job).where(self._owned(job_id, lease))
-                               .values(heartbeat_at=time.time()).returning(t_job.c.stop_requested)).first()
-            return None if row is None else bool(row[0])
+            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=time.time())
+            return bool(rows[0][0]) if rows else None
 
         answer = self._write(run)
         if answer is None:
@@ -630,6 +678,8 @@ class Store:
                                           "limit: keep large arrays in files in its workdir"), "FAILED"
 
         def run(conn: Connection) -> Status | None:
+            if outcome == "DONE":
+                return self._finish_done(conn, job_id, lease, blob, exit_code, why)
             row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
                                .where(self._owned(job_id, lease))).first()
             if row is None:
@@ -675,6 +725,21 @@ class Store:
             raise self._refuse_logged(job_id, lease, "finish")
         return status
 
+    def _finish_done(self, conn: Connection, job_id: int, lease: int, blob: str | None, exit_code: int | None,
+                     why: str | None) -> Status | None:
+        """The common end, in three prepared statements: mark DONE, log it, queue ready dependents."""
+        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=time.time(), results=blob,
+                                         exit_code=exit_code)
+        if not rows:
+            return None
+        row = rows[0]
+        self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": Status.DONE.value,
+                             "attempt": row[0], "why": why or "finished"}])
+        children = [r[0] for r in self.hot.children.rows(conn, id=job_id)]
+        if children:
+            self._refresh(conn, children, why=f"job {job_id} is DONE")
+        return Status.DONE
+
     def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:
         conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
             status=Status.QUEUED.value, queued_at=time.time(), queue_order=0, resume=False,
@@ -688,8 +753,7 @@ class Store:
         """Every RUNNING job of the experiment (the monitor's scan)."""
         def run(conn: Connection) -> list[Job]:
             exp = self._experiment(conn)
-            rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
-                                                       t_job.c.status == Status.RUNNING.value)).all()
+            rows = conn.execute(self._running_select(exp)).all()
             return [Job.from_row(r) for r in rows]
         return self._read(run)
 
@@ -724,9 +788,7 @@ class Store:
 
         def run(conn: Connection) -> list[RunningJob]:
             exp = self._experiment(conn)
-            rows = conn.execute(sa.select(*cols).where(t_job.c.experiment_id == exp,
-                                                       t_job.c.status == Status.RUNNING.value)
-                                .order_by(t_job.c.id)).all()
+            rows = conn.execute(self._running_select(exp, *cols).order_by(t_job.c.id)).all()
             return [RunningJob(**{**r._mapping, "stop_requested": bool(r.stop_requested)}) for r in rows]
         return self._read(run)
 
@@ -784,8 +846,11 @@ class Store:
                              [{**p, "_status": new.value} for p in params])
             self._events(conn, events)
             dead = sorted(i for i, s in out.items() if s is not Status.QUEUED)
-            if dead:
-                self._block_many(conn, dead, out)
+            if len(dead) == 1:
+                self._block_downstream(conn, dead[0], f"job {dead[0]} is {out[dead[0]].value}")
+            elif dead:
+                named = ", ".join(map(str, dead[:5])) + (f" and {len(dead) - 5} more" if len(dead) > 5 else "")
+                self._block_many(conn, dead, f"jobs {named} ended CRASHED or CANCELED")
             requeued = sorted(i for i, s in out.items() if s is Status.QUEUED)
             if requeued:  # a parent reset while the job ran leaves it WAITING, not QUEUED
                 self._refresh(conn, requeued, why="its dependencies are not all DONE")
@@ -793,13 +858,10 @@ class Store:
 
         return self._write(run) if wanted else {}
 
-    def _block_many(self, conn: Connection, dead: Sequence[int], status: dict[int, Status]) -> None:
-        """Block the dependents of many jobs that ended badly: one recursive query, not one per job."""
-        if len(dead) == 1:
-            self._block_downstream(conn, dead[0], f"job {dead[0]} is {status[dead[0]].value}")
+    def _block_many(self, conn: Connection, dead: Sequence[int], why: str) -> None:
+        """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
+        if not dead:
             return
-        named = ", ".join(map(str, dead[:5])) + (f" and {len(dead) - 5} more" if len(dead) > 5 else "")
-        why = f"jobs {named} ended CRASHED or CANCELED"
         down = self._descendants(conn, list(dead))
         events, ids = [], []
         for chunk in _chunks(down):
@@ -938,6 +1000,7 @@ class Store:
                 rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
                                     .where(t_job.c.id.in_(chunk))).all()
                 for r in rows:
+                    r = self._current(conn, r.id)  # cancelling an earlier one may have blocked this one
                     if r.status == Status.RUNNING.value:
                         if not running:
                             raise UsageError(f"job {r.id} is RUNNING: add --running to ask it to stop")
@@ -965,6 +1028,7 @@ class Store:
                 rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
                                     .where(t_job.c.id.in_(chunk))).all()
                 for r in rows:
+                    r = self._current(conn, r.id)  # an earlier one's dependents may include this one
                     if r.status == status.value:
                         continue
                     values: dict[str, Any] = {"status": status.value}
@@ -974,13 +1038,13 @@ class Store:
                     self._events(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value,
                                          "attempt": r.attempt, "why": why}])
                     changed.append(r.id)
-                    if status is Status.QUEUED:  # QUEUED only once every dependency is DONE
+                    if status in (Status.QUEUED, Status.WAITING):  # QUEUED exactly when every dependency is DONE
                         self._refresh(conn, [r.id], why="its dependencies are not all DONE")
                     if status is Status.DONE:
                         self._promote_children(conn, r.id)
                     elif status in BLOCKING:
                         self._block_downstream(conn, r.id, f"job {r.id} is {status.value}")
-                    elif r.status in [s.value for s in BLOCKING]:
+                    elif r.status in [s.value for s in (*BLOCKING, Status.DONE)]:  # its dependents lose a DONE parent
                         self._refresh(conn, self._descendants(conn, [r.id]), why=f"job {r.id} is {status.value}")
             return changed
 
@@ -1011,6 +1075,11 @@ class Store:
             self._refresh(conn, sorted(affected - set(job_ids)), why="a dependency was deleted")
             return n
         return self._write(run)
+
+    def _current(self, conn: Connection, job_id: int) -> Any:
+        """A job's id, status and attempt as they are now in this transaction, its row locked."""
+        return conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                            .where(t_job.c.id == job_id).with_for_update()).one()
 
     def _check_ids(self, conn: Connection, job_ids: Sequence[int]) -> None:
         exp = self._experiment(conn)

@@ -1,0 +1,101 @@
+"""The statements of the hot path — claim, heartbeat, finish, events — compiled once per dialect.
+
+Building and cache-keying a SQLAlchemy statement costs more than running it on
+SQLite; a worker runs these thousands of times, so they are compiled once and
+executed through the driver with bound values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Dialect
+
+from .schema import job as t_job
+from .schema import job_dep as t_dep
+from .schema import job_event as t_event
+from .status import Status
+
+b = sa.bindparam
+
+
+class Prepared:
+    """A statement compiled for one dialect, run on the transaction's own DB-API cursor."""
+
+    def __init__(self, stmt: sa.sql.ClauseElement, dialect: Dialect) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self.defaults: dict[str, Any] = dict(compiled.params)
+        self.order = tuple(compiled.positiontup) if compiled.positional else None
+
+    def _execute(self, conn: Connection, values: dict[str, Any]):
+        bound = {**self.defaults, **values}
+        args = tuple(bound[k] for k in self.order) if self.order is not None else bound
+        cursor = conn.connection.dbapi_connection.cursor()
+        cursor.execute(self.sql, args)
+        return cursor
+
+    def rows(self, conn: Connection, **values: Any) -> list[tuple]:
+        cursor = self._execute(conn, values)
+        try:
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+    def mappings(self, conn: Connection, **values: Any) -> list[dict[str, Any]]:
+        cursor = self._execute(conn, values)
+        try:
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
+
+    def run(self, conn: Connection, **values: Any) -> None:
+        self._execute(conn, values).close()
+
+
+def _owned():
+    return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == Status.RUNNING.value)
+
+
+class HotStatements:
+    """The prepared statements of one dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        pick = (sa.select(t_job.c.id)
+                .where(t_job.c.experiment_id == b("exp"), t_job.c.status == Status.QUEUED.value)
+                .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
+                .limit(1))
+        if dialect.name == "postgresql":
+            pick = pick.with_for_update(skip_locked=True)
+        self.claim_pick = pick
+        self.claim = Prepared(
+            sa.update(t_job)
+            .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == Status.QUEUED.value)
+            .values(status=Status.RUNNING.value, lease=t_job.c.lease + 1,
+                    attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
+                    resume=False, stop_requested=False, host=b("host"), pid=b("pid"),
+                    pid_started_at=b("pid_started_at", type_=sa.Float), backend=b("backend"),
+                    backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
+                    started_at=b("now"), heartbeat_at=b("now"), finished_at=None, error=None, exit_code=None,
+                    workdir=sa.func.coalesce(t_job.c.workdir,
+                                             b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
+            .returning(*t_job.c), dialect)
+        self.heartbeat = Prepared(
+            sa.update(t_job).where(_owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
+            dialect)
+        self.finish_done = Prepared(
+            sa.update(t_job).where(_owned())
+            .values(status=Status.DONE.value, finished_at=b("now"), heartbeat_at=b("now"),
+                    results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=None,
+                    exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
+            .returning(t_job.c.attempt), dialect)
+        self.event = Prepared(
+            sa.insert(t_event).values(job_id=b("job_id"), at=b("at"), from_status=b("from_status", type_=sa.String),
+                                      to_status=b("to_status", type_=sa.String),
+                                      attempt=b("attempt", type_=sa.Integer), why=b("why"),
+                                      source=b("source"), data=b("data", type_=sa.Text)), dialect)
+        self.children = Prepared(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == b("id")), dialect)
+        self.parents = Prepared(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == b("id"))
+                                .order_by(t_dep.c.depends_on), dialect)
