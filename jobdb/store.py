@@ -504,15 +504,6 @@ class Store:
         return self._write(run)
 
     @staticmethod
-    def _claim_pick(exp: int, dialect: str) -> sa.Select:
-        """The claim's choice: the first QUEUED job by priority, then order (INCOMPLETE first), then id."""
-        pick = (sa.select(t_job.c.id)
-                .where(t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value)
-                .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
-                .limit(1))
-        return pick.with_for_update(skip_locked=True) if dialect == "postgresql" else pick
-
-    @staticmethod
     def _running_select(exp: int, *columns: Any) -> sa.Select:
         """RUNNING jobs of an experiment: the monitor's scan."""
         return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp,
@@ -520,7 +511,7 @@ class Store:
 
     def claim_query(self) -> sa.Select:
         """The select ``claim`` picks its job with, for this experiment (to EXPLAIN: it must use ix_job_claim)."""
-        return self._read(lambda conn: self._claim_pick(self._experiment(conn), conn.dialect.name))
+        return self._read(lambda conn: self.hot.claim_pick.params(exp=self._experiment(conn)))
 
     def running_query(self) -> sa.Select:
         """The select of the monitor's scan of RUNNING jobs, for this experiment (to EXPLAIN)."""
@@ -988,7 +979,9 @@ class Store:
         for chunk in _chunks([i for i in cleared if i not in set(roots)]):
             conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
         self._events(conn, events)
-        self._refresh(conn, cleared, why="dependencies re-checked after reset")
+        # Every job downstream is re-derived, not only those cleared: a QUEUED one left alone by
+        # --no-cascade has a parent that is no longer DONE.
+        self._refresh(conn, sorted(set(cleared) | set(down)), why="dependencies re-checked after reset")
         return cleared
 
     def cancel(self, job_ids: Sequence[int], *, running: bool = False, why: str = "cancelled by hand") -> list[int]:

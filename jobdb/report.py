@@ -1,0 +1,712 @@
+"""Choosing hyperparameters: jobs grouped into configurations, their results aggregated and ranked.
+
+Jobs whose parameters differ only by a fold or seed key (the *group keys*) are one
+configuration. Each numeric result of a configuration's DONE jobs is summarised by
+n, mean, sample standard deviation (ddof=1; blank when n=1), min and max; jobs that
+are not DONE are counted, never averaged.
+
+Conventions, fixed here so the CLI, the plots and fan-in jobs agree:
+
+- Default group keys: parameters named ``fold``, ``*_fold``, ``fold_*``, ``seed``,
+  ``*_seed`` or ``seed_*``; never counts (``nb_*``, ``n_*``, ``num_*``) and never outer
+  folds. A parameter naming an outer fold (``id_outer_fold``, ``outer_fold``) splits
+  the report: nested cross-validation is ranked per outer fold, then summarised over
+  the outer folds' winners.
+- A configuration is complete when every one of its jobs is DONE with the metric and it
+  has as many jobs as the largest configuration of its scope (phase, target and outer
+  fold). Only complete configurations are eligible for best, unless ``allow_incomplete``.
+- Ranking: the better mean (compared to 12 significant digits), then more runs, then
+  the lower std (unknown std last), then the configuration scheduled first (lowest id).
+- Jobs of a phase and target where no DONE job reports the metric are left out
+  (a pretraining phase, a fan-in job), and said so in :attr:`Report.dropped`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from .errors import JobmanError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from .store import Store
+
+STD_DDOF = 1  # sample standard deviation, the usual for cross-validation
+AUTO = "auto"
+_COUNT_PREFIXES = ("nb_", "n_", "num_", "number_", "max_", "min_")
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(==|!=|<=|>=|<|>|=)\s*(.*?)\s*$")
+_PLAIN_TYPES = frozenset((int, float, str, type(None)))  # parameter values hashable as they are
+_UNFINISHED = {"WAITING": "pending", "QUEUED": "pending", "RUNNING": "running"}
+
+
+class NothingEligible(JobmanError):
+    """No configuration is eligible for best: none has all its runs finished with the metric."""
+
+
+class UnknownMetric(UsageError):
+    """No finished job reports that metric."""
+
+
+# -- what a report holds ----------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """One numeric result over a configuration's DONE jobs. ``std`` is None when n is 1."""
+
+    n: int
+    mean: float
+    std: float | None
+    min: float
+    max: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "mean": self.mean, "std": self.std, "min": self.min, "max": self.max}
+
+
+@dataclass(slots=True)
+class ConfigRow:
+    """One configuration: jobs equal in every parameter but the group keys.
+
+    ``n``, ``mean``, ``std`` and ``job_ids`` are those of the report's metric: the DONE
+    jobs whose value of it was averaged. ``status`` counts every job of the
+    configuration by status; ``expected`` is how many jobs a complete one has.
+    """
+
+    params: dict[str, Any]
+    phase: int | None
+    target: str | None
+    outer: Any
+    metric: str
+    stats: dict[str, Stat]
+    job_ids: list[int]
+    all_job_ids: list[int]
+    status: dict[str, int]
+    expected: int
+    complete: bool
+    eligible: bool
+    first_id: int
+    rank: int = 0
+    best: bool = False
+
+    @property
+    def n(self) -> int:
+        stat = self.stats.get(self.metric)
+        return stat.n if stat else 0
+
+    @property
+    def mean(self) -> float | None:
+        stat = self.stats.get(self.metric)
+        return stat.mean if stat else None
+
+    @property
+    def std(self) -> float | None:
+        stat = self.stats.get(self.metric)
+        return stat.std if stat else None
+
+    @property
+    def done(self) -> int:
+        return self.status.get("DONE", 0)
+
+    def not_done(self) -> dict[str, int]:
+        """Jobs that are not DONE, by the word a reader expects (failed, crashed, running, pending...)."""
+        words: Counter[str] = Counter()
+        for status, count in self.status.items():
+            if status != "DONE":
+                words[_UNFINISHED.get(status, status.lower())] += count
+        return dict(sorted(words.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "best": self.best, "eligible": self.eligible, "complete": self.complete,
+            "phase": self.phase, "target": self.target, "outer": self.outer, "params": self.params,
+            "n": self.n, "expected": self.expected, "status": self.status, "mean": self.mean, "std": self.std,
+            "job_ids": self.job_ids, "results": {k: s.to_dict() for k, s in self.stats.items()},
+        }
+
+
+@dataclass
+class Report:
+    """Every configuration of a selection of jobs, ranked by one metric."""
+
+    metric: str
+    mode: str
+    group_over: list[str]
+    outer: str | None
+    allow_incomplete: bool
+    rows: list[ConfigRow]  # per outer fold (sorted), best first; rows without the metric last
+    constant: dict[str, Any]  # parameters every configuration shares
+    varying: list[str]  # parameters that differ between configurations
+    columns: list[str]  # numeric results, the metric first
+    jobs: int  # jobs reported on
+    dropped: list[tuple[int | None, str | None, int]] = field(default_factory=list)  # (phase, target, jobs)
+    best_by_outer: dict[Any, ConfigRow] = field(default_factory=dict)
+    overall: dict[str, Stat] = field(default_factory=dict)  # nested CV: over the outer folds' winners
+
+    @property
+    def best(self) -> ConfigRow | None:
+        """The winner; with outer folds, None (see :attr:`best_by_outer`)."""
+        if self.outer is not None:
+            return None
+        return self.best_by_outer.get(None)
+
+    @property
+    def outer_values(self) -> list[Any]:
+        return sorted({r.outer for r in self.rows}, key=_sort_key)
+
+    @property
+    def scopes(self) -> list[tuple[int | None, str | None]]:
+        """The (phase, target) pairs reported on."""
+        return sorted({(r.phase, r.target) for r in self.rows}, key=lambda s: (_sort_key(s[0]), str(s[1])))
+
+    def unit(self, n: int) -> str:
+        """What a run of a configuration is called: fold, seed, or run."""
+        kinds = {_group_kind(k) for k in self.group_over}
+        word = kinds.pop() if len(kinds) == 1 else "run"
+        return word if n == 1 else word + "s"
+
+    def label(self, row: ConfigRow) -> str:
+        """The parameters that tell ``row`` apart from the other configurations."""
+        keys = [k for k in self.varying if k != self.outer]
+        text = " ".join(f"{k}={format_param(row.params[k])}" for k in keys if k in row.params)
+        if len(self.scopes) > 1:
+            text = f"phase {row.phase} {row.target} " + text
+        return text.strip() or "the only configuration"
+
+    def describe(self, row: ConfigRow) -> str:
+        """One line in words: ``lr=0.01 nhid=256 — valid_error 0.021 ± 0.004 over 5 folds``."""
+        value = format_number(row.mean)
+        if row.std is not None:
+            value += f" ± {format_number(row.std, 2)}"
+        text = f"{self.label(row)} — {self.metric} {value} over {row.n} {self.unit(row.n)}"
+        if not row.complete:
+            text += f" (incomplete: {row.n} of {row.expected})"
+        return text
+
+    def summary_lines(self) -> list[str]:
+        """The closing lines: the best configuration (per outer fold), or why there is none."""
+        if self.outer is None:
+            row = self.best
+            return [f"best: {self.describe(row)}" if row else self.why_none()]
+        lines = []
+        for value in self.outer_values:
+            row = self.best_by_outer.get(value)
+            head = f"{self.outer}={format_param(value)}"
+            lines.append(f"best for {head}: {self.describe(row)}" if row else f"{head}: {self.why_none(value)}")
+        if self.overall.get(self.metric):
+            parts = []
+            for name in [self.metric] + [c for c in self.columns if c != self.metric][:4]:
+                stat = self.overall.get(name)
+                if stat is not None:
+                    spread = f" ± {format_number(stat.std, 2)}" if stat.std is not None else ""
+                    parts.append(f"{name} {format_number(stat.mean)}{spread}")
+            n = self.overall[self.metric].n
+            lines.append(f"overall: {', '.join(parts)} over {n} outer fold{'s' if n != 1 else ''} "
+                         "(each outer fold's best configuration)")
+        return lines
+
+    def why_none(self, outer: Any = None) -> str:
+        rows = [r for r in self.rows if r.outer == outer] if self.outer is not None else self.rows
+        with_metric = [r for r in rows if r.n]
+        if not rows:
+            return "no configuration to report on"
+        if not with_metric:
+            return f"no configuration has a {self.metric} yet"
+        return (f"no configuration is eligible for best: all {len(with_metric)} with a {self.metric} are missing "
+                "runs or have failed ones (--allow-incomplete accepts them)")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "metric": self.metric, "mode": self.mode, "group_over": self.group_over, "outer": self.outer,
+            "std": f"sample standard deviation (ddof={STD_DDOF}); null when n is 1",
+            "allow_incomplete": self.allow_incomplete, "jobs": self.jobs, "constant": self.constant,
+            "varying": self.varying, "columns": self.columns,
+            "dropped": [{"phase": p, "target": t, "jobs": n} for p, t, n in self.dropped],
+            "rows": [r.to_dict() for r in self.rows],
+        }
+        if self.outer is None:
+            out["best"] = self.best.to_dict() if self.best else None
+        else:
+            out["best_by_outer"] = [{"outer": v, "best": r.to_dict()} for v, r in self.best_by_outer.items()]
+            out["overall"] = {k: s.to_dict() for k, s in self.overall.items()}
+        out["summary"] = self.summary_lines()
+        return out
+
+
+# -- filters ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Condition:
+    """``key OP value`` on a job's parameters; a job without the key never matches."""
+
+    key: str
+    op: str
+    value: Any
+
+    def test(self, params: Mapping[str, Any]) -> bool:
+        if self.key not in params:
+            return False
+        have, want = params[self.key], self.value
+        if self.op in ("==", "!="):
+            equal = _same(have, want)
+            return equal if self.op == "==" else not equal
+        if _is_number(have) and _is_number(want) or isinstance(have, str) and isinstance(want, str):
+            return {"<": have < want, "<=": have <= want, ">": have > want, ">=": have >= want}[self.op]
+        return False
+
+    def __str__(self) -> str:
+        return f"{self.key}{self.op}{format_param(self.value)}"
+
+
+def parse_where(text: str) -> Condition:
+    """``nhid>=128``, ``act==tanh``, ``lr!=0.1`` (``=`` means ``==``); values are typed as in a sweep."""
+    from .sweep import parse_value
+
+    match = _WHERE.match(text)
+    if not match or not match.group(3):
+        raise UsageError(f"--where {text!r}: write KEY OP VALUE with OP one of ==, !=, <, <=, >, >= "
+                         "(for example nhid>=128)")
+    key, op, raw = match.groups()
+    if raw[0] in "<>=!":
+        raise UsageError(f"--where {text!r}: {op + raw[0]!r} is not an operator; use ==, !=, <, <=, >, >=")
+    try:
+        value = parse_value(raw)
+    except ValueError as exc:
+        message = str(exc).rsplit("@", 1)[0]
+        raise UsageError(f"--where {text!r}: the value {raw!r} is malformed ({message})") from None
+    return Condition(key, "==" if op == "=" else op, value)
+
+
+# -- the selection ---------------------------------------------------------------------
+
+def default_group_keys(keys: Iterable[str]) -> list[str]:
+    """The parameters that look like a fold or a seed (not outer folds, not counts)."""
+    return sorted(k for k in set(keys) if _group_kind(k) is not None)
+
+
+def default_outer_key(keys: Iterable[str]) -> str | None:
+    """The parameter naming an outer fold of nested cross-validation, if exactly one does."""
+    found = sorted(k for k in set(keys) if _is_outer(k))
+    return found[0] if len(found) == 1 else None
+
+
+def build_report(records: Iterable[Any], metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
+                 *, outer: str | None = AUTO, allow_incomplete: bool = False,
+                 where: Sequence[str | Condition] = ()) -> Report:
+    """Group ``records`` into configurations and rank them by ``metric`` (``mode`` min or max).
+
+    ``records`` are mappings (or objects) with ``params``, ``results`` and ``status``
+    (missing: DONE, as for a fan-in job's parents), and optionally ``job_id``, ``phase``
+    and ``target``. ``group_over`` None picks the fold and seed keys; ``outer`` "auto"
+    finds an outer-fold key, None reports everything as one.
+    """
+    return _build(_Records.from_records(records), metric, mode, group_over, outer, allow_incomplete, where)
+
+
+def summarize(records: Iterable[Any], metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
+              *, outer: str | None = AUTO, allow_incomplete: bool = False,
+              where: Sequence[str | Condition] = ()) -> list[ConfigRow]:
+    """The configurations of ``records``, best first (per outer fold): see :func:`build_report`."""
+    return build_report(records, metric, mode, group_over, outer=outer, allow_incomplete=allow_incomplete,
+                        where=where).rows
+
+
+def best(records: Iterable[Any], metric: str = "valid_error", mode: str = "min",
+         group_over: Sequence[str] | None = None, allow_incomplete: bool = False) -> ConfigRow:
+    """The best configuration of ``records`` by ``metric``: what a fan-in job retrains.
+
+    The result has ``.params`` (without the group keys), ``.mean``, ``.std``, ``.n`` and
+    ``.job_ids``. An outer-fold key is an ordinary parameter here: pass one outer fold's
+    records to choose within it. Raises :class:`NothingEligible` when no configuration
+    has all its runs DONE with the metric (or any, with ``allow_incomplete``).
+    """
+    report = build_report(records, metric, mode, group_over, outer=None, allow_incomplete=allow_incomplete)
+    winner = report.best
+    if winner is None:
+        raise NothingEligible(report.why_none().replace("--allow-incomplete", "allow_incomplete=True"))
+    return winner
+
+
+def from_store(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
+               phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
+               where: Sequence[str | Condition] = ()) -> Report:
+    """The report of a store's experiment (one query), optionally of one phase."""
+    return _build(_Records.from_rows(store.report_rows(phase)), metric, mode, group_over, outer,
+                  allow_incomplete, where)
+
+
+# -- the work ----------------------------------------------------------------------------
+
+class _Records:
+    """Records as parallel lists: decoded once, filtered cheaply."""
+
+    __slots__ = ("ids", "phases", "targets", "statuses", "params", "results")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.phases: list[int | None] = []
+        self.targets: list[str | None] = []
+        self.statuses: list[str] = []
+        self.params: list[Mapping[str, Any]] = []
+        self.results: list[Mapping[str, Any] | None] = []
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> "_Records":
+        """From ``(id, phase, status, target, params JSON, results JSON)`` rows."""
+        recs = cls()
+        rows = list(rows)
+        if not rows:
+            return recs
+        ids, phases, statuses, targets, params, results = (list(col) for col in zip(*rows))
+        recs.ids, recs.phases, recs.statuses, recs.targets = ids, phases, statuses, targets
+        # One decode of a JSON array of them all: far cheaper than one json.loads per job.
+        recs.params = json.loads("[" + ",".join(params) + "]")
+        recs.results = json.loads("[" + ",".join(r or "null" for r in results) + "]")
+        return recs
+
+    @classmethod
+    def from_records(cls, records: Iterable[Any]) -> "_Records":
+        recs = cls()
+        for index, rec in enumerate(records):
+            params = _get(rec, "params", None)
+            if not isinstance(params, Mapping):
+                raise UsageError(f"record {index} has no params mapping")
+            job_id = _get(rec, "job_id", None)
+            if job_id is None:
+                job_id = _get(rec, "id", index)
+            recs.ids.append(job_id)
+            recs.phases.append(_get(rec, "phase", None))
+            recs.targets.append(_get(rec, "target", None))
+            recs.statuses.append(str(_get(rec, "status", "DONE")).upper())
+            recs.params.append(params)
+            recs.results.append(_get(rec, "results", None))
+        return recs
+
+    def keep(self, mask: Sequence[bool]) -> "_Records":
+        out = _Records()
+        for name in self.__slots__:
+            setattr(out, name, [v for v, k in zip(getattr(self, name), mask) if k])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | None, outer: str | None,
+           allow_incomplete: bool, where: Sequence[str | Condition]) -> Report:
+    if mode not in ("min", "max"):
+        raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
+    conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]
+    all_keys: set[str] = set()
+    for p in recs.params:
+        all_keys.update(p)
+    for cond in conditions:
+        if cond.key not in all_keys and recs.params:
+            raise UsageError(f"--where {cond}: no job has a parameter {cond.key!r} ({_listing(all_keys)})")
+    if conditions and len(recs):
+        recs = recs.keep([all(c.test(p) for c in conditions) for p in recs.params])
+        if not len(recs):
+            raise UsageError(f"no job matches --where {' and '.join(map(str, conditions))}")
+
+    outer_key = default_outer_key(all_keys) if outer == AUTO else outer
+    if outer_key is not None and outer_key not in all_keys:
+        raise UsageError(f"outer fold {outer_key!r}: no job has that parameter ({_listing(all_keys)})")
+    if group_over is None:
+        groups = [k for k in default_group_keys(all_keys) if k != outer_key]
+    else:
+        groups = list(dict.fromkeys(group_over))
+        missing = [k for k in groups if k not in all_keys]
+        if missing and recs.params:
+            raise UsageError(f"group over {missing[0]!r}: no job has that parameter ({_listing(all_keys)})")
+        if outer_key in groups:
+            raise UsageError(f"{outer_key!r} cannot be both the outer fold and a key to group over")
+
+    recs, dropped = _drop_scopes_without(recs, metric)
+    grouped = set(groups)
+
+    # Configurations: one index per (phase, target, parameters but the group keys).
+    plain = _PLAIN_TYPES.issuperset
+    config_keys = [(phase, target, tuple(sorted(kv for kv in p.items() if kv[0] not in grouped)
+                                         if plain(map(type, p.values())) else _frozen_items(p, grouped)))
+                   for phase, target, p in zip(recs.phases, recs.targets, recs.params)]
+    index: dict[tuple, int] = {}
+    cfg_of = [index.setdefault(key, len(index)) for key in config_keys]
+    keys = list(index)
+    first_rec = [0] * len(keys)
+    all_ids: list[list[Any]] = [[] for _ in keys]
+    status_counts: list[dict[str, int]] = [{} for _ in keys]
+    for i, (c, job_id, status) in enumerate(zip(cfg_of, recs.ids, recs.statuses)):
+        ids = all_ids[c]
+        if not ids:
+            first_rec[c] = i
+        ids.append(job_id)
+        counts = status_counts[c]
+        counts[status] = counts.get(status, 0) + 1
+    n_cfg = len(keys)
+
+    # Numeric results of DONE jobs, column by column.
+    values: dict[str, tuple[list[int], list[float]]] = {}
+    metric_ids: list[list[Any]] = [[] for _ in range(n_cfg)]
+    for i, (status, res) in enumerate(zip(recs.statuses, recs.results)):
+        if status != "DONE" or not res:
+            continue
+        c = cfg_of[i]
+        for name, v in res.items():
+            if (type(v) is float or type(v) is int) and not name.startswith("_") and math.isfinite(v):
+                slot = values.get(name)
+                if slot is None:
+                    slot = values[name] = ([], [])
+                slot[0].append(c)
+                slot[1].append(v)
+                if name == metric:
+                    metric_ids[c].append(recs.ids[i])
+    import numpy as np  # here, not at the top: every jobman command imports this module
+
+    columns = [metric] * (metric in values) + sorted(k for k in values if k != metric)
+    stats = {name: [a.tolist() for a in _aggregate(np.asarray(values[name][0], dtype=np.int64),
+                                                   np.asarray(values[name][1], dtype=np.float64), n_cfg)]
+             for name in columns}
+
+    rows: list[ConfigRow] = []
+    for c in range(n_cfg):
+        i = first_rec[c]
+        params = {k: v for k, v in recs.params[i].items() if k not in grouped}
+        row_stats = {}
+        for name in columns:
+            count, mean, std, lo, hi = stats[name]
+            n = count[c]
+            if n:
+                row_stats[name] = Stat(n, mean[c], None if n < 2 else std[c], lo[c], hi[c])
+        ids = all_ids[c]
+        rows.append(ConfigRow(
+            params=params, phase=recs.phases[i], target=recs.targets[i],
+            outer=params.get(outer_key) if outer_key is not None else None, metric=metric, stats=row_stats,
+            job_ids=metric_ids[c], all_job_ids=ids, status=dict(sorted(status_counts[c].items())),
+            expected=0, complete=False, eligible=False, first_id=_first(ids)))
+
+    _judge(rows, allow_incomplete)
+    rows, winners = _rank(rows, mode)
+    report = Report(metric=metric, mode=mode, group_over=groups, outer=outer_key, allow_incomplete=allow_incomplete,
+                    rows=rows, constant={}, varying=[], columns=columns, jobs=len(recs), dropped=dropped,
+                    best_by_outer=winners)
+    report.constant, report.varying = _split_constant([k[2] for k in keys], [r.params for r in rows])
+    if outer_key is not None:
+        report.overall = _over_winners(list(winners.values()), columns)
+    return report
+
+
+def _drop_scopes_without(recs: _Records, metric: str) -> tuple[_Records, list[tuple[int | None, str | None, int]]]:
+    """Keep the (phase, target) scopes where some DONE job reports ``metric``."""
+    scopes = list(zip(recs.phases, recs.targets))
+    done = [i for i, s in enumerate(recs.statuses) if s == "DONE"]
+    with_metric = {scopes[i] for i in done if _is_number((recs.results[i] or {}).get(metric))}
+    if not with_metric:
+        if done:
+            found = sorted({k for i in done for k, v in (recs.results[i] or {}).items()
+                            if _is_number(v) and not k.startswith("_")})
+            listing = ", ".join(found) if found else "none"
+            raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
+        return recs, []
+    counts = Counter(s for s in scopes if s not in with_metric)
+    dropped = sorted(((p, t, n) for (p, t), n in counts.items()), key=lambda d: (_sort_key(d[0]), str(d[1])))
+    if not dropped:
+        return recs, []
+    return recs.keep([s in with_metric for s in scopes]), dropped
+
+
+def _aggregate(cfg: np.ndarray, vals: np.ndarray, n_cfg: int) -> tuple[np.ndarray, ...]:
+    """Per configuration: count, mean, sample std, min and max of one result (NaN where absent)."""
+    import numpy as np
+
+    count = np.bincount(cfg, minlength=n_cfg)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.bincount(cfg, weights=vals, minlength=n_cfg) / count
+        dev = vals - mean[cfg]
+        std = np.sqrt(np.bincount(cfg, weights=dev * dev, minlength=n_cfg) / (count - STD_DDOF))
+    lo = np.full(n_cfg, np.nan)
+    hi = np.full(n_cfg, np.nan)
+    present = count > 0
+    if present.any():
+        order = np.argsort(cfg, kind="stable")
+        starts = (np.cumsum(count) - count)[present]
+        lo[present] = np.minimum.reduceat(vals[order], starts)
+        hi[present] = np.maximum.reduceat(vals[order], starts)
+    std[lo == hi] = 0.0  # equal values: no rounding noise in their spread
+    mean[lo == hi] = lo[lo == hi]
+    return count, mean, std, lo, hi
+
+
+def _judge(rows: list[ConfigRow], allow_incomplete: bool) -> None:
+    """Completeness: as many jobs as the largest configuration of the scope, all DONE with the metric."""
+    largest: dict[tuple, int] = {}
+    for r in rows:
+        scope = (r.phase, r.target, _frozen(r.outer))
+        largest[scope] = max(largest.get(scope, 0), len(r.all_job_ids))
+    for r in rows:
+        r.expected = largest[(r.phase, r.target, _frozen(r.outer))]
+        r.complete = r.n == len(r.all_job_ids) == r.expected
+        r.eligible = r.n > 0 and (r.complete or allow_incomplete)
+
+
+def _rank(rows: list[ConfigRow], mode: str) -> tuple[list[ConfigRow], dict[Any, ConfigRow]]:
+    """Sort per outer fold: eligible rows by merit, then ineligible ones, then those without the metric."""
+    sign = 1.0 if mode == "min" else -1.0
+
+    def merit(r: ConfigRow) -> tuple:
+        if not r.n:
+            return (2, 0.0, 0, math.inf, _sort_key(r.first_id))
+        std = r.std if r.std is not None else math.inf
+        return (0 if r.eligible else 1, sign * float(f"{r.mean:.12g}"), -r.n, std, _sort_key(r.first_id))
+
+    out: list[ConfigRow] = []
+    winners: dict[Any, ConfigRow] = {}
+    by_outer: dict[Any, list[ConfigRow]] = {}
+    for r in rows:
+        by_outer.setdefault(_frozen(r.outer), []).append(r)
+    for key in sorted(by_outer, key=_sort_key):
+        scope = sorted(by_outer[key], key=merit)
+        for rank, r in enumerate(scope, 1):
+            r.rank = rank
+        if scope and scope[0].eligible:
+            scope[0].best = True
+            winners[scope[0].outer] = scope[0]
+        out.extend(scope)
+    return out, winners
+
+
+def _over_winners(winners: list[ConfigRow], columns: list[str]) -> dict[str, Stat]:
+    """Nested CV: each result over the outer folds' winners (their means), sample std."""
+    import numpy as np
+
+    overall = {}
+    for name in columns:
+        vals = np.array([w.stats[name].mean for w in winners if name in w.stats])
+        if vals.size:
+            std = float(vals.std(ddof=STD_DDOF)) if vals.size > 1 else None
+            overall[name] = Stat(int(vals.size), float(vals.mean()), std, float(vals.min()), float(vals.max()))
+    return overall
+
+
+def _split_constant(keys: list[tuple], params: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Parameters equal in every configuration, and the ones that vary (in first-seen order).
+
+    ``keys`` are the configurations' frozen (key, value) items, ``params`` their parameters.
+    """
+    if not keys:
+        return {}, []
+    seen: dict[str, set] = {}
+    present: Counter[str] = Counter()
+    for items in keys:
+        for k, v in items:
+            bucket = seen.get(k)
+            if bucket is None:
+                bucket = seen[k] = set()
+            bucket.add(v)
+        present.update(k for k, _ in items)
+    order = list(dict.fromkeys(k for p in params[:1] for k in p)) + sorted(seen)
+    order = list(dict.fromkeys(order))
+    constant = {k: params[0][k] for k in order
+                if len(seen[k]) == 1 and present[k] == len(keys) and len(keys) > 1}
+    varying = [k for k in order if k not in constant]
+    return constant, varying
+
+
+# -- small helpers ----------------------------------------------------------------------
+
+def _first(ids: list[Any]) -> Any:
+    """The id of the job scheduled first (the lowest)."""
+    try:
+        return min(ids)
+    except TypeError:
+        return min(ids, key=_sort_key)
+
+
+def _get(rec: Any, name: str, default: Any) -> Any:
+    if isinstance(rec, Mapping):
+        return rec.get(name, default)
+    return getattr(rec, name, default)
+
+
+def _group_kind(key: str) -> str | None:
+    name = key.lower()
+    if _is_outer(name) or name.startswith(_COUNT_PREFIXES):
+        return None
+    for word in ("fold", "seed"):
+        if name == word or name.endswith("_" + word) or name.startswith(word + "_"):
+            return word
+    return None
+
+
+def _is_outer(key: str) -> bool:
+    parts = key.lower().split("_")
+    return "outer" in parts and any(p.startswith("fold") for p in parts) and not key.lower().startswith(
+        _COUNT_PREFIXES)
+
+
+def _is_number(v: Any) -> bool:
+    return (type(v) is float or type(v) is int) and math.isfinite(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def _frozen_items(params: Mapping[str, Any], skip: set[str]) -> tuple:
+    return tuple(sorted((k, _frozen(v)) for k, v in params.items() if k not in skip))
+
+
+def _frozen(v: Any) -> Any:
+    """A hashable stand-in for a parameter value; True and 1 stay apart."""
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, (list, dict)):
+        return ("json", json.dumps(v, sort_keys=True))
+    return v
+
+
+def _sort_key(v: Any) -> tuple:
+    """Orders values of mixed types deterministically (numbers, then text, then the rest)."""
+    if v is None:
+        return (0, 0)
+    if _is_number(v) or isinstance(v, bool):
+        return (1, float(v))
+    if isinstance(v, str):
+        return (2, v)
+    return (3, json.dumps(v, sort_keys=True, default=str))
+
+
+def _listing(keys: Iterable[str]) -> str:
+    keys = sorted(keys)
+    return "parameters: " + (", ".join(keys) if keys else "none")
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A result as the report prints it: four significant digits for a mean, two for a spread."""
+    if value is None:
+        return ""
+    if value == 0:
+        return "0"
+    if digits < 4:  # a spread keeps its trailing zero: 0.0030, not 0.003
+        return f"{value:#.{digits}g}".rstrip(".")
+    return f"{value:.{digits}g}"
+
+
+def format_param(value: Any) -> str:
+    """A parameter value as a user would type it in a sweep."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+__all__ = ["best", "summarize", "build_report", "from_store", "parse_where", "default_group_keys",
+           "default_outer_key", "ConfigRow", "Report", "Stat", "Condition", "NothingEligible", "UnknownMetric",
+           "STD_DDOF"]

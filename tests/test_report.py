@@ -1,0 +1,403 @@
+"""``jobman report`` and ``report.best``: grouping over folds, exact statistics, eligibility, ties,
+filters, every output format, nested cross-validation, plots, and a real fan-in job choosing its config."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import struct
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobman.cli.main import main as jobman_main
+from jobman.jobdb import report
+from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.report import NothingEligible, UnknownMetric
+from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.sweep import JobSpec
+
+TARGET = "tests.fake:train"
+
+
+def add_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0,
+             target: str = TARGET) -> list[int]:
+    """Schedule ``(params, status, results)`` jobs in order, then claim and finish each as told.
+
+    QUEUED jobs must come last: they are left unclaimed.
+    """
+    ids = store.schedule([JobSpec(phase, "fn", target, p, None) for p, _, _ in jobs]).job_ids
+    worker = WorkerInfo.here()
+    for job_id, (params, status, results) in zip(ids, jobs):
+        if status == "QUEUED":
+            continue
+        claimed = store.claim(worker, None)
+        assert claimed is not None and claimed.job.id == job_id
+        if status != "RUNNING":
+            store.finish(job_id, claimed.lease, status, results=results, relaunch=False)
+    return ids
+
+
+def cli(*args: str, capsys) -> tuple[int, str, str]:
+    """The jobman command, in this process (fast); the fan-in test runs the real one."""
+    capsys.readouterr()
+    code = jobman_main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def record(params: dict, value: float | None, status: str = "DONE", job_id: int | None = None, **more) -> dict:
+    results = None if value is None else {"valid_error": value, **more}
+    rec = {"params": params, "results": results, "status": status}
+    if job_id is not None:
+        rec["job_id"] = job_id
+    return rec
+
+
+# -- exact statistics on a hand-made results set --------------------------------------------
+
+SWEEP = [  # two configurations × three folds; the first is better
+    ({"lr": 0.01, "nhid": 256, "nb_cross_fold": 3, "id_cross_fold": 0}, 0.05, 0.5),
+    ({"lr": 0.01, "nhid": 256, "nb_cross_fold": 3, "id_cross_fold": 1}, 0.07, 0.25),
+    ({"lr": 0.01, "nhid": 256, "nb_cross_fold": 3, "id_cross_fold": 2}, 0.09, 0.75),
+    ({"lr": 0.1, "nhid": 64, "nb_cross_fold": 3, "id_cross_fold": 0}, 0.1, 0.9),
+    ({"lr": 0.1, "nhid": 64, "nb_cross_fold": 3, "id_cross_fold": 1}, 0.2, 0.8),
+    ({"lr": 0.1, "nhid": 64, "nb_cross_fold": 3, "id_cross_fold": 2}, 0.3, 0.7),
+]
+
+
+def test_means_and_sample_stds_are_exact_and_the_best_is_said_in_words(store, db_url, capsys):
+    ids = add_jobs(store, [(p, "DONE", {"valid_error": v, "accuracy": a, "_internal": 1.0, "note": "text"})
+                           for p, v, a in SWEEP])
+    rep = report.from_store(store, "valid_error")
+    assert rep.group_over == ["id_cross_fold"]
+    assert rep.constant == {"nb_cross_fold": 3}
+    assert rep.varying == ["lr", "nhid"]
+    assert rep.columns == ["valid_error", "accuracy"]  # numbers only, no _private results
+    first, second = rep.rows
+    assert first.best and not second.best and (first.rank, second.rank) == (1, 2)
+    assert first.params == {"lr": 0.01, "nhid": 256, "nb_cross_fold": 3}
+    assert first.job_ids == ids[:3] and second.job_ids == ids[3:]
+    assert first.n == 3 and first.mean == pytest.approx(0.07) and first.std == pytest.approx(0.02)
+    assert second.mean == pytest.approx(0.2) and second.std == pytest.approx(0.1)
+    acc = first.stats["accuracy"]
+    assert (acc.n, acc.mean, acc.std, acc.min, acc.max) == (3, pytest.approx(0.5), pytest.approx(0.25), 0.25, 0.75)
+    assert rep.summary_lines() == ["best: lr=0.01 nhid=256 — valid_error 0.07 ± 0.020 over 3 folds"]
+
+    code, out, _ = cli("report", db_url, capsys=capsys)
+    assert code == 0
+    assert "all configurations: nb_cross_fold=3" in out
+    header = next(line for line in out.splitlines() if "valid_error" in line and "#" in line)
+    assert "nb_cross_fold" not in header and "id_cross_fold" not in header  # shown once above, not per row
+    assert "0.07 ± 0.020" in out and "0.2 ± 0.10" in out
+    assert out.strip().splitlines()[-1] == "best: lr=0.01 nhid=256 — valid_error 0.07 ± 0.020 over 3 folds"
+
+
+def test_max_mode_picks_the_highest(store, db_url, capsys):
+    add_jobs(store, [(p, "DONE", {"valid_error": v, "accuracy": a}) for p, v, a in SWEEP])
+    rep = report.from_store(store, "accuracy", "max")
+    assert rep.best.params["lr"] == 0.1 and rep.best.mean == pytest.approx(0.8)
+    code, out, _ = cli("report", db_url, "--metric", "accuracy", "--max", "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and data["mode"] == "max" and data["best"]["params"]["lr"] == 0.1
+    assert [r["rank"] for r in data["rows"]] == [1, 2]
+
+
+def test_missing_and_failed_folds_are_counted_never_averaged_and_not_eligible_by_default(store, db_url, capsys):
+    jobs = [  # lr=0.001 is the best on paper but has one fold FAILED (with a junk value) and one running
+        ({"lr": 0.001, "id_cross_fold": 0}, "DONE", {"valid_error": 0.01}),
+        ({"lr": 0.001, "id_cross_fold": 1}, "FAILED", {"valid_error": 999.0}),
+        ({"lr": 0.001, "id_cross_fold": 2}, "DONE", {"valid_error": 0.03}),
+        ({"lr": 0.01, "id_cross_fold": 0}, "DONE", {"valid_error": 0.1}),
+        ({"lr": 0.01, "id_cross_fold": 1}, "DONE", {"valid_error": 0.1}),
+        ({"lr": 0.01, "id_cross_fold": 2}, "DONE", {"valid_error": 0.1}),
+        ({"lr": 0.1, "id_cross_fold": 0}, "DONE", {"valid_error": 0.05}),  # its fold 2 was never scheduled
+        ({"lr": 0.1, "id_cross_fold": 1}, "DONE", {"valid_error": 0.05}),
+        ({"lr": 0.001, "id_cross_fold": 3}, "RUNNING", None),
+    ]
+    add_jobs(store, jobs)
+    rep = report.from_store(store, "valid_error")
+    rows = {r.params["lr"]: r for r in rep.rows}
+    bad = rows[0.001]
+    assert bad.status == {"DONE": 2, "FAILED": 1, "RUNNING": 1} and bad.not_done() == {"failed": 1, "running": 1}
+    assert bad.n == 2 and bad.mean == pytest.approx(0.02) and bad.std == pytest.approx(math.sqrt(2) * 0.01)
+    assert bad.expected == 4 and not bad.complete and not bad.eligible
+    assert rows[0.1].n == 2 and not rows[0.1].eligible
+    # Every complete configuration must have as many jobs as the largest: with lr=0.001's four, none is.
+    assert rep.best is None and "--allow-incomplete" in rep.why_none()
+
+    records = [{"params": p, "results": r, "status": s} for p, s, r in jobs[:-1]]
+    chosen = report.best(records)
+    assert chosen.params == {"lr": 0.01} and chosen.n == 3 and chosen.std == 0.0
+    assert report.best(records, allow_incomplete=True).params == {"lr": 0.001}
+
+    code, out, _ = cli("report", db_url, "--top", "0", capsys=capsys)
+    assert code == 0 and "2/4 (+1 failed, +1 running)" in out and "2/4" in out
+    assert "no configuration is eligible" in out
+    code, out, _ = cli("report", db_url, "--allow-incomplete", "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert data["best"]["params"] == {"lr": 0.001} and data["best"]["complete"] is False
+    assert data["best"]["results"]["valid_error"]["max"] == 0.03  # the FAILED job's 999 is not in it
+
+
+def test_nothing_eligible_and_unknown_metric_are_clear_errors():
+    records = [record({"lr": 0.1, "fold": 0}, 0.1), record({"lr": 0.1, "fold": 1}, None, "FAILED")]
+    with pytest.raises(NothingEligible, match="allow_incomplete=True"):
+        report.best(records)
+    assert issubclass(NothingEligible, JobmanError)
+    with pytest.raises(UnknownMetric, match=r"no finished job reports 'accuracy' \(numeric results: valid_error\)"):
+        report.best(records, metric="accuracy")
+    with pytest.raises(NothingEligible, match="no configuration"):
+        report.best([])
+    with pytest.raises(UsageError, match="mode"):
+        report.best(records, mode="lowest")
+
+
+def test_ties_go_to_more_runs_then_lower_std_then_first_scheduled():
+    cfg = lambda name, **k: {"name": name, **k}  # noqa: E731
+    # Same mean (in a different summation order), same n, same std: the one scheduled first wins.
+    recs = [record(cfg("b", seed=s), v, job_id=10 + s) for s, v in enumerate([0.1, 0.2, 0.3])]
+    recs += [record(cfg("a", seed=s), v, job_id=20 + s) for s, v in enumerate([0.3, 0.2, 0.1])]
+    assert report.best(recs).params == {"name": "b"}
+    assert report.best(list(reversed(recs))).params == {"name": "b"}  # by job id, not by position
+    # Same mean: the lower std wins.
+    recs = [record(cfg("wide", seed=s), v, job_id=s) for s, v in enumerate([0.0, 0.2, 0.4])]
+    recs += [record(cfg("narrow", seed=s), v, job_id=10 + s) for s, v in enumerate([0.19, 0.2, 0.21])]
+    assert report.best(recs).params == {"name": "narrow"}
+    # Same mean with missing runs allowed: more runs win.
+    recs = [record(cfg("few", seed=s), 0.2, job_id=s) for s in range(2)]
+    recs += [record(cfg("many", seed=s), 0.2, job_id=10 + s) for s in range(3)]
+    assert report.best(recs, allow_incomplete=True).params == {"name": "many"}
+    rows = report.summarize(recs, "valid_error", allow_incomplete=True)
+    assert [r.params["name"] for r in rows] == ["many", "few"] and rows[0].std == 0.0
+    # Positions without ids: first in the records wins.
+    recs = [record(cfg("x"), 0.5), record(cfg("y"), 0.5)]
+    assert report.best(recs, group_over=[]).params == {"name": "x"}
+    assert report.summarize(recs, "valid_error", group_over=[])[0].std is None  # n = 1: no spread
+
+
+def test_default_group_and_outer_keys():
+    keys = ["id_cross_fold", "nb_cross_fold", "seed", "init_seed", "fold", "fold_id", "id_outer_fold",
+            "nb_outer_fold", "lr", "seeds_per_x", "n_seed"]
+    assert report.default_group_keys(keys) == ["fold", "fold_id", "id_cross_fold", "init_seed", "seed"]
+    assert report.default_outer_key(keys) == "id_outer_fold"
+    assert report.default_outer_key(["outer_fold", "lr"]) == "outer_fold"
+    assert report.default_outer_key(["lr", "id_cross_fold"]) is None
+
+
+def test_parent_like_objects_and_status_enums_are_records():
+    from jobman.dispatch.channel import Parent
+    from jobman.jobdb.status import Status
+
+    parents = [Parent(i, 0, TARGET, Path("."), {"lr": lr, "id_cross_fold": f}, {"valid_error": lr + f / 100})
+               for i, (lr, f) in enumerate([(0.1, 0), (0.1, 1), (0.2, 0), (0.2, 1)])]
+    chosen = report.best(parents)
+    assert chosen.params == {"lr": 0.1} and chosen.job_ids == [0, 1] and chosen.n == 2
+    assert chosen.mean == pytest.approx(0.105) and chosen.std == pytest.approx(math.sqrt(0.5) * 0.01)
+    recs = [{"params": p.params, "results": p.results, "status": Status.DONE, "job_id": p.job_id} for p in parents]
+    assert report.best(recs).job_ids == [0, 1]
+
+
+# -- filters and formats -----------------------------------------------------------------------
+
+GRID = [({"nhid": h, "act": a, "id_cross_fold": f}, "DONE", {"valid_error": 1 / h + (a == "relu") * 0.1 + f / 1000,
+                                                              "train_error": 0.5 / h})
+        for h in (32, 128, 512) for a in ("tanh", "relu") for f in range(2)]
+
+
+def test_where_filters_on_parameters(store, db_url, capsys):
+    add_jobs(store, GRID)
+    rep = report.from_store(store, "valid_error", where=["nhid>=128"])
+    assert {r.params["nhid"] for r in rep.rows} == {128, 512} and rep.jobs == 8
+    rep = report.from_store(store, "valid_error", where=["nhid>=128", "act==relu"])
+    assert [r.params for r in rep.rows] == [{"act": "relu", "nhid": 512}, {"act": "relu", "nhid": 128}]
+    assert rep.constant == {"act": "relu"}
+    assert report.parse_where("act!=tanh").test({"act": "relu"})
+    assert not report.parse_where("act<3").test({"act": "relu"})  # text and number never compare
+    assert not report.parse_where("lr==0.1").test({"nhid": 3})  # a job without the key never matches
+    assert report.parse_where("flag=true").test({"flag": True})
+    assert not report.parse_where("flag=1").test({"flag": True})  # True is not 1 here
+
+    code, out, _ = cli("report", db_url, "--where", "nhid<100", "--format", "json", capsys=capsys)
+    assert code == 0 and {r["params"]["nhid"] for r in json.loads(out)["rows"]} == {32}
+    for bad, words in [("nhid=>128", "not an operator"), ("nhid", "KEY OP VALUE"), ("depth>2", "no job has")]:
+        code, _, err = cli("report", db_url, "--where", bad, capsys=capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("report", db_url, "--where", "nhid>9999", capsys=capsys)
+    assert code == 2 and "no job matches --where nhid>9999" in err
+
+
+def test_json_csv_and_markdown_outputs_parse(store, db_url, capsys):
+    add_jobs(store, GRID)
+    code, out, _ = cli("report", db_url, "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and len(data["rows"]) == 6 and data["best"]["params"] == {"act": "tanh", "nhid": 512}
+    assert data["best"]["results"]["valid_error"] == {
+        "n": 2, "mean": pytest.approx(1 / 512 + 0.0005), "std": pytest.approx(math.sqrt(0.5) * 0.001),
+        "min": pytest.approx(1 / 512), "max": pytest.approx(1 / 512 + 0.001)}
+    assert data["group_over"] == ["id_cross_fold"] and "ddof=1" in data["std"]
+
+    code, out, _ = cli("report", db_url, "--format", "csv", capsys=capsys)
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(table) == 6
+    assert table[0]["best"] == "1" and table[0]["nhid"] == "512" and table[0]["act"] == "tanh"
+    assert float(table[0]["valid_error_mean"]) == pytest.approx(1 / 512 + 0.0005)
+    assert table[0]["valid_error_n"] == "2" and "train_error_std" in table[0]
+
+    code, out, _ = cli("report", db_url, "--format", "markdown", "--top", "3", capsys=capsys)
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    head, rule, body = lines[0], lines[1], lines[2:]
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
+    assert code == 0 and cells(head)[:4] == ["best", "#", "act", "nhid"] and len(body) == 3
+    assert set(rule.replace("|", "").replace("-", "").replace(":", "")) == set()
+    assert all(len(cells(line)) == len(cells(head)) for line in body)
+    assert cells(body[0])[0] == "**★**" and "**best: act=tanh nhid=512" in out
+
+
+def test_phase_option_and_scopes_without_the_metric_are_left_out(store, db_url, capsys):
+    add_jobs(store, GRID[:4])
+    add_jobs(store, [({"stage": "retrain"}, "DONE", {"test_error": 0.3})], target="tests.fake:retrain")
+    rep = report.from_store(store, "valid_error")
+    assert rep.dropped == [(0, "tests.fake:retrain", 1)] and len(rep.rows) == 2
+    add_jobs(store, [({"nhid": 32, "seed": s}, "DONE", {"valid_error": 0.5}) for s in range(2)], phase=1)
+    assert len(report.from_store(store, "valid_error", phase=1).rows) == 1
+    code, out, _ = cli("report", db_url, capsys=capsys)
+    assert code == 0 and "left out: phase 0 tests.fake:retrain (1 job), which reports no valid_error" in out
+    code, out, err = cli("report", db_url, "--metric", "nope", capsys=capsys)
+    assert code == 2 and "no finished job reports 'nope'" in err
+
+
+# -- nested cross-validation ---------------------------------------------------------------
+
+def test_nested_cross_validation_is_reported_per_outer_fold_and_overall(store, db_url, capsys):
+    # Outer folds 0 and 1 prefer lr=0.01; outer fold 2 prefers lr=0.1.
+    valid = {(0, 0.01): 0.1, (0, 0.1): 0.2, (1, 0.01): 0.3, (1, 0.1): 0.4, (2, 0.01): 0.6, (2, 0.1): 0.5}
+    jobs = [({"lr": lr, "id_outer_fold": o, "id_cross_fold": f}, "DONE",
+             {"valid_error": valid[o, lr] + (f - 1) * 0.01, "test_error": valid[o, lr] * 2})
+            for o in range(3) for lr in (0.01, 0.1) for f in range(3)]
+    add_jobs(store, jobs)
+    rep = report.from_store(store, "valid_error")
+    assert rep.outer == "id_outer_fold" and rep.group_over == ["id_cross_fold"]
+    assert {o: r.params["lr"] for o, r in rep.best_by_outer.items()} == {0: 0.01, 1: 0.01, 2: 0.1}
+    assert all(r.std == pytest.approx(0.01) for r in rep.best_by_outer.values())
+    overall = rep.overall["valid_error"]
+    assert overall.n == 3 and overall.mean == pytest.approx(0.3) and overall.std == pytest.approx(0.2)
+    assert rep.overall["test_error"].mean == pytest.approx(0.6)
+    assert [r.rank for r in rep.rows] == [1, 2, 1, 2, 1, 2]
+
+    code, out, _ = cli("report", db_url, capsys=capsys)
+    assert code == 0
+    assert "best for id_outer_fold=2: lr=0.1 — valid_error 0.5 ± 0.010 over 3 folds" in out
+    assert "overall: valid_error 0.3 ± 0.20, test_error 0.6 ± 0.40 over 3 outer folds" in out
+    code, out, _ = cli("report", db_url, "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert [b["best"]["params"]["lr"] for b in data["best_by_outer"]] == [0.01, 0.01, 0.1]
+    assert data["overall"]["valid_error"]["mean"] == pytest.approx(0.3)
+    # Not nested: the outer fold is then a parameter like any other, as in report.best.
+    rep = report.from_store(store, "valid_error", outer=None)
+    assert rep.best.params == {"lr": 0.01, "id_outer_fold": 0}
+
+
+# -- plots ------------------------------------------------------------------------------------
+
+def png_size(path: Path) -> tuple[int, int]:
+    blob = path.read_bytes()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
+    return struct.unpack(">II", blob[16:24])
+
+
+def test_plots_are_valid_pngs_of_a_sensible_size(db_url, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    store = Store.open(db_url)
+    try:
+        ids = add_jobs(store, [(p, "RUNNING", None) for p, _, _ in GRID])
+        for job_id, (params, _, results) in zip(ids, GRID):
+            job = store.job(job_id)
+            store.log_metrics(job_id, job.lease, [(s, "valid_error", results["valid_error"] * (5 - s))
+                                                  for s in range(5)])
+            store.finish(job_id, job.lease, "DONE", results=results)
+    finally:
+        store.dispose()
+    code, out, err = cli("report", db_url, "--plot", str(tmp_path / "plots"), "--curves", "3", capsys=capsys)
+    assert code == 0, err
+    files = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert files == ["valid_error_learning_curves.png", "valid_error_vs_act.png", "valid_error_vs_nhid.png"]
+    for name in files:
+        width, height = png_size(tmp_path / "plots" / name)
+        assert 400 <= width <= 3000 and 300 <= height <= 2000
+        assert (tmp_path / "plots" / name).stat().st_size > 10_000  # drawn, not blank
+    assert "valid_error_vs_nhid.png" in err and out.strip()  # the report still went to stdout
+
+
+def test_plotting_without_matplotlib_is_one_sentence(monkeypatch):
+    from jobman.cli import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(UsageError, match=r"pip install 'jobman-sql\[plot\]'"):
+        plots.require_matplotlib()
+
+
+# -- a real fan-in job choosing its configuration --------------------------------------------
+
+EXPERIMENT = '''
+    """A tiny sweep: valid_error is lowest at lr=0.01; the fan-in job retrains with the best."""
+
+    from jobman.jobdb.report import best
+
+
+    def train(state, channel):
+        error = abs(state.lr - 0.01) * 10 + 0.02 + 0.001 * state.id_cross_fold
+        for step in range(3):
+            channel.log(step, valid_error=error * (3 - step))
+        state.valid_error = error
+        state.train_error = error / 2
+
+
+    def retrain(state, channel):
+        records = [{"params": p.params, "results": p.results, "status": "DONE", "job_id": p.job_id}
+                   for p in channel.parents]
+        chosen = best(records, metric="valid_error", mode="min")
+        state.chosen = dict(chosen.params)
+        state.chosen_mean = chosen.mean
+        state.chosen_n = chosen.n
+        state.chosen_jobs = chosen.job_ids
+'''
+
+
+def test_a_fan_in_job_chooses_the_best_config_of_a_real_sweep(db_url, tmp_path, jobman, capsys):
+    module = f"report_sweep_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(EXPERIMENT))
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    run = lambda *args: jobman(*args, cwd=tmp_path, env=env, timeout=120)  # noqa: E731
+
+    r = run("sqlschedule", db_url, f"{module}:train", "lr={{0.01,0.1}}", "id_cross_fold={{0,1,2}}", "nb_cross_fold=3")
+    assert r.code == 0, r.err
+    r = run("sqlschedule", db_url, f"{module}:retrain", "stage=final", "--after", "phase=0")
+    assert r.code == 0, r.err
+    r = run("worker", db_url, "--idle-timeout", "30", "--heartbeat", "1")
+    assert r.code == 0, r.err
+
+    store = Store.open(db_url)
+    try:
+        jobs = store.jobs()
+        assert [j.status.value for j in jobs] == ["DONE"] * 7
+        fan_in = next(j for j in jobs if j.target.endswith(":retrain"))
+        best_ids = [j.id for j in jobs if j.params.get("lr") == 0.01]
+        assert fan_in.depends_on == sorted(j.id for j in jobs if j is not fan_in)
+        assert fan_in.results["chosen"] == {"lr": 0.01, "nb_cross_fold": 3}
+        assert fan_in.results["chosen_n"] == 3 and fan_in.results["chosen_jobs"] == best_ids
+        assert fan_in.results["chosen_mean"] == pytest.approx(0.021)
+    finally:
+        store.dispose()
+
+    code, out, _ = cli("report", db_url, "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and data["best"]["params"] == {"lr": 0.01, "nb_cross_fold": 3}
+    assert data["dropped"] == [{"phase": fan_in.phase, "target": f"{module}:retrain", "jobs": 1}]
+    code, out, _ = cli("report", db_url, capsys=capsys)
+    assert code == 0 and "best: lr=0.01 — valid_error 0.021 ± 0.0010 over 3 folds" in out
