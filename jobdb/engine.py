@@ -200,9 +200,15 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
     if "disk is full" in low or "no space left" in low or "disk full" in low:
         return f"cannot write to {where}: the disk is full"
     if "unable to open database file" in low:
+        path = target.sqlite_path
+        if path and os.path.exists(path) and not (
+                os.access(path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)):
+            return f"cannot open {where}: the database file or its directory is read-only (SQLite writes beside it)"
         return f"cannot open {where}: the file or its directory does not exist or is not accessible"
     if "password authentication failed" in low:
         return f"cannot connect to {where}: the password was refused"
+    if "does not exist" in low and "role" in low:
+        return f"cannot connect to {where}: that role (user) does not exist"
     if "does not exist" in low and "database" in low:
         return f"cannot connect to {where}: that database does not exist"
     if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \

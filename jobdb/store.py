@@ -672,7 +672,7 @@ class Store:
             if outcome == "DONE":
                 return self._finish_done(conn, job_id, lease, blob, exit_code, why)
             row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
-                               .where(self._owned(job_id, lease))).first()
+                               .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
             if row is None:
                 return None
             now = time.time()
@@ -709,6 +709,8 @@ class Store:
                 new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
             elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
                 self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
+            elif new is Status.QUEUED:
+                new = self._recheck(conn, job_id)
             return new
 
         status = self._write(run)
@@ -737,7 +739,12 @@ class Store:
             stop_requested=False, finished_at=None))
         self._events(conn, [{"job_id": job_id, "from_status": Status.CRASHED.value, "to_status": Status.QUEUED.value,
                              "attempt": attempt, "why": why}])
-        return Status.QUEUED
+        return self._recheck(conn, job_id)
+
+    def _recheck(self, conn: Connection, job_id: int) -> Status:
+        """A job put back in the queue while it ran may have lost a DONE parent: WAITING or BLOCKED then."""
+        self._refresh(conn, [job_id], why="its dependencies are not all DONE")
+        return Status(conn.execute(sa.select(t_job.c.status).where(t_job.c.id == job_id)).scalar_one())
 
     # -- the monitor's verbs ---------------------------------------------------------------
     def running(self) -> list[Job]:
@@ -793,7 +800,9 @@ class Store:
         keeping its checkpoint; past it, it stays CRASHED and its dependents are BLOCKED. A job whose
         stop was requested is CANCELED instead.
         """
-        wanted = {job_id: (lease, reason) for job_id, lease, reason in found}
+        wanted: dict[int, dict[int, str]] = {}
+        for job_id, lease, reason in found:
+            wanted.setdefault(job_id, {})[lease] = reason
 
         def run(conn: Connection) -> dict[int, Status]:
             exp = self._experiment(conn)
@@ -810,8 +819,8 @@ class Store:
             events: list[dict[str, Any]] = []
             out: dict[int, Status] = {}
             for r in rows:
-                lease, reason = wanted[r.id]
-                if r.lease != lease:
+                reason = wanted[r.id].get(r.lease)
+                if reason is None:
                     continue
                 if r.stop_requested:
                     new = Status.CANCELED

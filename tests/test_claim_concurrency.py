@@ -1,0 +1,86 @@
+"""Exactly-once claiming under contention: many real processes drain one experiment on each engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import sqlalchemy as sa
+
+from jobman.jobdb.schema import job_event as t_event
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import expand, parse_sweep
+
+WORKERS = 8
+JOBS = 400
+
+# Each worker connects, waits for the starting gun so that all contend at once, then claims and
+# finishes until nothing is left. It reports what it ran, and any error, as one JSON line.
+WORKER = r"""
+import json, os, sys, time, traceback
+from jobman.jobdb.store import Store, WorkerInfo
+url, go, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ran, errors = [], []
+store = Store.open(url, create=False)
+store.jobs(limit=1)  # connected and ready
+me = WorkerInfo(host="worker%d" % index, pid=os.getpid())
+while not os.path.exists(go):
+    time.sleep(0.005)
+try:
+    while True:
+        claimed = store.claim(me)
+        if claimed is None:
+            break
+        ran.append(claimed.job.id)
+        store.finish(claimed.job.id, claimed.lease, "DONE", results={"by": index, "x": claimed.job.params["x"]})
+except Exception:
+    errors.append(traceback.format_exc())
+print(json.dumps({"ran": ran, "errors": errors}))
+"""
+
+
+def test_many_processes_claim_every_job_exactly_once(db_url, tmp_path):
+    store = Store.open(db_url)
+    ids = store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{%s}}" % ",".join(map(str, range(JOBS)))]))).job_ids
+    assert len(ids) == JOBS
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, db_url, str(go), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(WORKERS)]
+    try:
+        time.sleep(0.5)
+        go.touch()
+        outputs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    reports = []
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+        assert "locked" not in err.lower() and "Traceback" not in err, err
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["errors"] == [], report["errors"]
+        reports.append(report)
+
+    ran = Counter(i for r in reports for i in r["ran"])
+    assert sorted(ran) == sorted(ids), "every job ran"
+    assert max(ran.values()) == 1, [i for i, n in ran.items() if n > 1]
+    assert sum(1 for r in reports if r["ran"]) >= 2, "the work was shared"
+
+    jobs = store.jobs()
+    assert Counter(j.status for j in jobs) == {Status.DONE: JOBS}
+    assert all(j.attempt == 1 and j.lease == 1 for j in jobs)
+    by_job = {j.id: j for j in jobs}
+    for index, r in enumerate(reports):
+        assert all(by_job[i].results["by"] == index and by_job[i].host == f"worker{index}" for i in r["ran"])
+    with store.engine.connect() as conn:
+        claims = conn.execute(sa.select(t_event.c.job_id, sa.func.count()).where(
+            t_event.c.job_id.in_(ids), t_event.c.to_status == "RUNNING").group_by(t_event.c.job_id)).all()
+    assert len(claims) == JOBS and {n for _, n in claims} == {1}
+    assert store.running() == []
+    store.dispose()
