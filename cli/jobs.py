@@ -33,7 +33,10 @@ def _varying_keys(jobs: list[Job]) -> set[str]:
 def _results_summary(results: dict | None, width: int = 3) -> str:
     if not results:
         return ""
-    items = [(k, v) for k, v in results.items() if isinstance(v, (int, float)) and not k.startswith("_")]
+    headline = ("valid_error", "test_error", "train_error", "loss", "accuracy")
+    items = [(k, v) for k, v in results.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")]
+    items.sort(key=lambda kv: headline.index(kv[0]) if kv[0] in headline else len(headline))
     return " ".join(f"{k}={fmt_value(v)}" for k, v in items[:width])
 
 
