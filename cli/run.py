@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -11,13 +12,17 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.runner import RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions
-from jobman.jobdb.errors import UsageError
+from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.url import mask_password, parse_db
 
 from .common import db_options, err, open_store, split_db_arg
 
 DEFAULT_EXPROOT = "jobman_runs"
+SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
+NO_HOST = "-"  # not a valid host name: a monitor "on" it checks no pid, only allocations and heartbeats
 
 
 def limit_options(fn):
@@ -91,35 +96,112 @@ def sql(args, db, table, count, timeout) -> int:
 @db_options
 @limit_options
 @click.option("-j", "--workers", "workers", type=click.IntRange(1), default=None,
-              help="How many workers at once (default: the number of cores).")
+              help="How many workers at once (default: local, the number of cores; slurm, one per ready job "
+                   f"up to {SLURM_DEFAULT_WORKERS}). With --one-job-per-task: how many Slurm jobs may be "
+                   "submitted and unfinished at once (default: no limit).")
 @click.option("--backend", type=click.Choice(["local", "slurm"]), default="local", show_default=True)
 @click.option("--progress/--no-progress", default=None, help="Live progress (default: when on a terminal).")
-def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress) -> int:
+@click.option("--sbatch", "sbatch", default="", metavar="OPTIONS",
+              help="slurm: sbatch options for every Slurm job, as one string, e.g. "
+                   "'--partition=gpu --time=4:00:00 --mem=8G --gres=gpu:1'.")
+@click.option("--array-parallelism", type=click.IntRange(1), default=None, metavar="N",
+              help="slurm: at most N workers of the job array run at once (sbatch --array=...%N).")
+@click.option("--one-job-per-task", is_flag=True,
+              help="slurm: one Slurm job per jobman job, each with its own resources (see above).")
+@click.option("--sbatch-phase", "sbatch_phase", multiple=True, metavar="PHASE=OPTIONS",
+              help="slurm, --one-job-per-task: more sbatch options for the jobs of one phase, e.g. "
+                   "--sbatch-phase 1='--mem=4G --gres=gpu:1'. Repeatable.")
+@click.option("--follow/--detach", default=None,
+              help="slurm: stay, submitting as phases unlock, relaunching crashed jobs and showing progress "
+                   "until the experiment is finished (--follow), or submit and return (--detach, the default).")
+@click.option("--requeue/--no-requeue", default=None,
+              help="slurm: let Slurm requeue a preempted or failed-node job (sbatch --requeue), or forbid it. "
+                   "Default: the cluster's setting.")
+@click.option("--allow-sqlite", is_flag=True,
+              help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
+def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
+             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
-    Example:
+    Examples:
       jobman dispatch 'sqlite:///sweeps.db?table=mlp' -j 8
-    Exits 0 when every job is DONE, 1 when some FAILED, CRASHED or are BLOCKED.
-    Ctrl-C stops the workers cleanly: their jobs go back to the queue.
-    """
-    from jobman.dispatch.backends.local import LocalBackend
-    from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
+      jobman dispatch 'postgresql://me@dbhost/lab?table=dbn' --backend slurm -j 32 \\
+          --sbatch '--partition=gpu --time=4:00:00 --mem=8G --gres=gpu:1'
+      jobman dispatch 'postgresql://me@dbhost/lab?table=dbn' --backend slurm --one-job-per-task \\
+          --sbatch '--time=1:00:00' --sbatch-phase 1='--gres=gpu:1' --follow
 
-    if backend != "local":
-        raise UsageError("the slurm backend is not available in this version of jobman")
+    Local: exits 0 when every job is DONE, 1 when some FAILED, CRASHED or are
+    BLOCKED. Ctrl-C stops the workers cleanly: their jobs go back to the queue.
+
+    \b
+    Slurm, pull workers (the default): one job array whose tasks each run
+    `jobman worker` until nothing is ready, one task per ready job up to -j.
+    Slurm, --one-job-per-task: each QUEUED job is its own Slurm job running
+    `jobman run-job DB ID`, with the options of --sbatch, then --sbatch-phase
+    for its phase, then its own `resources` parameter (a string of sbatch
+    options, a list, or a dict like {"mem": "4G"}), later ones winning.
+    Later phases, and jobs relaunched after a crash, are submitted when they
+    become QUEUED: use --follow, or run dispatch again (it never submits a
+    job twice, and resubmits a job whose Slurm job ended before starting it).
+    Command jobs (--cmd) get `resources` as an argument too: give them
+    --sbatch-phase, or name only the parameters they take ({placeholders}).
+    --detach prints the Slurm job ids on stdout and returns; watch with
+    `jobman monitor`. --follow exits like a local dispatch; Ctrl-C then stops
+    following and leaves the Slurm jobs running. Every Slurm job gets SIGTERM
+    60 s before its time limit (override with --sbatch '--signal=B:TERM@120'):
+    the running job checkpoints (channel.should_stop()) and is put back in the
+    queue without counting an attempt. Each task's log (stdout and stderr) is
+    EXPROOT/EXPERIMENT/_slurm/ID.out, shown by `jobman show`. The database must
+    be reachable from the nodes: PostgreSQL, not SQLite.
+    """
+    slurm_only = {"--sbatch": sbatch, "--array-parallelism": array_parallelism,
+                  "--one-job-per-task": one_job_per_task, "--sbatch-phase": sbatch_phase, "--follow/--detach":
+                  follow is not None, "--requeue/--no-requeue": requeue is not None, "--allow-sqlite": allow_sqlite}
+    given = [name for name, value in slurm_only.items() if value]
+    if backend == "local" and given:
+        raise UsageError(f"{given[0]} is for --backend slurm")
+    if sbatch_phase and not one_job_per_task:
+        raise UsageError("--sbatch-phase is for --one-job-per-task (pull workers run jobs of every phase)")
+    if array_parallelism and one_job_per_task:
+        raise UsageError("--array-parallelism is for pull workers; with --one-job-per-task, use -j")
+    if backend == "slurm" and parse_db(url or db, table).dialect == "sqlite" and not allow_sqlite:
+        raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
+                         "database (postgresql://user@host/db?table=T), or --allow-sqlite if every job "
+                         "runs on this host")
     store = open_store(db, table, url)
-    n = workers or os.cpu_count() or 1
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
+    show = sys.stderr.isatty() if progress is None else progress
+    if backend == "local":
+        return _dispatch_local(store, workers, worker_args, exproot, show)
+    try:
+        return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
+                               one_job_per_task, sbatch_phase, bool(follow), requeue)
+    except BackendError as exc:
+        raise SlurmError(str(exc)) from None
+
+
+class SlurmError(JobmanError):
+    """Slurm could not do what was asked."""
+
+
+def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
+    from jobman.dispatch.backends.local import LocalBackend
+    from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
+
+    n = workers or os.cpu_count() or 1
     log_dir = Path(exproot).resolve() / store.experiment / "_workers"
     local = LocalBackend(log_dir)
-    show = sys.stderr.isatty() if progress is None else progress
-    watcher = _watcher(store, local)
+    watcher = _watcher(store, {"local": local})
     with _ProgressView(show) as view:
         tally = Dispatcher(store, local, DispatchOptions(n, tuple(worker_args)), watcher=watcher,
                            on_tick=view.update).run()
+    return _report_end(store, tally, view)
+
+
+def _report_end(store, tally, view) -> int:
     summary = tally.line() or "no jobs"
     click.echo(f"{store.experiment}: {summary} ({view.elapsed():.1f} s)", err=True)
     if tally["BLOCKED"]:
@@ -130,13 +212,114 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
     return 1 if tally.bad else 0
 
 
-def _watcher(store, backend):
-    """The crash detection dispatch runs for its own workers, if the monitor is installed."""
+def _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism, one_job_per_task,
+                    sbatch_phase, follow, requeue) -> int:
+    from jobman.dispatch.backends.slurm import SlurmBackend
+    from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions, Tally
+
+    log_dir = Path(exproot).resolve() / store.experiment / "_slurm"
+    slurm = SlurmBackend(sbatch_options=sbatch, array_parallelism=array_parallelism, log_dir=log_dir,
+                         job_name=f"jobman-{store.experiment}", merge_output=True, requeue=requeue)
+    watch = f"jobman monitor {shlex.quote(mask_password(store.target.with_table()))}"
+    if one_job_per_task:
+        return _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phase, follow, watch)
+    if follow:
+        options = DispatchOptions(workers or SLURM_DEFAULT_WORKERS, tuple(worker_args), poll_interval=2.0,
+                                  stop_on_interrupt=False)
+        watcher = _watcher(store, {"slurm": slurm}, by_allocation=True)
+        return _follow(store, slurm, show, watch,
+                       lambda tick: Dispatcher(store, slurm, options, watcher=watcher, on_tick=tick).run())
+    tally = Tally.of(store)
+    count = min(workers or SLURM_DEFAULT_WORKERS, tally["QUEUED"])
+    if count == 0:
+        click.echo(f"{store.experiment}: no job is ready ({tally.line() or 'no jobs'}); nothing was submitted",
+                   err=True)
+        return 0
+    ids = slurm.start_workers(WorkerSpec(store.target.with_table(), tuple(worker_args)), count)
+    array_id = ids[0].split("_")[0]
+    click.echo(array_id)
+    click.echo(f"{store.experiment}: submitted Slurm job array {array_id} of {count} worker(s) for "
+               f"{tally['QUEUED']} ready job(s)\n  logs:  {log_dir}/{array_id}_*.out\n  watch: {watch}"
+               f"   (or squeue -j {array_id})", err=True)
+    return 0
+
+
+def _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phase, follow, watch) -> int:
+    from jobman.dispatch.slurm_dispatch import JobPerTaskDispatcher, JobPerTaskOptions, parse_phase_options
+
+    options = JobPerTaskOptions(tuple(worker_args), parse_phase_options(sbatch_phase), max_outstanding=workers)
+    if follow:
+        watcher = _watcher(store, {"slurm": slurm}, by_allocation=True)
+        return _follow(store, slurm, show, watch,
+                       lambda tick: JobPerTaskDispatcher(store, slurm, options, watcher=watcher, on_tick=tick).run())
+    dispatcher = JobPerTaskDispatcher(store, slurm, options,
+                                      on_submit=lambda s: click.echo(f"{s.slurm_id}\tjob {s.job_id}"))
+    dispatcher.release_ended()
+    submitted = dispatcher.submit_ready()
+    waiting = store.outstanding()["WAITING"]
+    click.echo(f"{store.experiment}: submitted {len(submitted)} Slurm job(s), one per ready job"
+               + (f"; {waiting} job(s) still WAITING on others: dispatch again (or use --follow) to submit them"
+                  if waiting else "") + f"\n  watch: {watch}", err=True)
+    return 0
+
+
+def _follow(store, slurm, show: bool, watch: str, run) -> int:
+    """--follow: run a dispatch loop under a progress view; Ctrl-C stops following, not the Slurm jobs."""
+    with _ProgressView(show) as view:
+        try:
+            tally = run(view.update)
+        except KeyboardInterrupt:
+            ids = sorted({job_id.split("_")[0] for job_id in slurm.submitted}, key=int)
+            if ids:
+                click.echo(f"stopped following; the Slurm jobs go on (scancel {' '.join(ids)} to stop them); "
+                           f"watch: {watch}", err=True)
+            raise
+    return _report_end(store, tally, view)
+
+
+@click.command("run-job")
+@click.argument("args", nargs=-1, metavar="[DB] JOB_ID")
+@db_options
+@limit_options
+@click.option("--assignment-wait", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="Inside Slurm: how long to wait for the dispatch to record this Slurm job on the job.")
+def run_job(args, db, table, exproot, timeout, heartbeat, grace, assignment_wait) -> int:
+    """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
+
+    \b
+    Example:
+      jobman run-job 'postgresql://me@dbhost/lab?table=dbn' 42
+    Inside a Slurm job it runs the job only if the job was submitted as this
+    Slurm job (so a job is never run twice); elsewhere, if the job is QUEUED.
+    A job that returns INCOMPLETE, or crashes and is relaunched, runs again here.
+    Exits 1 when the job ended FAILED or CRASHED, else 0.
+    """
+    from jobman.dispatch.runner import RunLimits
+    from jobman.dispatch.slurm_dispatch import RunJob
+
+    url, rest = split_db_arg(args)
+    if len(rest) != 1 or not rest[0].isdigit():
+        raise UsageError("run-job takes a database URL and one job id, like: jobman run-job DB 42")
+    store = open_store(db, table, url)
+    options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace))
+    runner = RunJob(store, int(rest[0]), options, assignment_wait=assignment_wait)
+    runner.install_signal_handlers()
+    status = runner.run()
+    return 1 if status in ("FAILED", "CRASHED") else 0
+
+
+def _watcher(store, backends, by_allocation: bool = False):
+    """The crash detection dispatch runs for its own workers, if the monitor is installed.
+
+    ``by_allocation`` (Slurm): a job's end is read from its allocation's state (CANCELLED, TIMEOUT,
+    FAILED, ...), which says more than a missing pid, even for a worker that ran on this host.
+    """
     try:
         from jobman.dispatch.monitor import Monitor, MonitorOptions
     except ImportError:
         return None
-    return Monitor(store, MonitorOptions(relaunch=True), backends={"local": backend})
+    hostname = NO_HOST if by_allocation else None
+    return Monitor(store, MonitorOptions(relaunch=True), backends=backends, hostname=hostname)
 
 
 class _ProgressView:
@@ -208,4 +391,4 @@ def cmdline(args, workdir) -> int:
     return 0 if outcome.status == "DONE" else 1
 
 
-COMMANDS = [worker, sql, dispatch, cmdline]
+COMMANDS = [worker, sql, dispatch, run_job, cmdline]

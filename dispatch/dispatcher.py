@@ -60,6 +60,7 @@ class DispatchOptions:
     worker_args: tuple[str, ...] = ()
     poll_interval: float = 0.5
     scan_interval: float = 5.0
+    stop_on_interrupt: bool = True  # Ctrl-C stops the workers (False: they go on, e.g. on Slurm)
 
 
 class Dispatcher:
@@ -91,5 +92,6 @@ class Dispatcher:
                     last_scan = time.time()
                 time.sleep(self.options.poll_interval)
         except KeyboardInterrupt:
-            self.backend.stop_workers()
+            if self.options.stop_on_interrupt:
+                self.backend.stop_workers()
             raise

@@ -5,6 +5,8 @@ with this interpreter (``sys.executable``), so the nodes use the submitter's
 environment; ``submit_job`` submits one job running one command line (the
 one-job-per-task mode). Commands go through a script file handed to sbatch, and
 options go to sbatch as an argv list: nothing passes through a shell unquoted.
+The script exports ``JOBMAN_WORKER_LOG``, the task's own log file, which the
+worker records on every job it claims (``jobman show`` prints it).
 
 Time limits: every job asks for ``--signal=B:TERM@<grace>``, a SIGTERM to the
 worker ``grace`` seconds (default 60) before its time limit. SIGTERM, not a
@@ -48,7 +50,10 @@ class SlurmBackend:
     ``sbatch_options`` is the user's ``--sbatch`` string or an argv list; it comes
     after our defaults (job name, signal) so it can override them, and before
     ``--array``/``--output``/``--error``, which this backend owns. Logs go to
-    ``log_dir/<id>.out`` and ``.err``, next to the submitted script ``<job>.sh``.
+    ``log_dir/<id>.out`` and ``.err``, next to the submitted script ``<job>.sh``;
+    with ``merge_output`` stderr goes into the ``.out`` file too, one log per task.
+    ``requeue`` (True/False) passes ``--requeue``/``--no-requeue``; None keeps
+    the cluster's default.
     """
 
     name = "slurm"
@@ -61,6 +66,8 @@ class SlurmBackend:
         job_name: str = "jobman",
         signal_grace: int = 60,
         worker_command: Sequence[str] = WORKER_COMMAND,
+        merge_output: bool = False,
+        requeue: bool | None = None,
     ) -> None:
         self.sbatch_options = parse_sbatch_options(sbatch_options)
         self.array_parallelism = array_parallelism
@@ -68,6 +75,8 @@ class SlurmBackend:
         self.job_name = job_name
         self.signal_grace = signal_grace
         self.worker_command = tuple(worker_command)
+        self.merge_output = merge_output
+        self.requeue = requeue
         self.submitted: list[str] = []
         self._sacct_usable: bool | None = None
 
@@ -79,7 +88,7 @@ class SlurmBackend:
             return []
         array = f"0-{count - 1}" + (f"%{self.array_parallelism}" if self.array_parallelism else "")
         argv = [*self.worker_command, spec.db_url, *spec.worker_args]
-        job_id = self._submit(argv, (), [f"--array={array}", *self._log_options("%A_%a")])
+        job_id = self._submit(argv, (), [f"--array={array}", *self._owned_options("%A_%a")])
         ids = [f"{job_id}_{task}" for task in range(count)]
         self.submitted.extend(ids)
         return ids
@@ -92,9 +101,12 @@ class SlurmBackend:
 
     def stop_workers(self) -> None:
         """scancel all this object submitted: running workers get SIGTERM, SIGKILL after KillWait."""
-        base_ids = sorted({job_id.split("_")[0] for job_id in self.submitted})
-        if base_ids:
-            proc = _run(["scancel", *base_ids])
+        self.cancel(sorted({job_id.split("_")[0] for job_id in self.submitted}))
+
+    def cancel(self, backend_ids: Sequence[str]) -> None:
+        """scancel these jobs (or array tasks ``N_i``), in one call."""
+        if backend_ids:
+            proc = _run(["scancel", *backend_ids])
             if proc.returncode != 0:
                 raise BackendError(f"scancel failed: {_message(proc)}")
 
@@ -122,22 +134,34 @@ class SlurmBackend:
 
     def submit_job(self, argv: Sequence[str], sbatch_options: str | Sequence[str] = ()) -> str:
         """Submit one Slurm job running ``argv`` (no shell); return its job id."""
-        job_id = self._submit(list(argv), parse_sbatch_options(sbatch_options), self._log_options("%j"))
+        job_id = self._submit(list(argv), parse_sbatch_options(sbatch_options), self._owned_options("%j"))
         self.submitted.append(job_id)
         return job_id
 
     def log_paths(self, backend_id: str) -> tuple[Path, Path]:
-        """Where the job's (or array task's) stdout and stderr go."""
-        return self.log_dir / f"{backend_id}.out", self.log_dir / f"{backend_id}.err"
+        """Where the job's (or array task's) stdout and stderr go (the same file with ``merge_output``)."""
+        out = self.log_dir / f"{backend_id}.out"
+        return out, out if self.merge_output else self.log_dir / f"{backend_id}.err"
 
     # -- internals -----------------------------------------------------------------
 
-    def _log_options(self, pattern: str) -> list[str]:
-        return [
-            f"--output={self.log_dir / pattern}.out",
-            f"--error={self.log_dir / pattern}.err",
-            "--open-mode=append",  # a requeued task keeps the log of its earlier run
-        ]
+    def _owned_options(self, pattern: str) -> list[str]:
+        """The options this backend sets itself: logs named by ``pattern`` (``%j``, ``%A_%a``), requeue."""
+        options = [f"--output={self.log_dir / pattern}.out"]
+        if not self.merge_output:
+            options.append(f"--error={self.log_dir / pattern}.err")
+        options.append("--open-mode=append")  # a requeued task keeps the log of its earlier run
+        if self.requeue is not None:
+            options.append("--requeue" if self.requeue else "--no-requeue")
+        return options
+
+    def _script(self, argv: list[str], array: bool) -> str:
+        """The batch script: name the task's log for the worker, then become the command."""
+        task = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if array else "${SLURM_JOB_ID}"
+        log = shlex.quote(f"{self.log_dir}/") + f'"{task}.out"'
+        return ("#!/bin/sh\n# Submitted by jobman.\n"
+                f"JOBMAN_WORKER_LOG={log}\nexport JOBMAN_WORKER_LOG\n"
+                "exec " + shlex.join(argv) + "\n")
 
     def _submit(self, argv: list[str], call_options: Sequence[str], owned_options: list[str]) -> str:
         """Write the script, run sbatch once, keep the script as ``<job id>.sh``; return the id."""
@@ -145,7 +169,7 @@ class SlurmBackend:
         fd, script_name = tempfile.mkstemp(prefix="submit-", suffix=".sh", dir=self.log_dir)
         script = Path(script_name)
         with os.fdopen(fd, "w") as handle:
-            handle.write("#!/bin/sh\n# Submitted by jobman.\nexec " + shlex.join(argv) + "\n")
+            handle.write(self._script(argv, any(o.startswith("--array=") for o in owned_options)))
         command = [
             "sbatch", "--parsable", f"--job-name={self.job_name}",
             f"--signal=B:TERM@{self.signal_grace}",
@@ -258,7 +282,10 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def _message(proc: subprocess.CompletedProcess[str]) -> str:
-    """The last line Slurm printed, without its ``sbatch: error:`` prefix."""
+    """The last line Slurm printed (not its "Try --help" hint), without its ``sbatch: error:`` prefix."""
     lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    lines = [line for line in lines if not (line.startswith("Try ") and "--help" in line)] or lines
     last = lines[-1] if lines else f"exit status {proc.returncode}"
-    return last.split("error: ", 1)[-1]
+    last = last.split("error: ", 1)[-1]
+    command = proc.args[0] if isinstance(proc.args, list) and proc.args else ""
+    return last[len(command) + 2:] if command and last.startswith(f"{command}: ") else last
