@@ -12,6 +12,7 @@ one run in a directory, no database).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -127,8 +128,11 @@ class Channel:
         self._save(self.results_of(self._state))
 
     def log(self, step: int, **metrics: float) -> None:
-        """Record learning-curve points: ``channel.log(epoch, valid_error=0.03)``."""
-        clean = {k: float(v) for k, v in metrics.items()}
+        """Record learning-curve points: ``channel.log(epoch, valid_error=0.03)``.
+
+        NaN and infinite values (a diverged loss) are left out: the databases cannot all hold them.
+        """
+        clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
         if clean:
             self._log(int(step), clean)
 

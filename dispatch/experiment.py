@@ -46,13 +46,34 @@ def resolve(target: str) -> Callable[..., Any]:
     return obj
 
 
+_SIGNATURES: dict[Any, inspect.Signature | None] = {}
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature(fn)``, remembered: a worker works it out once, not in every forked job."""
+    try:
+        return _SIGNATURES[fn]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return _signature_of(fn)
+    sig = _SIGNATURES[fn] = _signature_of(fn)
+    return sig
+
+
+def _signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def takes_state_and_channel(fn: Callable[..., Any]) -> bool:
     """True for jobman's ``fn(state, channel)`` signature, False for keyword functions."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
+    sig = _signature(fn)
+    if sig is None:
         return True
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return names[:2] == ["state", "channel"]
 
 
@@ -87,7 +108,7 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
 
 
 def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
-    sig = inspect.signature(fn)
+    sig = _signature(fn) or inspect.signature(fn)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     kwargs = {k: v for k, v in state.items() if accepts_any or k in sig.parameters}
     if "channel" in sig.parameters and "channel" not in kwargs:

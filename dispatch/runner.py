@@ -10,6 +10,7 @@ forwards stop requests, and is the only writer of the job's final status.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -23,16 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost
+from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store
 
 from .channel import DD, Parent, to_jsonable
 from .db_channel import DbChannel
-from .experiment import Outcome, TargetError, call, resolve
+from .experiment import Outcome, TargetError, call, resolve, takes_state_and_channel
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
 LOST = "LOST"
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
 
 @dataclass
@@ -101,13 +103,18 @@ class _Child:
         if self.result_fd is not None and self.result_fd in ready:
             self._read()
 
-    def _read(self) -> None:
-        data = os.read(self.result_fd, 1 << 20)
+    def _read(self) -> bool:
+        """Read what is in the pipe; False when nothing more is there right now."""
+        try:
+            data = os.read(self.result_fd, 1 << 20)
+        except BlockingIOError:
+            return False
         if data:
             self.buffer.extend(data)
-        else:
-            os.close(self.result_fd)
-            self.result_fd = None
+            return True
+        os.close(self.result_fd)
+        self.result_fd = None
+        return False
 
     def reap(self) -> bool:
         """True once the child has exited (and its report, if any, is read)."""
@@ -119,8 +126,13 @@ class _Child:
             if self.exit_fd is not None:
                 os.close(self.exit_fd)
                 self.exit_fd = None
-        while self.result_fd is not None:
-            self._read()
+        # The child wrote its whole report before exiting; a process it forked may still hold the
+        # pipe open, so read what is there and do not wait for the end of the stream.
+        while self.result_fd is not None and self._read():
+            pass
+        if self.result_fd is not None:
+            os.close(self.result_fd)
+            self.result_fd = None
         return True
 
     @property
@@ -142,6 +154,7 @@ class Runner:
         self.stopping = stopping
         self.log = log
         self._targets: dict[str, Callable[..., Any]] = {}
+        _prctl()
 
     # -- one job ----------------------------------------------------------------
     def run(self, claimed: Claimed) -> str:
@@ -151,7 +164,7 @@ class Runner:
         workdir.mkdir(parents=True, exist_ok=True)
         try:
             parents = [Parent(p.id, p.phase, p.target, Path(p.workdir) if p.workdir else Path("."), p.params,
-                              p.results or {}) for p in self.store.parents(job.id)]
+                              p.results or {}) for p in (self.store.parents(job.id) if job.depends_on else [])]
             if job.kind == "fn":
                 fn = self._resolve(job.target)
                 child = self._fork_function(fn, job, lease, parents, workdir)
@@ -168,7 +181,9 @@ class Runner:
 
     def _resolve(self, target: str) -> Callable[..., Any]:
         if target not in self._targets:
-            self._targets[target] = resolve(target)
+            fn = resolve(target)
+            takes_state_and_channel(fn)  # worked out here once, so each forked job finds it done
+            self._targets[target] = fn
         return self._targets[target]
 
     # -- starting -----------------------------------------------------------------
@@ -177,17 +192,33 @@ class Runner:
         read_fd, write_fd = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
+        # channel.should_stop(), not the worker's handler inherited by the fork.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # Frozen, the worker's objects stay out of the job's garbage collections, which would
+        # otherwise touch (and so copy) every page of the worker's heap.
+        gc.freeze()
+        try:
+            pid = os.fork()
+        except OSError:
+            gc.unfreeze()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         if pid == 0:  # the job's process
             code = 0
             try:
                 os.close(read_fd)
-                _child_main(self.store, fn, job, lease, parents, workdir, self.limits, write_fd)
+                _child_main(self.store, fn, job, lease, parents, workdir, self.limits, write_fd, mask)
             except BaseException:  # noqa: BLE001 - nothing may escape into the worker's code path
                 code = 70
             finally:
                 os._exit(code)
+        gc.unfreeze()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(write_fd)
+        os.set_blocking(read_fd, False)
         return _Child(pid, read_fd, group=False)
 
     def _spawn_command(self, job: Job, parents: list[Parent], workdir: Path) -> _Child:
@@ -217,10 +248,15 @@ class Runner:
         next_beat = start + self.limits.heartbeat_interval
         reason: str | None = None
         term_at: float | None = None
+        killed = False
         while not child.reap():
             now = time.time()
-            wake = min(x for x in (next_beat, deadline, term_at and term_at + self.limits.grace, now + 0.5) if x)
-            child.pump(wake - now)
+            wake = [next_beat, now + 0.5]
+            if deadline is not None and reason is None:
+                wake.append(deadline)
+            if term_at is not None and not killed:
+                wake.append(term_at + self.limits.grace)
+            child.pump(min(wake) - now)
             now = time.time()
             if now >= next_beat:
                 next_beat = now + self.limits.heartbeat_interval
@@ -241,8 +277,9 @@ class Runner:
             if reason is not None and term_at is None:
                 term_at = now
                 child.send(signal.SIGTERM)
-            if term_at is not None and now >= term_at + self.limits.grace:
+            if term_at is not None and not killed and now >= term_at + self.limits.grace:
                 child.send(signal.SIGKILL)
+                killed = True
         return reason
 
     # -- recording --------------------------------------------------------------------
@@ -290,6 +327,11 @@ class Runner:
             except LeaseLost as exc:
                 self.log(str(exc))
                 return LOST
+            except UsageError as exc:  # results the database cannot hold (NaN, infinity): the job's bad return
+                if kwargs.get("results") is None:
+                    raise
+                error = "\n".join(e for e in (kwargs.get("error"), str(exc)) if e)
+                outcome, kwargs = "FAILED", {**kwargs, "results": None, "error": error, "why": str(exc)}
             except DatabaseError as exc:
                 if attempt == 7:
                     raise
@@ -322,26 +364,40 @@ def _stderr_tail(path: Path) -> str:
     return f"\n--- end of stderr ---\n{tail}" if tail else ""
 
 
+_PRCTL: Any = False  # libc's prctl once looked up; None where there is none
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once in the worker so that each forked job only calls it."""
+    global _PRCTL
+    if _PRCTL is False:
+        try:
+            _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+        except (OSError, AttributeError):
+            _PRCTL = None
+    return _PRCTL
+
+
 def _die_with_parent() -> None:
     """Linux: the job's process gets SIGKILL when its worker dies, so no orphan runs unwatched."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     try:  # under memory pressure the OOM killer should take the job, not its worker
-        with open("/proc/self/oom_score_adj", "w") as fh:
-            fh.write("500")
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"500")
+        finally:
+            os.close(fd)
     except OSError:
         pass
 
 
 def _child_main(store: Store, fn: Callable[..., Any], job: Job, lease: int, parents: list[Parent],
-                workdir: Path, limits: RunLimits, report_fd: int) -> None:
+                workdir: Path, limits: RunLimits, report_fd: int, mask: set | None = None) -> None:
     """Inside the forked job process: run the function and report its outcome to the worker."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
-    store.after_fork()
     os.chdir(workdir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         target = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -351,8 +407,11 @@ def _child_main(store: Store, fn: Callable[..., Any], job: Job, lease: int, pare
     if job.results:
         state.update(job.results)
     channel = DbChannel(job.id, job.phase, job.attempt, workdir, dict(job.params), parents,
-                        deadline=time.time() + limits.timeout if limits.timeout else None, store=store, lease=lease)
+                        deadline=time.time() + limits.timeout if limits.timeout else None, store=store, lease=lease,
+                        forked=True)
     channel.install_signal_handlers()
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         outcome = call(fn, state, channel)
     except BaseException:  # SystemExit and friends from the job
