@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -13,11 +14,30 @@ from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.url import mask_password
 
 
+# Which module holds each command, in the order `jobman --help` lists them. A command's
+# module is imported only when that command runs (or help is shown), so `jobman worker`
+# does not pay for the report's NumPy or the migrations' alembic before forking jobs.
+COMMAND_MODULES: dict[str, str] = {
+    "sqlschedule": "schedule", "sqlschedules": "schedule", "schedule": "schedule",
+    "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
+    "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "run",
+    "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
+    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "report": "report", "demo": "demo",
+}
+
+
 class JobmanGroup(click.Group):
-    """Lists commands in the order they were added (the order of a typical session)."""
+    """Loads each command's module on first use; lists commands in the order of a typical session."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(self.commands)
+        return list(COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module_name = COMMAND_MODULES.get(name)
+        if module_name is None:
+            return None
+        module = importlib.import_module(f"jobman.cli.{module_name}")
+        return next((c for c in module.COMMANDS if c.name == name), None)
 
 
 @click.group(cls=JobmanGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -35,27 +55,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-def _register() -> None:
-    from . import db as db_cmds
-    from . import jobs, schedule
-
-    for module in (schedule, jobs, db_cmds):
-        for command in module.COMMANDS:
-            cli.add_command(command)
-    for optional in ("run", "repair", "monitor", "report", "demo"):
-        try:
-            module = __import__(f"jobman.cli.{optional}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"jobman.cli.{optional}":
-                raise
-            continue
-        for command in module.COMMANDS:
-            cli.add_command(command)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> int:

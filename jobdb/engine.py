@@ -8,6 +8,7 @@ with "database is locked" half-way through.
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -16,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import DatabaseError, SchemaError
-from .schema import VERSION_TABLE, metadata
+from .errors import DatabaseError, SchemaError, UsageError
+from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -70,30 +71,30 @@ def _sqlite_engine(target: DbTarget) -> Engine:
     return engine
 
 
-def refuse_network_filesystem(path: Path) -> None:
+def refuse_network_filesystem(path: Path, mounts: Path = Path("/proc/mounts")) -> None:
     """SQLite's WAL needs shared memory, which a network filesystem does not give: refuse it."""
     if os.environ.get("JOBMAN_ALLOW_NETWORK_SQLITE") == "1":
         return
-    fstype = filesystem_type(path.resolve().parent)
+    fstype = filesystem_type(path.resolve().parent, mounts)
     if fstype in NETWORK_FILESYSTEMS:
         raise DatabaseError(
             f"{path} is on a network filesystem ({fstype}), where SQLite's WAL mode does not work "
             "(sqlite.org/wal.html): use PostgreSQL for a database shared between machines")
 
 
-def filesystem_type(directory: Path) -> str | None:
-    """The type of the filesystem holding ``directory``, read from /proc/mounts."""
+def filesystem_type(directory: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """The type of the filesystem holding ``directory``, read from ``mounts`` (the /proc/mounts format)."""
     try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
+        lines = Path(mounts).read_text().splitlines()
     except OSError:
         return None
     best, best_type = "", None
     text = str(directory)
-    for line in mounts:
+    for line in lines:
         fields = line.split()
         if len(fields) < 3:
             continue
-        mount = fields[1].replace("\\040", " ")
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040 is a space
         if (text == mount or text.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
             best, best_type = mount, fields[2]
     return best_type
@@ -132,6 +133,8 @@ def known_revisions() -> set[str]:
 
 def current_revision(conn: Connection) -> str | None:
     """The schema revision stored in the database, or None for a database jobman never touched."""
+    if conn.dialect.name == "postgresql":
+        check_search_path(conn)
     inspector = sa.inspect(conn)
     schema = None  # the connection's search_path decides
     if not inspector.has_table(VERSION_TABLE, schema=schema):
@@ -140,6 +143,21 @@ def current_revision(conn: Connection) -> str | None:
         return None
     table = sa.table(VERSION_TABLE, sa.column("version_num"), schema=schema)
     return conn.execute(sa.select(table.c.version_num)).scalar()
+
+
+def check_search_path(conn: Connection) -> None:
+    """PostgreSQL skips a search_path schema that is missing or that the role may not use, and then
+    finds no tables: say which it is, rather than "no jobman tables yet"."""
+    if conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
+        return
+    path = [p.strip().strip('"') for p in conn.exec_driver_sql("SHOW search_path").scalar().split(",")]
+    schema = next((p for p in path if p and p != "$user"), "public")
+    if conn.execute(sa.text("SELECT to_regnamespace(:name)"), {"name": schema}).scalar() is None:
+        raise SchemaError(f"schema {schema!r} does not exist in this database: an administrator makes it "
+                          f"(CREATE SCHEMA {schema}) and runs `jobman db upgrade` with ?schema={schema}")
+    role = conn.exec_driver_sql("SELECT current_user").scalar()
+    raise DatabaseError(f"permission denied: role {role!r} may not use schema {schema!r} "
+                        f"(an administrator can GRANT USAGE ON SCHEMA {schema} TO {role}, and access to its tables)")
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
@@ -161,6 +179,8 @@ def ensure_schema(engine: Engine, create: bool = True) -> None:
     """Create the schema on a fresh database (when ``create``); refuse an older or newer one."""
     with engine.connect().execution_options(jobman_readonly=True) as conn:
         rev = current_revision(conn)
+    if rev == HEAD_REVISION:  # the common case, decided without loading alembic
+        return
     head = head_revision()
     if rev == head:
         return
@@ -188,6 +208,8 @@ def translated_errors(target: DbTarget) -> Iterator[None]:
         yield
     except sa.exc.DBAPIError as exc:
         raise DatabaseError(describe_db_error(exc, target)) from exc
+    except OverflowError as exc:  # SQLite's driver refuses an integer past 64 bits before the database sees it
+        raise UsageError(f"a number is too large for {target.display}: {exc}") from exc
 
 
 def describe_db_error(exc: BaseException, target: DbTarget) -> str:
@@ -207,6 +229,9 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
         return f"cannot open {where}: the file or its directory does not exist or is not accessible"
     if "password authentication failed" in low:
         return f"cannot connect to {where}: the password was refused"
+    if "no password supplied" in low:
+        return (f"cannot connect to {where}: the server asks for a password and none was given "
+                "(put it in the URL, ~/.pgpass or PGPASSWORD)")
     if "does not exist" in low and "role" in low:
         return f"cannot connect to {where}: that role (user) does not exist"
     if "does not exist" in low and "database" in low:

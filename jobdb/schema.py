@@ -105,3 +105,5 @@ job_metric = Table(
 Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.step)
 
 VERSION_TABLE = "jobman_alembic_version"
+# The newest migration in migrations/versions; a test keeps the two equal.
+HEAD_REVISION = "0001"

@@ -787,7 +787,7 @@ class Store:
         def run(conn: Connection) -> list[RunningJob]:
             exp = self._experiment(conn)
             rows = conn.execute(self._running_select(exp, *cols).order_by(t_job.c.id)).all()
-            return [RunningJob(**{**r._mapping, "stop_requested": bool(r.stop_requested)}) for r in rows]
+            return [RunningJob(*r[:-1], bool(r[-1])) for r in rows]  # the columns in the dataclass's order
         return self._read(run)
 
     def crash_many(self, found: Sequence[tuple[int, int, str]], *, relaunch: bool = True,
@@ -828,7 +828,8 @@ class Store:
                     new = Status.CRASHED
                 limit = r.max_attempts if max_attempts is None else max_attempts
                 events.append({"job_id": r.id, "from_status": Status.RUNNING.value, "to_status": new.value,
-                               "attempt": r.attempt, "why": reason})
+                               "attempt": r.attempt,
+                               "why": reason if new is Status.CRASHED else f"cancelled while running ({reason})"})
                 if new is Status.CRASHED and relaunch and r.attempt < limit:
                     events.append({"job_id": r.id, "from_status": Status.CRASHED.value,
                                    "to_status": Status.QUEUED.value, "attempt": r.attempt,
@@ -854,6 +855,9 @@ class Store:
             requeued = sorted(i for i, s in out.items() if s is Status.QUEUED)
             if requeued:  # a parent reset while the job ran leaves it WAITING, not QUEUED
                 self._refresh(conn, requeued, why="its dependencies are not all DONE")
+                for chunk in _chunks(requeued):
+                    out.update((i, Status(s)) for i, s in conn.execute(
+                        sa.select(t_job.c.id, t_job.c.status).where(t_job.c.id.in_(chunk))))
             return out
 
         return self._write(run) if wanted else {}
@@ -882,17 +886,22 @@ class Store:
         """
         statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
 
-        def run(conn: Connection) -> list[int]:
+        def due(conn: Connection) -> list[int]:
             exp = self._experiment(conn)
             limit = t_job.c.max_attempts if max_attempts is None else sa.literal(max_attempts)
-            ids = sorted(conn.execute(sa.select(t_job.c.id).where(
+            return sorted(conn.execute(sa.select(t_job.c.id).where(
                 t_job.c.experiment_id == exp, t_job.c.status.in_(statuses), t_job.c.attempt < limit)
                 .with_for_update()).scalars())
-            if ids and not dry_run:
+
+        def run(conn: Connection) -> list[int]:
+            ids = due(conn)
+            if ids:
                 self._reset(conn, ids, cascade=True, why=why, fresh=False)
             return ids
 
-        return self._write(run)
+        # Every scan asks; a read first keeps the write lock for the scans that have something to do.
+        ids = self._read(due)
+        return ids if dry_run or not ids else self._write(run)
 
     def recent_events(self, *, to_status: Sequence[Status] = (), since: float | None = None,
                       limit: int = 20) -> list[Event]:
@@ -902,37 +911,43 @@ class Store:
             q = (sa.select(t_event).join(t_job, t_job.c.id == t_event.c.job_id)
                  .where(t_job.c.experiment_id == exp).order_by(t_event.c.id.desc()).limit(limit))
             if to_status:
-                q = q.where(t_event.c.to_status.in_([s.value for s in to_status]))
+                q = q.where(t_event.c.to_status.in_([str(s) for s in to_status]))
             if since is not None:
                 q = q.where(t_event.c.at >= since)
             return [Event(r.id, r.job_id, r.at, r.from_status, r.to_status, r.attempt, r.why, r.source,
                           json.loads(r.data) if r.data else None) for r in conn.execute(q)]
         return self._read(run)
 
-    def rehearse(self, verb: Callable[[], T]) -> tuple[T, list[dict[str, Any]]]:
-        """Run ``verb`` (a call of this store's write verbs) in transactions that are rolled back.
+    def changes_of(self, verb: Callable[[], T], *, dry_run: bool = False) -> tuple[T, list[dict[str, Any]]]:
+        """Run ``verb`` (a call of this store's write verbs); return its answer and the status changes it made.
 
-        Returns what it returned and the status changes it would have logged (job_id, from_status,
-        to_status, why): a dry run that is exactly the real thing, minus the commit.
+        Each change is a dict (job_id, from_status, to_status, why), as logged. With ``dry_run`` every
+        transaction is rolled back: a preview that is exactly the real thing, minus the commit. Not for
+        a store shared between threads while it runs.
         """
         changes: list[dict[str, Any]] = []
         write, log = self._write, self._events
 
-        def rolled_back(fn: Callable[[Connection], Any], retries: int = 8) -> Any:
+        def recorded_write(fn: Callable[[Connection], Any], retries: int = 8) -> Any:
+            mark = len(changes)
+
             def run(conn: Connection) -> Any:
-                raise _Rehearsed(fn(conn))
+                del changes[mark:]  # a retried transaction logs its changes again
+                result = fn(conn)
+                if dry_run:
+                    raise _Rehearsed(result)
+                return result
             try:
-                write(run, retries)
+                return write(run, retries)
             except _Rehearsed as done:
                 return done.result
-            raise AssertionError("unreachable")  # pragma: no cover
 
         def recorded(conn: Connection, rows: list[dict[str, Any]]) -> None:
             changes.extend({k: r.get(k) for k in ("job_id", "from_status", "to_status", "why")}
                            for r in rows if r.get("to_status") is not None)
             log(conn, rows)
 
-        self._write, self._events = rolled_back, recorded  # type: ignore[method-assign]
+        self._write, self._events = recorded_write, recorded  # type: ignore[method-assign]
         try:
             result = verb()
         finally:
@@ -948,8 +963,8 @@ class Store:
         """
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
-            if not force_running:
-                busy = conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(list(job_ids)[:CHUNK]),
+            for chunk in _chunks(list(job_ids)) if not force_running else ():  # every chunk, not the first
+                busy = conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(chunk),
                                                                 t_job.c.status == Status.RUNNING.value)).first()
                 if busy is not None:
                     raise UsageError(f"job {busy.id} is RUNNING: cancel it with --running first, or reset with --force")

@@ -156,3 +156,10 @@ def test_a_foreign_job_table_is_refused(fresh_url):
     execute(fresh_url, "CREATE TABLE job (id INTEGER PRIMARY KEY, name TEXT)")
     with pytest.raises(SchemaError, match="'job' table that jobman did not make"):
         Store.open(fresh_url + "?table=x")
+
+
+def test_the_head_revision_constant_is_the_newest_migration() -> None:
+    from jobman.jobdb.engine import head_revision
+    from jobman.jobdb.schema import HEAD_REVISION
+
+    assert HEAD_REVISION == head_revision()
