@@ -9,8 +9,9 @@ stopping). scikit-learn's ``MLPClassifier(hidden_layer_sizes=(256,), solver='ada
 max_iter=200, random_state=0)`` and ``BernoulliRBM(n_components=256)`` +
 ``LogisticRegression`` train on the whole training folds. Every method sees the
 same folds (stratified, fold seed 0) and the same [0, 1] features; methods are
-interleaved fold by fold so a busy machine slows them alike. Seconds are wall
-time per fold (our jobs' include writing their files). The figures printed are
+interleaved fold by fold so a busy machine slows them alike. Accuracy is the
+mean over folds with the sample standard deviation; seconds are the median wall
+time of one fold's training and testing (our jobs' include writing their files). The figures printed are
 measured in this run and written to ``bench/RESULTS-trainers.md`` (the section of
 this data set is replaced, the others kept).
 """
@@ -149,7 +150,7 @@ def verdicts(rows, dbn_floor: float | None) -> list[str]:
 
 
 def table(rows) -> list[str]:
-    lines = ["| method | accuracy (mean ± std) | seconds per fold (median) | runs |", "|---|---|---|---|"]
+    lines = ["| method | accuracy (mean ± std) | seconds per run (median) | runs |", "|---|---|---|---|"]
     for name, acc, std, secs, n in rows:
         spread = f" ± {std:.4f}" if np.isfinite(std) else ""
         lines.append(f"| {name} | {acc:.4f}{spread} | {secs:.2f} | {n} |")
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  split {i}: {name}: accuracy {acc:.4f}, {secs:.2f} s", flush=True)
     rows = summarise(scores)
     body = table(rows) + [""] + [f"- {v}" for v in verdicts(rows, dbn_floor)] + [
-        "", f"Measured {started:%Y-%m-%d %H:%M} UTC on {machine()}.",
+        "", f"Run started {started:%Y-%m-%d %H:%M} UTC on {machine()}.",
         "Command: `" + " ".join(["python bench/trainers.py", *(argv if argv is not None else sys.argv[1:])]) + "`",
     ]
     print()

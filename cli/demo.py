@@ -29,7 +29,8 @@ def _sweeps(db: str, quick: bool) -> list[tuple[str, list[str]]]:
          ["sqlschedule", mlp, "jobman.models.cv:retrain", "metric=valid_error", "--after", "phase=0"]),
         ("Run them on the local cores, with live progress.", ["dispatch", mlp]),
         ("Which configuration won?", ["report", mlp, "--metric", "valid_error", "--phase", "0"]),
-        ("And the retrained model, tested once on the held-out fold:", ["list", mlp, "--phase", "1"]),
+        ("The fan-in job retrained that configuration on all the data (cv_mean: its folds' mean):",
+         ["list", mlp, "--phase", "1"]),
         ("A DBN in two phases: RBM pretraining (phase 0), then supervised fine-tuning of each pretrained "
          "stack (phase 1).",
          ["sqlschedule", dbn, "jobman.models.dbn:pretrain", "dataset=digits", "n_hidden=256", "cd_k={{1,3}}",

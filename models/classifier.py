@@ -22,6 +22,7 @@ from .checkpoint import save_npz
 from .layers import Network
 from .loop import Loop
 from .optim import make_optimizer
+from .params import fingerprint
 from .splits import Split
 
 # Supervised training parameters and their defaults (tuned on digits and fashion-mnist, see bench/):
@@ -94,8 +95,7 @@ def standard_plugins(p: Mapping[str, Any], *, evaluate: pl.Plugin | None = None,
 
 
 def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, state: dict,
-        rng: np.random.Generator, *, plugins: Sequence[pl.Plugin] = (), fingerprint: Any = None,
-        log_prefix: str = "") -> str:
+        rng: np.random.Generator, *, plugins: Sequence[pl.Plugin] = (), log_prefix: str = "") -> str:
     """Train ``net`` on ``split`` as ``p`` says; COMPLETE with results in ``state``, or INCOMPLETE."""
     started = time.perf_counter()
     opt = make_optimizer(p["optimizer"], net.params, p["lr"], p["momentum"], p["weight_decay"],
@@ -150,7 +150,7 @@ def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, stat
                                                                    log_prefix=log_prefix),
                 parts={"net": net, "opt": opt, "best": best},
                 checkpoint_path=channel.workdir / CHECKPOINT_FILE,
-                fingerprint=dict(p) if fingerprint is None else fingerprint, on_checkpoint=progress_results)
+                fingerprint=fingerprint(p), on_checkpoint=progress_results)
     loop.restore()
     resumed_seconds = loop.clock.wall_time
     if loop.run() == INCOMPLETE:

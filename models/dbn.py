@@ -32,10 +32,10 @@ from jobman.dispatch.channel import COMPLETE, INCOMPLETE, Channel
 from . import plugins as pl
 from .checkpoint import from_json_array, json_array, load_npz, save_npz, unprefixed
 from .classifier import TRAIN_DEFAULTS, WEIGHTS_FILE, fit, standard_plugins
-from .layers import Dense, Layer, Network, Sigmoid
+from .layers import Dense, Layer, Network, Sigmoid, sigmoid
 from .loop import Loop, read_checkpoint
 from .optim import make_optimizer
-from .params import int_list, job_params, settings
+from .params import fingerprint, int_list, job_params, settings
 from .plugins import Plugin
 from .rbm import RBM
 from .splits import SPLIT_DEFAULTS, Split, make_split
@@ -87,7 +87,7 @@ class _Stack:
     def transform(self, X: np.ndarray) -> np.ndarray:
         """Hidden probabilities of the top finished layer (the next RBM's data)."""
         for layer in self.layers:
-            X = (0.5 * (1 + np.tanh(0.5 * (X @ layer["W"] + layer["hbias"])))).astype(np.float32)
+            X = sigmoid(X @ layer["W"] + layer["hbias"]).astype(np.float32)
         return X
 
 
@@ -118,8 +118,8 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
     sizes = layer_sizes(p)
     rng = np.random.default_rng(int(p["seed"]))
     stack, progress = _Stack(), _Progress()
-    fingerprint = {k: p[k] for k in sorted(p) if k in PRETRAIN_DEFAULTS or k in SPLIT_DEFAULTS}
-    saved = read_checkpoint(checkpoint_path, fingerprint)
+    run_id = fingerprint(p, {**PRETRAIN_DEFAULTS, **SPLIT_DEFAULTS})
+    saved = read_checkpoint(checkpoint_path, run_id)
     if saved is not None:
         stack.load_state_dict(unprefixed("stack", saved))
         progress.load_state_dict(unprefixed("progress", saved))
@@ -149,7 +149,7 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
                     plugins=standard_plugins(p, evaluate=pl.evaluate(recon_error), extra=plugins,
                                              log_prefix=f"rbm{i}_"),
                     parts={"stack": stack, "progress": progress, "rbm": rbm, "opt": opt},
-                    checkpoint_path=checkpoint_path, fingerprint=fingerprint, on_checkpoint=progress_results)
+                    checkpoint_path=checkpoint_path, fingerprint=run_id, on_checkpoint=progress_results)
         if saved is not None:  # the checkpoint's loop is the first unfinished layer's
             loop.load_state_dict(saved)
             saved = None

@@ -39,13 +39,18 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)
-    if isinstance(default, int) and not isinstance(value, (list, tuple)):
-        number = float(value)
+    if isinstance(value, (list, tuple)) or (isinstance(value, str) and "," in value):
+        return value  # layer sizes: "256,128" or [256, 128]
+    if isinstance(default, (int, float)):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"parameter {key} must be a number, not {value!r}") from None
+        if isinstance(default, float):
+            return number
         if number != int(number):
             raise ValueError(f"parameter {key} must be an integer, not {value!r}")
         return int(number)
-    if isinstance(default, float):
-        return float(value)
     return value
 
 
@@ -56,3 +61,12 @@ def int_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)]
+
+
+# Parameters that change how a run reports, not what it computes: a checkpoint stays valid across them.
+COSMETIC = frozenset({"checkpoint_every", "progress_every"})
+
+
+def fingerprint(p: Mapping[str, Any], keys: Any = None) -> dict[str, Any]:
+    """The parameters that identify a run's computation (``keys`` only, if given), for checkpoint matching."""
+    return {k: p[k] for k in sorted(p) if k not in COSMETIC and (keys is None or k in keys)}

@@ -99,3 +99,14 @@ def test_same_fold_gives_same_examples_whatever_the_model_seed():
     c = split_of(nb_cross_fold=3, id_cross_fold=1, fold_seed=5)
     assert np.array_equal(a.X_test, b.X_test) and np.array_equal(a.X_valid, b.X_valid)
     assert not np.array_equal(a.X_test, c.X_test)
+
+
+def test_parameters_take_the_type_of_their_default():
+    p = settings({"n_train": "100", "valid_fraction": 0, "dataset": "synthetic", "unknown": 1}, splits.SPLIT_DEFAULTS)
+    assert p["n_train"] == 100 and isinstance(p["valid_fraction"], float) and "unknown" not in p
+    assert settings({"x": "1,2"}, {"x": 3})["x"] == "1,2"
+    assert settings({"flag": "false"}, {"flag": True})["flag"] is False
+    with pytest.raises(ValueError, match="integer"):
+        settings({"n_train": 2.5}, splits.SPLIT_DEFAULTS)
+    with pytest.raises(ValueError, match="number"):
+        settings({"n_train": "many"}, splits.SPLIT_DEFAULTS)

@@ -123,3 +123,16 @@ def test_restoring_without_slots_would_differ(tmp_path):
         net2.loss_and_grads(x, y)
         opt3.update(net2.grads)
     assert not np.array_equal(net.flat_params, net2.flat_params)
+
+
+def test_decaying_slots_are_flushed_before_they_turn_denormal():
+    net = layers.mlp([3, 4, 2], "relu", np.random.default_rng(0))
+    opt = optim.Adam(net.params, 0.01, flat=(net.flat_params, net.flat_grads))
+    net.flat_grads[:] = 1.0
+    opt.update(net.grads)
+    net.flat_grads[:] = 0.0  # a unit that never gets a gradient again: m shrinks by 0.9 a step
+    for _ in range(2000):
+        opt.update(net.grads)
+    m = opt.slots["0.W"]["m"]
+    assert np.all(m == 0)  # 0.1 * 0.9 ** 2000 would be far below float32's smallest normal number
+    assert np.all(opt.slots["0.W"]["v"] > 0)  # v decays slower and is still a normal number

@@ -7,8 +7,9 @@ import pytest
 
 from jobman.dispatch.channel import COMPLETE, INCOMPLETE, DirectChannel
 from jobman.models.loop import Loop
-from jobman.models.plugins import (EarlyStopping, Plugin, always, at, checkpoint, each, early_stopping, evaluate,
-                                   log_metrics, never, progress, remote_stop)
+from jobman.models.optim import SGD
+from jobman.models.plugins import (EarlyStopping, Plugin, ReduceOnPlateau, always, at, checkpoint, each,
+                                   early_stopping, evaluate, log_metrics, never, progress, remote_stop)
 
 
 def fired(schedule, points):
@@ -200,3 +201,30 @@ def test_progress_prints_a_line(tmp_path):
     loop.run()
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("job epoch 1 iter 3")
+
+
+def test_reduce_on_plateau_divides_the_rate_a_limited_number_of_times():
+    opt = SGD({"w": np.zeros(1)}, lr=1.0)
+    plateau = ReduceOnPlateau(opt, "valid_loss", patience=2, factor=10, max_reductions=2)
+    loop = type("L", (), {"metrics": {}})()
+    rates = []
+    for value in [1.0, 0.9, 0.95, 0.91, 0.9, 0.92, 0.93, 0.5, 0.6, 0.7, 0.8, 0.9]:
+        loop.metrics["valid_loss"] = value
+        plateau(loop)
+        rates.append(opt.lr)
+    assert rates == [1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01]
+    again = ReduceOnPlateau(opt, "valid_loss")
+    again.load_state_dict(plateau.state_dict())
+    assert (again.best, again.reductions) == (0.9, 2)  # no tracking after the last reduction
+    assert float(opt.state_dict()["lr"]) == pytest.approx(0.01)
+
+
+def test_logger_writes_each_measurement_once_at_the_epoch_it_was_made(tmp_path):
+    plugins = [evaluate(lambda loop: {"v": float(loop.clock.iterations)}, each(5), "iterations"), log_metrics()]
+    loop = make_loop(tmp_path, plugins, n=10, batch=4, epochs=4)  # 3 iterations per epoch
+    loop.run()
+    import json
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # measured at iterations 5, 10 (epochs 2 and 4); epoch 3 has nothing new to write but its loss
+    assert [(r["step"], r["value"]) for r in rows if r["name"] == "v"] == [(2, 5.0), (4, 10.0)]
+    assert [r["step"] for r in rows if r["name"] == "train_loss"] == [1, 2, 3, 4]
