@@ -51,6 +51,10 @@ def open_store(db: str | None, table: str | None, url_arg: str | None = None, *,
     return Store(target_of(db, table, url_arg), create=create)
 
 
+MAX_JOB_ID = 2**63 - 1  # the largest integer SQLite (and PostgreSQL's bigint) can hold
+MAX_ID_RANGE = 10_000_000  # ids one range may name: more is a typo, and would fill the memory
+
+
 def parse_ids(values: Iterable[str]) -> list[int]:
     """Job ids from ``12 13``, ``12,13`` or ``10-20``."""
     ids: list[int] = []
@@ -62,11 +66,17 @@ def parse_ids(values: Iterable[str]) -> list[int]:
             try:
                 if "-" in part[1:]:
                     lo, hi = part.split("-", 1)
-                    ids.extend(range(int(lo), int(hi) + 1))
+                    first, last = int(lo), int(hi)
+                    if last - first >= MAX_ID_RANGE:
+                        raise UsageError(f"{part!r} spans more than {MAX_ID_RANGE:,} job ids: narrow it")
+                    ids.extend(range(first, last + 1))
                 else:
                     ids.append(int(part))
             except ValueError:
                 raise UsageError(f"{part!r} is not a job id (use 12, 12,13 or 10-20)") from None
+    huge = next((i for i in ids if abs(i) > MAX_JOB_ID), None)
+    if huge is not None:
+        raise UsageError(f"{huge} is not a job id: no database holds an id that large")
     return ids
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -192,6 +193,7 @@ def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
     from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
 
     n = workers or os.cpu_count() or 1
+    _password_to_environment(store)
     log_dir = Path(exproot).resolve() / store.experiment / "_workers"
     local = LocalBackend(log_dir)
     watcher = _watcher(store, {"local": local})
@@ -199,6 +201,19 @@ def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
         tally = Dispatcher(store, local, DispatchOptions(n, tuple(worker_args)), watcher=watcher,
                            on_tick=view.update).run()
     return _report_end(store, tally, view)
+
+
+def _password_to_environment(store) -> None:
+    """Local workers get the database URL on their command line, which every user of the host can read
+    (ps): hand them its password in PGPASSWORD instead, which they inherit and only this user can read."""
+    from sqlalchemy.engine import URL, make_url
+
+    url = make_url(store.target.sqlalchemy_url)
+    if store.target.dialect != "postgresql" or url.password is None:
+        return
+    os.environ["PGPASSWORD"] = str(url.password)
+    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database, url.query)
+    store.target = dataclasses.replace(store.target, sqlalchemy_url=bare.render_as_string(hide_password=False))
 
 
 def _report_end(store, tally, view) -> int:

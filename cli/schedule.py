@@ -55,7 +55,11 @@ def parse_after(selectors: tuple[str, ...]) -> dict:
         elif key == "target":
             out["target"] = value
         else:
-            out["params"][key] = parse_value(value)
+            try:
+                out["params"][key] = parse_value(value)
+            except ValueError as exc:  # 'message@position' in the value
+                message, _, pos = str(exc).rpartition("@")
+                raise UsageError(f"--after {sel!r}: {message} at character {len(key) + 2 + int(pos)}") from None
     return out
 
 

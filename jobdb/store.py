@@ -982,7 +982,7 @@ class Store:
         for group, is_root in ((roots, True), (down, False)):
             for chunk in _chunks(group):
                 rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
-                                    .where(t_job.c.id.in_(chunk))).all()
+                                    .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id)).all()
                 for r in rows:
                     if not is_root and not cascade and r.status not in (Status.BLOCKED.value,):
                         continue

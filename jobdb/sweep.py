@@ -113,7 +113,10 @@ def parse_value(text: str, offset: int = 0) -> Any:
     if _INT.match(s):
         return int(s)
     if _FLOAT.match(s):
-        return float(s)
+        number = float(s)
+        if number in (float("inf"), float("-inf")):  # 1e999: JSON, so the database, cannot hold it
+            raise ValueError(f"the number is too large to store@{lead}")
+        return number
     if s.startswith("[") and s.endswith("]"):
         inner = s[1:-1]
         if not inner.strip():
