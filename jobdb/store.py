@@ -463,7 +463,13 @@ class Store:
 
     def _block_downstream(self, conn: Connection, job_id: int, why: str) -> int:
         """Dependents of a job that ended badly can never run: BLOCKED, transitively."""
-        down = self._descendants(conn, [job_id])
+        return self._block_many(conn, [job_id], why)
+
+    def _block_many(self, conn: Connection, dead: Sequence[int], why: str) -> int:
+        """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
+        if not dead:
+            return 0
+        down = self._descendants(conn, list(dead))
         events, ids = [], []
         for chunk in _chunks(down):
             for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
@@ -861,22 +867,6 @@ class Store:
             return out
 
         return self._write(run) if wanted else {}
-
-    def _block_many(self, conn: Connection, dead: Sequence[int], why: str) -> None:
-        """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
-        if not dead:
-            return
-        down = self._descendants(conn, list(dead))
-        events, ids = [], []
-        for chunk in _chunks(down):
-            for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
-                    t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
-                ids.append(r.id)
-                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
-                               "attempt": r.attempt, "why": why})
-        for chunk in _chunks(ids):
-            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
-        self._events(conn, events)
 
     def relaunch_due(self, *, include_failed: bool = False, max_attempts: int | None = None,
                      why: str = "relaunched by the monitor", dry_run: bool = False) -> list[int]:
