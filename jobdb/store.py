@@ -501,13 +501,17 @@ class Store:
             if not rows:
                 return None
             job = Job.from_mapping(rows[0], [r[0] for r in self.hot.parents.rows(conn, id=rows[0]["id"])])
-            self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
-                                 "to_status": Status.RUNNING.value, "attempt": job.attempt,
-                                 "why": f"claimed by {worker.host}:{worker.pid}"
-                                        + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
-            return Claimed(job, job.lease)
+            return self._claimed(conn, job, worker)
 
         return self._write(run)
+
+    def _claimed(self, conn: Connection, job: Job, worker: WorkerInfo) -> Claimed:
+        """Log a claim (QUEUED -> RUNNING) in the claiming transaction and hand the job over."""
+        self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
+                             "to_status": Status.RUNNING.value, "attempt": job.attempt,
+                             "why": f"claimed by {worker.host}:{worker.pid}"
+                                    + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
+        return Claimed(job, job.lease)
 
     @staticmethod
     def _running_select(exp: int, *columns: Any) -> sa.Select:
@@ -568,11 +572,7 @@ class Store:
             if row is None:
                 return None
             job = Job.from_row(row, self._parent_ids(conn, row.id))
-            self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
-                                 "to_status": Status.RUNNING.value, "attempt": job.attempt,
-                                 "why": f"claimed by {worker.host}:{worker.pid}"
-                                        + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
-            return Claimed(job, job.lease)
+            return self._claimed(conn, job, worker)
 
         return self._write(run)
 

@@ -159,20 +159,6 @@ class Adam(Optimizer):
         super().__init__(params, lr, weight_decay, flat)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
 
-    def _flush_tiny(self) -> None:
-        """Zero slot values that decay towards the denormal range.
-
-        A unit whose gradient stays zero (a dead ReLU, a blank pixel) sees its
-        momentum shrink geometrically; once denormal, every operation on it costs
-        many times a normal one and a whole epoch slows down by half or more.
-        Values below TINY change no update that float32 can represent.
-        """
-        buffers = self._flat_slots.values() if self.flat is not None else \
-            [a for slot in self.slots.values() for a in slot.values()]
-        for buf in buffers:
-            if buf.dtype.kind == "f":
-                buf[np.abs(buf) < TINY] = 0
-
     def _prepare(self) -> None:
         # The bias correction depends on t only: fold it into the step size and epsilon.
         t = self.t
