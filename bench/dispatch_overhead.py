@@ -2,8 +2,8 @@
 
     python bench/dispatch_overhead.py [--jobs 2000] [--quick] [--profile] [--no-write]
 
-jobman forks every job from a warm worker (one process per job, so a crash stays
-in its job); the baseline starts a fresh interpreter per call, two at a time:
+jobman forks every job from its worker's warm fork server (one process per job, so
+a crash stays in its job); the baseline starts a fresh interpreter per call, two at a time:
 ``xargs -P 2 python -c "import mod; mod.noop(i)"``. Both run in the same
 invocation on the same machine. jobman's figure is the wall time of the whole
 ``jobman dispatch`` command (start-up included); the steady rate is measured
@@ -129,7 +129,7 @@ def profile(tmp: Path, jobs: int) -> list[Row]:
                         ("finish", "store.finish (write txn)"), ("heartbeat", "store.heartbeat"),
                         ("outstanding", "store.outstanding")):
         timed(store, name, label)
-    timed(Runner, "_fork_function", "fork (pipe, fork, back in the worker)")
+    timed(Runner, "_start_function", "start (request to the fork server, the job's pid back)")
     timed(Runner, "_supervise", "waiting for the job process (worker side)")
     timed(Runner, "_record", "_record (decode the report; finish apart)")
     options = WorkerOptions(workdir_root=tmp / "runs", limits=RunLimits(None, 10.0, 30.0), wait=False)
@@ -146,57 +146,9 @@ def profile(tmp: Path, jobs: int) -> list[Row]:
     rows.append(("everything else in the worker loop", 1000 * (total - sum(wall.values())) / jobs,
                  1000 * (total_cpu - sum(cpu.values())) / jobs))
     rows.sort(key=lambda r: -r[1])
-    rows.append(("the job processes themselves (CPU from rusage)", 0.0, 1000 * jobs_cpu / jobs))
+    rows.append(("the fork server and its job processes (CPU from rusage)", 0.0, 1000 * jobs_cpu / jobs))
     rows.append(("total per job, one worker", 1000 * total / jobs, 1000 * (total_cpu + jobs_cpu) / jobs))
     return rows
-
-
-def child_profile(tmp: Path, jobs: int) -> list[Row]:
-    """Inside the job process: fork, the job's own code path (``_child_main``), exit and reap."""
-    from jobman.dispatch import runner as runner_mod
-    from jobman.dispatch.experiment import resolve, takes_state_and_channel
-    from jobman.jobdb.store import WorkerInfo
-
-    url, _env = prepare(tmp, jobs, "child")
-    sys.path.insert(0, str(tmp))
-    store = Store.open(url)
-    fn = resolve(f"{MODULE}:noop")
-    takes_state_and_channel(fn)
-    me = WorkerInfo.here()
-    wall: dict[str, float] = defaultdict(float)
-    cpu: dict[str, float] = defaultdict(float)
-    for _ in range(jobs):
-        claimed = store.claim(me, str(tmp / "runs"))
-        workdir = Path(claimed.job.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        r, w = os.pipe()
-        t0, c0 = time.perf_counter(), time.process_time()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(r)
-                runner_mod._child_main(store, fn, claimed.job, claimed.lease, [], workdir,
-                                       runner_mod.RunLimits(), w)
-            finally:
-                os._exit(0)
-        t1, c1 = time.perf_counter(), time.process_time()
-        os.close(w)
-        while os.read(r, 1 << 16):
-            pass
-        t2 = time.perf_counter()
-        _pid, _status, usage = os.wait4(pid, 0)
-        t3 = time.perf_counter()
-        os.close(r)
-        wall["fork() in the worker"] += t1 - t0
-        cpu["fork() in the worker"] += c1 - c0
-        wall["job process: start to report written"] += t2 - t1
-        wall["job process: report written to reaped"] += t3 - t2
-        cpu["job process, all of it (rusage)"] += usage.ru_utime + usage.ru_stime
-        store.finish(claimed.job.id, claimed.lease, "DONE", results={})
-    store.dispose()
-    labels = list(dict.fromkeys([*wall, *cpu]))
-    return [(k, 1000 * wall[k] / jobs if k in wall else 0.0, 1000 * cpu[k] / jobs if k in cpu else None)
-            for k in labels]
 
 
 def write_results(lines: list[str]) -> None:
@@ -235,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
                        f"{px_cpu / jm_cpu:.1f}x)")),
         ]
         rows = profile(tmp, jobs) if args.profile else []
-        child_rows = child_profile(tmp, min(jobs, 500)) if args.profile else []
         load_after = os.getloadavg()[0]
 
     def ms(value: float | None) -> str:
@@ -243,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if rows:
         print(f"  {'step (ms per job)':<48} {'wall':>8} {'CPU':>8}")
-    for label, w, c in rows + child_rows:
+    for label, w, c in rows:
         print(f"  {label:<48} {ms(w):>8} {ms(c):>8}")
     m = machine()
     lines = [f"## {m['date']}" + (f": {args.note}" if args.note else ""),
@@ -254,9 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"- {f.line()}" for f in figures]
     lines.append(f"- ratio: {figures[0].ratio:.2f}x (target {TARGET_RATIO:g}x)")
     if rows:
-        lines += ["", "Where a job's time goes (one worker in the benchmark's process; then the job process "
-                  "alone), ms per job:", "", "| step | wall | CPU |", "| --- | ---: | ---: |"]
-        lines += [f"| {label} | {ms(w)} | {ms(c)} |" for label, w, c in rows + child_rows]
+        lines += ["", "Where a job's time goes (one worker in the benchmark's process), ms per job:", "", "| step | wall | CPU |", "| --- | ---: | ---: |"]
+        lines += [f"| {label} | {ms(w)} | {ms(c)} |" for label, w, c in rows]
     if not args.no_write:
         write_results(lines)
         print(f"written to {RESULTS}")

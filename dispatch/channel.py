@@ -4,8 +4,8 @@
 writes into it (or returns as a dict) becomes its results. The channel lets the
 job checkpoint, log learning curves, learn where it lives and when to stop.
 
-Two channels exist: :class:`DbChannel` (a job claimed from the database by a
-worker, see ``dispatch.runner``) and :class:`DirectChannel` (``jobman cmdline``:
+Two channels exist: :class:`WorkerChannel` (a job claimed from the database by a
+worker, see ``dispatch.forkserver``) and :class:`DirectChannel` (``jobman cmdline``:
 one run in a directory, no database).
 """
 

@@ -1,7 +1,9 @@
 """Run one claimed job in its own process, watch it, and record how it ended.
 
-Function jobs run in a child forked from the worker, so imports stay warm and a
-segfault, ``os._exit`` or a memory blow-up kills only the child. Command jobs run
+Function jobs run in a child of the worker's fork server (``dispatch.forkserver``),
+so imports stay warm and a segfault, ``os._exit`` or a memory blow-up kills only
+the child; the job's checkpoints and metrics come to the worker, which writes
+them under the job's lease. Command jobs run
 as their own process group, parameters passed as argv (never through a shell).
 The worker supervises single-threaded: it heartbeats, enforces the time limit,
 forwards stop requests, and is the only writer of the job's final status.
@@ -9,17 +11,15 @@ forwards stop requests, and is the only writer of the job's final status.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
-import sys
 import time
-import traceback
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,14 +27,12 @@ from typing import Any, Callable
 from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store
 
-from .channel import DD, Parent, to_jsonable
-from .db_channel import DbChannel
-from .experiment import Outcome, TargetError, call, resolve, takes_state_and_channel
+from .experiment import TargetError
+from .forkserver import ForkServer, ForkServerGone, Frames, deadline_of, send_msg
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
 LOST = "LOST"
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
 
 @dataclass
@@ -68,14 +66,13 @@ def command_argv(command: str, params: dict[str, Any]) -> list[str]:
     return argv
 
 
-class _Child:
-    """A running job process: a forked function or a command's process group."""
+class _Command:
+    """A command job's process group, the worker's own child."""
 
-    def __init__(self, pid: int, result_fd: int | None, group: bool) -> None:
+    def __init__(self, pid: int, deadline: float | None) -> None:
         self.pid = pid
-        self.result_fd = result_fd
-        self.group = group
-        self.buffer = bytearray()
+        self.deadline = deadline  # the job's wall-time limit, as time.time()
+        self.report: dict[str, Any] | None = None
         self.status: int | None = None  # os.waitpid status once reaped
         try:  # readable the moment the process exits (Linux 5.3+), so no polling delay
             self.exit_fd: int | None = os.pidfd_open(pid)
@@ -84,40 +81,19 @@ class _Child:
 
     def send(self, sig: int) -> None:
         try:
-            if self.group:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
+            os.killpg(self.pid, sig)
         except ProcessLookupError:
             pass
 
     def pump(self, wait: float) -> None:
-        """Read what the child reported, waiting at most ``wait`` seconds or until it exits."""
-        fds = [fd for fd in (self.result_fd, self.exit_fd) if fd is not None]
-        if not fds:
-            time.sleep(min(max(0.0, wait), 0.01))
-            return
+        """Wait at most ``wait`` seconds, or until the process exits."""
         if self.exit_fd is None:
-            wait = min(wait, 0.01)
-        ready, _, _ = select.select(fds, [], [], max(0.0, wait))
-        if self.result_fd is not None and self.result_fd in ready:
-            self._read()
-
-    def _read(self) -> bool:
-        """Read what is in the pipe; False when nothing more is there right now."""
-        try:
-            data = os.read(self.result_fd, 1 << 20)
-        except BlockingIOError:
-            return False
-        if data:
-            self.buffer.extend(data)
-            return True
-        os.close(self.result_fd)
-        self.result_fd = None
-        return False
+            time.sleep(min(max(0.0, wait), 0.01))
+        else:
+            select.select([self.exit_fd], [], [], max(0.0, wait))
 
     def reap(self) -> bool:
-        """True once the child has exited (and its report, if any, is read)."""
+        """True once the process has exited."""
         if self.status is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid == 0:
@@ -126,13 +102,6 @@ class _Child:
             if self.exit_fd is not None:
                 os.close(self.exit_fd)
                 self.exit_fd = None
-        # The child wrote its whole report before exiting; a process it forked may still hold the
-        # pipe open, so read what is there and do not wait for the end of the stream.
-        while self.result_fd is not None and self._read():
-            pass
-        if self.result_fd is not None:
-            os.close(self.result_fd)
-            self.result_fd = None
         return True
 
     @property
@@ -144,6 +113,91 @@ class _Child:
         return os.WEXITSTATUS(self.status) if self.status is not None and os.WIFEXITED(self.status) else None
 
 
+class _Forked(_Command):
+    """A function job forked by the fork server: its requests and report come on its socket,
+    its exit status from the server."""
+
+    def __init__(self, pid: int, deadline: float | None, sock: socket.socket, ctrl: socket.socket,
+                 answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self.pid = pid
+        self.deadline = deadline
+        self.sock: socket.socket | None = sock
+        self.ctrl = ctrl
+        self.answer = answer
+        self.report = None
+        self.status = None
+        self.exit_fd = None
+        self.server_gone = False
+        self._frames, self._ctrl_frames = Frames(), Frames()
+
+    def send(self, sig: int) -> None:
+        if self.status is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def pump(self, wait: float) -> None:
+        """Answer the job's requests and read its report, waiting at most ``wait`` seconds."""
+        fds = [s for s in (self.sock, self.ctrl) if s is not None]
+        ready, _, _ = select.select(fds, [], [], max(0.0, wait))
+        if self.sock is not None and self.sock in ready:
+            self._read_job()
+        if self.ctrl in ready:
+            self._read_exit()
+
+    def _read_job(self) -> bool:
+        """Handle what the job sent; False when nothing more is there right now."""
+        try:
+            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.sock.close()
+            self.sock = None
+            return False
+        for message in self._frames.feed(data):
+            if message.get("op") == "report":
+                self.report = message
+            else:
+                try:
+                    send_msg(self.sock, self.answer(message))
+                except OSError:  # the job died waiting for the answer
+                    pass
+        return True
+
+    def _read_exit(self) -> None:
+        try:
+            data = self.ctrl.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the server died, and its job with it (PDEATHSIG)
+            self.server_gone = True
+            self.status = signal.SIGKILL
+            return
+        for message in self._ctrl_frames.feed(data):
+            if message.get("exit") == self.pid:
+                self.status = message["status"]
+
+    def reap(self) -> bool:
+        if self.status is None:
+            self._read_exit()
+            if self.status is None:
+                return False
+        # The job sent its whole report before exiting; a process it forked may still hold the
+        # socket open, so read what is there and do not wait for the end of the stream.
+        while self.sock is not None and self._read_job():
+            pass
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        return True
+
+
 class Runner:
     """Runs claimed jobs for one worker, keeping resolved targets warm between jobs."""
 
@@ -153,8 +207,12 @@ class Runner:
         self.limits = limits
         self.stopping = stopping
         self.log = log
-        self._targets: dict[str, Callable[..., Any]] = {}
-        _prctl()
+        self.server = ForkServer()
+        weakref.finalize(self, self.server.close)
+
+    def close(self) -> None:
+        """Stop the fork server (it also stops by itself when the worker exits)."""
+        self.server.close()
 
     # -- one job ----------------------------------------------------------------
     def run(self, claimed: Claimed) -> str:
@@ -163,14 +221,12 @@ class Runner:
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            parents = [Parent(p.id, p.phase, p.target, Path(p.workdir) if p.workdir else Path("."), p.params,
-                              p.results or {}) for p in (self.store.parents(job.id) if job.depends_on else [])]
+            parents = self.store.parents(job.id) if job.depends_on else []
             if job.kind == "fn":
-                fn = self._resolve(job.target)
-                child = self._fork_function(fn, job, lease, parents, workdir)
+                child: _Command = self._start_function(job, lease, parents, workdir)
             else:
                 child = self._spawn_command(job, parents, workdir)
-        except (TargetError, JobmanError, OSError) as exc:
+        except (TargetError, JobmanError, OSError, ForkServerGone) as exc:
             return self._finish(job, lease, "FAILED", error=str(exc), why=f"could not start: {exc}")
         try:
             kill_reason = self._supervise(child, job, lease)
@@ -179,73 +235,58 @@ class Runner:
             return LOST
         return self._record(child, job, lease, workdir, kill_reason)
 
-    def _resolve(self, target: str) -> Callable[..., Any]:
-        if target not in self._targets:
-            fn = resolve(target)
-            takes_state_and_channel(fn)  # worked out here once, so each forked job finds it done
-            self._targets[target] = fn
-        return self._targets[target]
-
     # -- starting -----------------------------------------------------------------
-    def _fork_function(self, fn: Callable[..., Any], job: Job, lease: int, parents: list[Parent],
-                       workdir: Path) -> _Child:
-        read_fd, write_fd = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
-        # channel.should_stop(), not the worker's handler inherited by the fork.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        # Frozen, the worker's objects stay out of the job's garbage collections, which would
-        # otherwise touch (and so copy) every page of the worker's heap.
-        gc.freeze()
+    def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
+        deadline = deadline_of(self.limits.timeout)
+        request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
+                   "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
+                           "results": job.results},
+                   "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
+                                "params": p.params, "results": p.results or {}} for p in parents]}
         try:
-            pid = os.fork()
-        except OSError:
-            gc.unfreeze()
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            os.close(read_fd)
-            os.close(write_fd)
-            raise
-        if pid == 0:  # the job's process
-            code = 0
-            try:
-                os.close(read_fd)
-                _child_main(self.store, fn, job, lease, parents, workdir, self.limits, write_fd, mask)
-            except BaseException:  # noqa: BLE001 - nothing may escape into the worker's code path
-                code = 70
-            finally:
-                os._exit(code)
-        gc.unfreeze()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(write_fd)
-        os.set_blocking(read_fd, False)
-        return _Child(pid, read_fd, group=False)
+            pid, sock = self.server.start_job(request)
+        except ForkServerGone:  # killed between two jobs: a new one, once
+            pid, sock = self.server.start_job(request)
+        return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message))
 
-    def _spawn_command(self, job: Job, parents: list[Parent], workdir: Path) -> _Child:
+    def _answer(self, job: Job, lease: int, message: dict[str, Any]) -> dict[str, Any]:
+        """Write a job's checkpoint or metrics under its lease; the answer it waits for."""
+        try:
+            if message.get("op") == "save":
+                self.store.save(job.id, lease, message["results"])
+            elif message.get("op") == "log":
+                step = message["step"]
+                self.store.log_metrics(job.id, lease, [(step, k, v) for k, v in message["metrics"].items()])
+            else:
+                return {"error": f"unknown request {message.get('op')!r}", "kind": "JobmanError"}
+        except JobmanError as exc:
+            return {"error": str(exc), "kind": type(exc).__name__}
+        return {}
+
+    def _spawn_command(self, job: Job, parents: list[Job], workdir: Path) -> _Command:
         state = {**job.params, **(job.results or {})}
         state_path, results_path = workdir / "jobman_state.json", workdir / "jobman_results.json"
         state_path.write_text(json.dumps({"params": job.params, "state": state, "job_id": job.id,
                                           "phase": job.phase, "attempt": job.attempt,
-                                          "parents": [{"id": p.job_id, "workdir": str(p.workdir),
-                                                       "params": dict(p.params), "results": dict(p.results)}
+                                          "parents": [{"id": p.id, "workdir": p.workdir or ".",
+                                                       "params": p.params, "results": p.results or {}}
                                                       for p in parents]}, indent=1))
         if results_path.exists():
             results_path.unlink()
         env = {**os.environ, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
-               "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(str(p.workdir) for p in parents)}
+               "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
         argv = command_argv(job.target, job.params)
         with open(workdir / "stdout.txt", "ab") as out, open(workdir / "stderr.txt", "ab") as err:
             proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True)
-        return _Child(proc.pid, None, group=True)
+        return _Command(proc.pid, deadline_of(self.limits.timeout))
 
     # -- watching -------------------------------------------------------------------
-    def _supervise(self, child: _Child, job: Job, lease: int) -> str | None:
+    def _supervise(self, child: _Command, job: Job, lease: int) -> str | None:
         """Wait for the child; heartbeat, enforce limits. Returns why we stopped it, if we did."""
-        start = time.time()
-        deadline = start + self.limits.timeout if self.limits.timeout else None
-        next_beat = start + self.limits.heartbeat_interval
+        deadline = child.deadline
+        next_beat = time.time() + self.limits.heartbeat_interval
         reason: str | None = None
         term_at: float | None = None
         killed = False
@@ -280,21 +321,25 @@ class Runner:
             if term_at is not None and not killed and now >= term_at + self.limits.grace:
                 child.send(signal.SIGKILL)
                 killed = True
+        if reason is None and deadline is not None and time.time() >= deadline:
+            reason = "timeout"  # the job saw its wall-time limit (should_stop) before we did
         return reason
 
     # -- recording --------------------------------------------------------------------
-    def _record(self, child: _Child, job: Job, lease: int, workdir: Path, reason: str | None) -> str:
+    def _record(self, child: _Command, job: Job, lease: int, workdir: Path, reason: str | None) -> str:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
-        if job.kind == "fn" and child.exit_code == 0 and child.buffer:
-            report = json.loads(bytes(child.buffer).decode())
+        if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
+            report = child.report
             outcome, results, error = report["status"], report["results"], report["error"]
         elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
             outcome = "DONE" if child.exit_code == 0 else "INCOMPLETE"
             results, error = _read_results(workdir / "jobman_results.json")
             if error:
                 outcome = "FAILED"
+        elif getattr(child, "server_gone", False):
+            outcome, error = "CRASHED", "the worker's fork server died, and the job's process with it"
         elif child.signal is not None:
             name = signal.Signals(child.signal).name
             outcome, error = "CRASHED", f"the job's process was killed by {name}"
@@ -362,66 +407,3 @@ def _stderr_tail(path: Path) -> str:
     except OSError:
         return ""
     return f"\n--- end of stderr ---\n{tail}" if tail else ""
-
-
-_PRCTL: Any = False  # libc's prctl once looked up; None where there is none
-
-
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl, looked up once in the worker so that each forked job only calls it."""
-    global _PRCTL
-    if _PRCTL is False:
-        try:
-            _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-        except (OSError, AttributeError):
-            _PRCTL = None
-    return _PRCTL
-
-
-def _die_with_parent() -> None:
-    """Linux: the job's process gets SIGKILL when its worker dies, so no orphan runs unwatched."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    try:  # under memory pressure the OOM killer should take the job, not its worker
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        try:
-            os.write(fd, b"500")
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def _child_main(store: Store, fn: Callable[..., Any], job: Job, lease: int, parents: list[Parent],
-                workdir: Path, limits: RunLimits, report_fd: int, mask: set | None = None) -> None:
-    """Inside the forked job process: run the function and report its outcome to the worker."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
-    os.chdir(workdir)
-    for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
-        target = os.open(workdir / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    state = DD(job.params)
-    if job.results:
-        state.update(job.results)
-    channel = DbChannel(job.id, job.phase, job.attempt, workdir, dict(job.params), parents,
-                        deadline=time.time() + limits.timeout if limits.timeout else None, store=store, lease=lease,
-                        forked=True)
-    channel.install_signal_handlers()
-    if mask is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    try:
-        outcome = call(fn, state, channel)
-    except BaseException:  # SystemExit and friends from the job
-        outcome = Outcome("FAILED", {}, traceback.format_exc(limit=20))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    report = json.dumps({"status": outcome.status, "results": to_jsonable(outcome.results),
-                         "error": outcome.error}).encode()
-    view = memoryview(report)
-    while view:
-        written = os.write(report_fd, view)
-        view = view[written:]
-    os.close(report_fd)

@@ -212,19 +212,22 @@ class RunJob:
         root = str(self.options.workdir_root.resolve() / self.store.experiment)
         deadline = time.time() + self.assignment_wait
         status: str | None = None
-        while self._stop_signal is None:
-            claimed = self.store.claim_job(self.job_id, identity, root, assigned_to=mine)
-            if claimed is None:
-                if status is not None or not self._worth_waiting(mine, deadline):
+        try:
+            while self._stop_signal is None:
+                claimed = self.store.claim_job(self.job_id, identity, root, assigned_to=mine)
+                if claimed is None:
+                    if status is not None or not self._worth_waiting(mine, deadline):
+                        break
+                    time.sleep(0.2)
+                    continue
+                job = claimed.job
+                self.log(f"running job {job.id} (attempt {job.attempt}) {job.target}")
+                status = self.runner.run(claimed)
+                self.log(f"job {job.id} {'was taken from this run' if status == LOST else status}")
+                if status != Status.QUEUED.value:
                     break
-                time.sleep(0.2)
-                continue
-            job = claimed.job
-            self.log(f"running job {job.id} (attempt {job.attempt}) {job.target}")
-            status = self.runner.run(claimed)
-            self.log(f"job {job.id} {'was taken from this run' if status == LOST else status}")
-            if status != Status.QUEUED.value:
-                break
+        finally:
+            self.runner.close()
         return status
 
     def _worth_waiting(self, mine: str | None, deadline: float) -> bool:

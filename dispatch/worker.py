@@ -82,21 +82,24 @@ class Worker:
         identity = worker_identity()
         root = self.options.workdir_root.resolve() / self.store.experiment
         idle_since = time.time()
-        while self._stop_signal is None:
-            if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
-                break
-            claimed = self.store.claim(identity, str(root))
-            if claimed is None:
-                if not self._should_wait(idle_since):
+        try:
+            while self._stop_signal is None:
+                if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
                     break
-                time.sleep(self.options.poll_interval * random.uniform(0.7, 1.3))
-                continue
-            self.log(f"running job {claimed.job.id} (attempt {claimed.job.attempt}) {claimed.job.target}")
-            status = self.runner.run(claimed)
-            summary.ran += 1
-            summary.by_status[status] = summary.by_status.get(status, 0) + 1
-            self.log(f"job {claimed.job.id} {'was taken from this worker' if status == LOST else status}")
-            idle_since = time.time()
+                claimed = self.store.claim(identity, str(root))
+                if claimed is None:
+                    if not self._should_wait(idle_since):
+                        break
+                    time.sleep(self.options.poll_interval * random.uniform(0.7, 1.3))
+                    continue
+                self.log(f"running job {claimed.job.id} (attempt {claimed.job.attempt}) {claimed.job.target}")
+                status = self.runner.run(claimed)
+                summary.ran += 1
+                summary.by_status[status] = summary.by_status.get(status, 0) + 1
+                self.log(f"job {claimed.job.id} {'was taken from this worker' if status == LOST else status}")
+                idle_since = time.time()
+        finally:
+            self.runner.close()
         summary.stopped_by_signal = self._stop_signal is not None
         return summary
 

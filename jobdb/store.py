@@ -252,11 +252,6 @@ class Store:
         self._drop_writer()
         self.engine.dispose()
 
-    def after_fork(self) -> None:
-        """Drop connections inherited from the parent process without closing them."""
-        self._conn = None
-        self.engine.dispose(close=False)
-
     def _writer(self) -> Connection:
         """The connection this process writes on: kept between transactions (a worker is one thread)."""
         if self._conn is None or self._conn_pid != os.getpid():

@@ -45,10 +45,19 @@ EXPERIMENTS = textwrap.dedent('''
         state.got = state.msg
 
 
+    def _ppid_of(pid):
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rpartition(")")[2].split()[1])
+
+
     def where(state, channel):
-        """Whether the worker's command line (readable by every user of the host) holds the password."""
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
-            argv = fh.read().decode(errors="replace")
+        """Whether the command lines of the job's fork server and worker (readable by every user of
+        the host) hold the password."""
+        server = os.getppid()
+        argv = ""
+        for pid in (server, _ppid_of(server)):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv += fh.read().decode(errors="replace")
         secrets = [s for s in os.environ.get("JM_SECRETS", "").split("\\n") if s]
         state.worker_argv_has_password = any(s in argv for s in secrets)
         state.worker_argv_names_database = "postgresql://" in argv

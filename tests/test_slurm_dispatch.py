@@ -47,10 +47,15 @@ def stubborn(state, channel):
         time.sleep(300)
     state.finished_on_attempt = channel.attempt
 
+def _worker_pid():
+    """The job's parent is its worker's fork server; the worker is the server's parent."""
+    with open(f"/proc/{os.getppid()}/stat") as fh:
+        return int(fh.read().rpartition(")")[2].split()[1])
+
 def killer(state, channel):
     """First attempt: SIGKILL this job's own process, or the worker running it."""
     if channel.attempt == 1:
-        os.kill(os.getpid() if state.victim == "self" else os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid() if state.victim == "self" else _worker_pid(), signal.SIGKILL)
         time.sleep(30)
     state.finished_on_attempt = channel.attempt
 

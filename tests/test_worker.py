@@ -122,6 +122,18 @@ EXPERIMENTS = textwrap.dedent('''
         os.kill(os.getpid(), 9)
 
 
+    def kills_its_fork_server(state, channel):
+        """Attempt 1 checkpoints, then SIGKILLs the process that forked it (and so dies with it)."""
+        _trace(channel)
+        if channel.attempt > 1:
+            state.resumed_from = state.progress
+            return channel.COMPLETE
+        state.progress = 7
+        channel.save()
+        os.kill(os.getppid(), 9)
+        time.sleep(30)
+
+
     def checkpoint_then_sigkill(state, channel):
         """Attempt 1 checkpoints and dies; the relaunch resumes from the checkpoint."""
         _trace(channel)
@@ -372,6 +384,20 @@ def test_a_job_killed_by_a_signal_is_crashed_and_relaunched_within_max_attempts(
     assert [e.attempt for e in crashes] == [1, 2]
     assert all("SIGKILL" in e.why for e in crashes)
     assert sum(w.startswith("relaunch after crash") for w in whys(store, doomed)) == 1  # not past max_attempts
+    assert_nothing_running(store)
+
+
+def test_a_job_whose_fork_server_dies_is_crashed_and_the_worker_goes_on_with_a_new_server(
+        jobman, db_url, store, exp):
+    victim, after = schedule(store, ("kills_its_fork_server", {}), ("ok", {}))
+    result = run_worker(jobman, db_url, exp)
+    jobs = {j.id: j for j in store.jobs()}
+    assert jobs[victim].status is Status.DONE and jobs[victim].attempt == 2, whys(store, victim)
+    assert jobs[victim].results == {"progress": 7, "resumed_from": 7}  # the checkpoint outlived the crash
+    assert any("fork server died" in w for w in whys(store, victim))
+    assert jobs[after].status is Status.DONE
+    assert sorted(traced(exp)) == sorted([(victim, 1), (after, 1), (victim, 2)])
+    assert "Traceback" not in result.err
     assert_nothing_running(store)
 
 
