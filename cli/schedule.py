@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -121,7 +120,7 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
         # A fan-in sweep's phases come after the deepest job it waits for.
         wanted = set(after_ids)
         offset = 1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted)
-        specs = [dataclasses.replace(s, phase=s.phase + offset) for s in specs]
+        specs = [s._replace(phase=s.phase + offset) for s in specs]
     if len(specs) >= 20_000:
         with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                       TimeRemainingColumn(), console=err, transient=True) as bar:

@@ -99,3 +99,6 @@ class HotStatements:
         self.children = Prepared(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == b("id")), dialect)
         self.parents = Prepared(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == b("id"))
                                 .order_by(t_dep.c.depends_on), dialect)
+        # A sweep's jobs by identity: every one of an experiment, or those past an id (just inserted).
+        self.ids_by_hash = Prepared(sa.select(t_job.c.params_hash, t_job.c.id)
+                                    .where(t_job.c.experiment_id == b("exp"), t_job.c.id > b("after")), dialect)

@@ -13,7 +13,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from .errors import SweepError
 
@@ -52,9 +52,11 @@ class Sweep:
         return out
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """One job to schedule. ``parent`` is the index of the job it depends on, if any."""
+class JobSpec(NamedTuple):
+    """One job to schedule. ``parent`` is the index of the job it depends on, if any.
+
+    A named tuple: a sweep makes one per job, 100,000 at a time.
+    """
 
     phase: int
     kind: str
@@ -312,12 +314,16 @@ def expand(sweep: Sweep) -> list[JobSpec]:
         kind = kinds[-1]
         current = []
         combos = list(_grid(phase))
-        for parent in previous:
-            base = jobs[parent].params if parent >= 0 else {}
-            for combo in combos:
-                jobs.append(JobSpec(number, kind, targets[number], {**base, **combo},
-                                    parent if parent >= 0 else None))
-                current.append(len(jobs) - 1)
+        target = targets[number]
+        if previous == [-1]:  # roots: each combination is used once, as it is
+            current = list(range(len(jobs), len(jobs) + len(combos)))
+            jobs.extend(JobSpec(number, kind, target, combo, None) for combo in combos)
+        else:
+            for parent in previous:
+                base = jobs[parent].params
+                for combo in combos:
+                    jobs.append(JobSpec(number, kind, target, {**base, **combo}, parent))
+                    current.append(len(jobs) - 1)
         previous = current
     return jobs
 

@@ -13,7 +13,7 @@ from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.schema import metadata
 from jobman.jobdb.status import Status
-from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.store import Store, WorkerInfo, dump_json
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 W = WorkerInfo(host="testhost", pid=4242, pid_started_at=1.0)
@@ -485,3 +485,26 @@ def test_a_wider_sweep_attaches_new_children_to_finished_parents(store):
     by_parent = {store.job(j).depends_on[0]: store.job(j).status for j in deeper.job_ids[-2:]}
     assert by_parent == {c.job.id: S.BLOCKED, ({child, new} - {c.job.id}).pop(): S.WAITING}
     assert_events_explain_statuses(store)
+
+
+@pytest.mark.parametrize("value", [
+    {"b": 1, "a": [1.5, None, True, "é ü \u2603 \"quoted\" \\back"], "c": {"z": {}, "y": []}},
+    {"lr": 0.1, "n": 10**20, "name": "x", "flag": False, "nested": {"k": [{"b": 2, "a": 1}]}},
+    {}, [3, {"b": 1, "a": 2}], "text", 7,
+])
+def test_canonical_json_is_json_dumps_with_sorted_keys(value):
+    """The fast encoder of a sweep's parameters gives what json.dumps(sort_keys=True) gives."""
+    assert dump_json(value) == json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("value", [{"a": float("nan")}, {"a": float("inf")}, {"a": object()}, {"a": {1, 2}}])
+def test_values_json_cannot_hold_are_refused_with_a_sentence(value):
+    with pytest.raises(UsageError, match="cannot be stored as JSON"):
+        dump_json(value, "parameters")
+
+
+def test_a_parameter_that_contains_itself_is_refused_not_a_crash():
+    looped: dict = {"a": 1}
+    looped["self"] = looped
+    with pytest.raises(UsageError, match="cannot be stored as JSON"):
+        dump_json(looped, "parameters")
