@@ -20,6 +20,18 @@ from .status import Status
 b = sa.bindparam
 
 
+def execute_raw(conn: Connection, sql: str, args: Any = ()) -> Any:
+    """Run SQL on the connection's DB-API cursor; driver errors become SQLAlchemy's, as from ``execute``."""
+    cursor = conn.connection.dbapi_connection.cursor()
+    try:
+        cursor.execute(sql, args)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        cursor.close()
+        raise sa.exc.DBAPIError.instance(sql, args, exc, conn.dialect.loaded_dbapi.Error,
+                                         dialect=conn.dialect) from exc
+    return cursor
+
+
 class Prepared:
     """A statement compiled for one dialect, run on the transaction's own DB-API cursor."""
 
@@ -32,9 +44,7 @@ class Prepared:
     def _execute(self, conn: Connection, values: dict[str, Any]):
         bound = {**self.defaults, **values}
         args = tuple(bound[k] for k in self.order) if self.order is not None else bound
-        cursor = conn.connection.dbapi_connection.cursor()
-        cursor.execute(self.sql, args)
-        return cursor
+        return execute_raw(conn, self.sql, args)
 
     def rows(self, conn: Connection, **values: Any) -> list[tuple]:
         cursor = self._execute(conn, values)
