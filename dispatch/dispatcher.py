@@ -90,7 +90,7 @@ class Dispatcher:
                 if self.watcher is not None and time.time() - last_scan >= self.options.scan_interval:
                     self.watcher.scan()
                     last_scan = time.time()
-                time.sleep(self.options.poll_interval)
+                self.backend.wait(self.options.poll_interval)
         except KeyboardInterrupt:
             if self.options.stop_on_interrupt:
                 self.backend.stop_workers()

@@ -197,6 +197,13 @@ def serve(fd: int, worker_pid: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
+    try:
+        _serve_requests(ctrl)
+    except ConnectionError:  # the worker was killed (its end of the socket closes before we are)
+        pass
+
+
+def _serve_requests(ctrl: socket.socket) -> None:
     targets: dict[str, Callable[..., Any]] = {}
     while True:
         got = recv_msg(ctrl, with_fds=True)

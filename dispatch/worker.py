@@ -82,6 +82,7 @@ class Worker:
         identity = worker_identity()
         root = self.options.workdir_root.resolve() / self.store.experiment
         idle_since = time.time()
+        idle_polls = 0
         try:
             while self._stop_signal is None:
                 if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
@@ -90,8 +91,12 @@ class Worker:
                 if claimed is None:
                     if not self._should_wait(idle_since):
                         break
-                    time.sleep(self.options.poll_interval * random.uniform(0.7, 1.3))
+                    # Soon at first (the jobs others run may be about to end), then every poll_interval.
+                    pause = min(self.options.poll_interval, 0.05 * 2 ** idle_polls)
+                    idle_polls += 1
+                    time.sleep(pause * random.uniform(0.7, 1.3))
                     continue
+                idle_polls = 0
                 self.log(f"running job {claimed.job.id} (attempt {claimed.job.attempt}) {claimed.job.target}")
                 status = self.runner.run(claimed)
                 summary.ran += 1

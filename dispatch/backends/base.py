@@ -48,6 +48,9 @@ class Backend(Protocol):
     def stop_workers(self) -> None:
         """Ask every worker started by this object to stop (they put their job back)."""
 
+    def wait(self, seconds: float) -> None:
+        """Pause for ``seconds``, or less once a worker started by this object ends."""
+
     def allocation_states(self, backend_ids: Sequence[str]) -> dict[str, AllocationState]:
         """The state of each backend id, in one query for all of them."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -45,6 +46,25 @@ class LocalBackend:
 
     def running_workers(self) -> int:
         return sum(p.poll() is None for p in self.procs)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep, waking the moment one of our workers exits (the end of a dispatch is seen at once)."""
+        fds = []
+        try:
+            for p in self.procs:
+                if p.poll() is None:
+                    try:
+                        fds.append(os.pidfd_open(p.pid))
+                    except (AttributeError, OSError):  # no pidfd here: a plain sleep
+                        time.sleep(seconds)
+                        return
+            if fds:
+                select.select(fds, [], [], seconds)
+            else:
+                time.sleep(seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def stop_workers(self, grace: float = 60.0) -> None:
         """SIGTERM every worker (each puts its job back), then SIGKILL what is left after ``grace``."""

@@ -28,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -98,6 +99,9 @@ class SlurmBackend:
         if not self.submitted:
             return 0
         return sum(state.alive for state in self.allocation_states(self.submitted).values())
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def stop_workers(self) -> None:
         """scancel all this object submitted: running workers get SIGTERM, SIGKILL after KillWait."""
