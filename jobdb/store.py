@@ -360,6 +360,10 @@ class Store:
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
         """
+        for i, s in enumerate(specs):
+            if s.parent is not None and not 0 <= s.parent < i:
+                raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
+                                 "a parent must come before its children")
         encoded = [dump_json(s.params, "parameters") for s in specs]  # first: says which value is not JSON
         hashes = params_hashes(specs, encoded)
 

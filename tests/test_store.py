@@ -8,7 +8,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from jobman.jobdb.errors import LeaseLost, NoSuchJob, UsageError
+from jobman.jobdb.errors import DatabaseError, LeaseLost, NoSuchJob, UsageError
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.schema import metadata
@@ -109,23 +109,30 @@ def test_schedule_makes_roots_queued_and_children_waiting_with_their_dependency(
         assert roots[parent].params["n"] == c.params["n"]
 
 
-@pytest.mark.parametrize("how", ["unstorable parameter", "bad parent", "unknown --after job"])
+@pytest.mark.parametrize("how", ["unstorable parameter", "parent after its child", "a parent of its own",
+                                 "number too large", "unknown --after job"])
 def test_a_failed_schedule_leaves_nothing(store, how):
     store.schedule(sweep("seed=1"))
     before = dump(store)
     specs = sweep("lr={{0.1,0.2,0.3}}", "--", "e={{1,2}}")
-    after = ()
+    after, limit = (), 3
     if how == "unstorable parameter":
         specs.append(JobSpec(0, "fn", "pkg.mod:fn", {"lr": object()}, None))
         error = UsageError
-    elif how == "bad parent":  # fails after the jobs are inserted, while their dependencies are written
+    elif how == "parent after its child":
         specs.append(JobSpec(1, "fn", "pkg.mod:fn", {"lr": 9, "e": 9}, 999))
-        error = Exception
+        error = UsageError
+    elif how == "a parent of its own":  # would wait for itself forever
+        specs.append(JobSpec(1, "fn", "pkg.mod:fn", {"lr": 9, "e": 9}, len(specs)))
+        error = UsageError
+    elif how == "number too large":  # fails in the insert itself, inside the transaction
+        limit = 10**20
+        error = (UsageError, DatabaseError)
     else:  # the experiment row is made first, then the selector fails
         after = [10**9]
         error = NoSuchJob
     with pytest.raises(error):
-        store.schedule(specs, after=after)
+        store.schedule(specs, after=after, max_attempts=limit)
     assert dump(store) == before
 
 
