@@ -28,7 +28,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -312,7 +311,3 @@ class ForkServer:
                 self.proc.kill()
                 self.proc.wait()
             self.proc = None
-
-
-def deadline_of(timeout: float | None) -> float | None:
-    return time.time() + timeout if timeout else None

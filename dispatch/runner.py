@@ -28,7 +28,7 @@ from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageErro
 from jobman.jobdb.store import Claimed, Job, Store
 
 from .experiment import TargetError
-from .forkserver import ForkServer, ForkServerGone, Frames, deadline_of, send_msg
+from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
@@ -42,6 +42,11 @@ class RunLimits:
     timeout: float | None = None  # the job's wall-time limit, seconds
     heartbeat_interval: float = 10.0
     grace: float = 30.0  # between SIGTERM (should_stop) and SIGKILL
+
+
+def deadline_of(timeout: float | None) -> float | None:
+    """The ``time.time()`` at which a job starting now reaches its wall-time limit, if it has one."""
+    return time.time() + timeout if timeout else None
 
 
 def command_argv(command: str, params: dict[str, Any]) -> list[str]:
