@@ -30,9 +30,10 @@ def jobman_loop(url: str, out: "mp.Queue") -> None:
     store = Store.open(url)
     me = WorkerInfo.here()
     got = []
-    while (claimed := store.claim(me)) is not None:
-        store.finish(claimed.job.id, claimed.lease, "DONE", results={"ok": 1})
+    claimed = store.claim(me)
+    while claimed is not None:  # as a worker does: the record of one job claims the next
         got.append(claimed.job.id)
+        _, claimed = store.finish_and_claim(claimed.job.id, claimed.lease, "DONE", me, results={"ok": 1})
     out.put(got)
 
 

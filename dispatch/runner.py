@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
-from jobman.jobdb.store import Claimed, Job, Store
+from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .experiment import TargetError
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
@@ -222,6 +222,11 @@ class Runner:
     # -- one job ----------------------------------------------------------------
     def run(self, claimed: Claimed) -> str:
         """Run the job to its end; return its new status name, or ``LOST`` if it was taken from us."""
+        return self.run_then_claim(claimed, None)[0]
+
+    def run_then_claim(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
+        """``run``; with ``then`` (who claims, and the workdir root), the transaction that records
+        the job also claims the next one, returned beside the status (None if none was ready)."""
         job, lease = claimed.job, claimed.lease
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -232,13 +237,13 @@ class Runner:
             else:
                 child = self._spawn_command(job, parents, workdir)
         except (TargetError, JobmanError, OSError, ForkServerGone) as exc:
-            return self._finish(job, lease, "FAILED", error=str(exc), why=f"could not start: {exc}")
+            return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
         try:
             kill_reason = self._supervise(child, job, lease)
         except LeaseLost as exc:
             self.log(str(exc))
-            return LOST
-        return self._record(child, job, lease, workdir, kill_reason)
+            return LOST, None
+        return self._record(child, job, lease, workdir, kill_reason, then)
 
     # -- starting -----------------------------------------------------------------
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
@@ -331,7 +336,8 @@ class Runner:
         return reason
 
     # -- recording --------------------------------------------------------------------
-    def _record(self, child: _Command, job: Job, lease: int, workdir: Path, reason: str | None) -> str:
+    def _record(self, child: _Command, job: Job, lease: int, workdir: Path, reason: str | None,
+                then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
@@ -366,17 +372,21 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, outcome, results=results, error=error, exit_code=child.exit_code,
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=child.exit_code,
                             why=why)
 
-    def _finish(self, job: Job, lease: int, outcome: str, **kwargs: Any) -> str:
+    def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
+                **kwargs: Any) -> tuple[str, Claimed | None]:
         delay = 1.0
         for attempt in range(8):  # a result computed must not be dropped for a passing database outage
             try:
-                return self.store.finish(job.id, lease, outcome, **kwargs).value
+                if then is None or outcome == "REQUEUE":  # a stopping worker claims nothing more
+                    return self.store.finish(job.id, lease, outcome, **kwargs).value, None
+                status, claimed = self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs)
+                return status.value, claimed
             except LeaseLost as exc:
                 self.log(str(exc))
-                return LOST
+                return LOST, None
             except UsageError as exc:  # results the database cannot hold (NaN, infinity): the job's bad return
                 if kwargs.get("results") is None:
                     raise

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.errors import JobmanError
+from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .runner import LOST, Runner, RunLimits
 
@@ -80,14 +81,16 @@ class Worker:
     def run(self) -> WorkerSummary:
         summary = WorkerSummary()
         identity = worker_identity()
-        root = self.options.workdir_root.resolve() / self.store.experiment
+        root = str(self.options.workdir_root.resolve() / self.store.experiment)
         idle_since = time.time()
         idle_polls = 0
+        claimed = None  # the next job, when the last one's record claimed it
         try:
             while self._stop_signal is None:
                 if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
                     break
-                claimed = self.store.claim(identity, str(root))
+                if claimed is None:
+                    claimed = self.store.claim(identity, root)
                 if claimed is None:
                     if not self._should_wait(idle_since):
                         break
@@ -97,16 +100,27 @@ class Worker:
                     time.sleep(pause * random.uniform(0.7, 1.3))
                     continue
                 idle_polls = 0
-                self.log(f"running job {claimed.job.id} (attempt {claimed.job.attempt}) {claimed.job.target}")
-                status = self.runner.run(claimed)
+                job = claimed.job
+                self.log(f"running job {job.id} (attempt {job.attempt}) {job.target}")
+                more = self.options.max_jobs is None or summary.ran + 1 < self.options.max_jobs
+                status, claimed = self.runner.run_then_claim(claimed, (identity, root) if more else None)
                 summary.ran += 1
                 summary.by_status[status] = summary.by_status.get(status, 0) + 1
-                self.log(f"job {claimed.job.id} {'was taken from this worker' if status == LOST else status}")
+                self.log(f"job {job.id} {'was taken from this worker' if status == LOST else status}")
                 idle_since = time.time()
         finally:
+            if claimed is not None:  # claimed with the last record, never started: back to the queue
+                self._put_back(claimed)
             self.runner.close()
         summary.stopped_by_signal = self._stop_signal is not None
         return summary
+
+    def _put_back(self, claimed: Claimed) -> None:
+        try:
+            self.store.finish(claimed.job.id, claimed.lease, "REQUEUE",
+                              why="its worker was stopped before starting it; put back")
+        except JobmanError as exc:  # the monitor will find it: its worker is gone
+            self.log(f"could not put job {claimed.job.id} back: {exc}")
 
     def _should_wait(self, idle_since: float) -> bool:
         """Nothing is ready: wait only while running jobs may still unlock others."""

@@ -7,7 +7,8 @@ executed through the driver with bound values.
 
 from __future__ import annotations
 
-from typing import Any
+import operator
+from typing import Any, Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
@@ -20,11 +21,15 @@ from .status import Status
 b = sa.bindparam
 
 
-def execute_raw(conn: Connection, sql: str, args: Any = ()) -> Any:
-    """Run SQL on the connection's DB-API cursor; driver errors become SQLAlchemy's, as from ``execute``."""
+def execute_raw(conn: Connection, sql: str, args: Any = (), *, many: bool = False) -> Any:
+    """Run SQL on the connection's DB-API cursor (``many``: once per set of ``args``); driver errors
+    become SQLAlchemy's, as from ``execute``."""
     cursor = conn.connection.dbapi_connection.cursor()
     try:
-        cursor.execute(sql, args)
+        if many:
+            cursor.executemany(sql, args)
+        else:
+            cursor.execute(sql, args)
     except conn.dialect.loaded_dbapi.Error as exc:
         cursor.close()
         raise sa.exc.DBAPIError.instance(sql, args, exc, conn.dialect.loaded_dbapi.Error,
@@ -39,12 +44,17 @@ class Prepared:
         compiled = stmt.compile(dialect=dialect)
         self.sql = str(compiled)
         self.defaults: dict[str, Any] = dict(compiled.params)
-        self.order = tuple(compiled.positiontup) if compiled.positional else None
+        order = tuple(compiled.positiontup) if compiled.positional else None
+        # The bound values in the driver's order (a positional paramstyle), or the dict itself.
+        if order is None:
+            self.args: Callable[[dict[str, Any]], Any] = lambda bound: bound
+        elif len(order) < 2:  # itemgetter of one key gives no tuple
+            self.args = lambda bound: tuple(bound[k] for k in order)
+        else:
+            self.args = operator.itemgetter(*order)
 
     def _execute(self, conn: Connection, values: dict[str, Any]):
-        bound = {**self.defaults, **values}
-        args = tuple(bound[k] for k in self.order) if self.order is not None else bound
-        return execute_raw(conn, self.sql, args)
+        return execute_raw(conn, self.sql, self.args({**self.defaults, **values}))
 
     def rows(self, conn: Connection, **values: Any) -> list[tuple]:
         cursor = self._execute(conn, values)
@@ -64,9 +74,26 @@ class Prepared:
     def run(self, conn: Connection, **values: Any) -> None:
         self._execute(conn, values).close()
 
+    def run_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        execute_raw(conn, self.sql, [self.args({**self.defaults, **r}) for r in rows], many=True).close()
+
 
 def _owned():
     return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == Status.RUNNING.value)
+
+
+# Spelled out: SQLite's RETURNING loses the table name SQLAlchemy would put before ``id``.
+_JOB_ID = sa.literal_column(f"{t_job.name}.id")
+
+
+def _has_parents():
+    """Returned by the claim, so that a job without parents costs no second query."""
+    return sa.exists().where(t_dep.c.job_id == _JOB_ID).label("has_parents")
+
+
+def _has_children():
+    """Returned by the finish, so that a job without dependents costs no second query."""
+    return sa.exists().where(t_dep.c.depends_on == _JOB_ID).label("has_children")
 
 
 class HotStatements:
@@ -91,7 +118,7 @@ class HotStatements:
                     started_at=b("now"), heartbeat_at=b("now"), finished_at=None, error=None, exit_code=None,
                     workdir=sa.func.coalesce(t_job.c.workdir,
                                              b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
-            .returning(*t_job.c), dialect)
+            .returning(*t_job.c, _has_parents()), dialect)
         self.heartbeat = Prepared(
             sa.update(t_job).where(_owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
             dialect)
@@ -100,7 +127,7 @@ class HotStatements:
             .values(status=Status.DONE.value, finished_at=b("now"), heartbeat_at=b("now"),
                     results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=None,
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
-            .returning(t_job.c.attempt), dialect)
+            .returning(t_job.c.attempt, _has_children()), dialect)
         self.event = Prepared(
             sa.insert(t_event).values(job_id=b("job_id"), at=b("at"), from_status=b("from_status", type_=sa.String),
                                       to_status=b("to_status", type_=sa.String),

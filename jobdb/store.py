@@ -347,7 +347,7 @@ class Store:
         if len(rows) == 1:
             self.hot.event.run(conn, **rows[0])
         else:
-            conn.execute(sa.insert(t_event), rows)
+            self.hot.event.run_many(conn, rows)
 
     def experiments(self) -> list[str]:
         """Every experiment in the database."""
@@ -509,26 +509,33 @@ class Store:
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
+        return self._write(lambda conn: self._claim(conn, worker, workdir_root))
 
-        def run(conn: Connection) -> Claimed | None:
-            root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
-            rows = self.hot.claim.mappings(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
-                                           pid_started_at=worker.pid_started_at, backend=worker.backend,
-                                           backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
-                                           root=root)
-            if not rows:
-                return None
-            job = Job.from_mapping(rows[0], [r[0] for r in self.hot.parents.rows(conn, id=rows[0]["id"])])
-            return self._claimed(conn, job, worker)
+    def _claim(self, conn: Connection, worker: WorkerInfo, workdir_root: str | None,
+               log: list[dict[str, Any]] | None = None) -> Claimed | None:
+        """The claim in ``conn``'s transaction; with ``log``, its event is left there for the caller to write."""
+        root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
+        rows = self.hot.claim.mappings(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
+                                       pid_started_at=worker.pid_started_at, backend=worker.backend,
+                                       backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
+                                       root=root)
+        if not rows:
+            return None
+        row = rows[0]
+        job = Job.from_mapping(row, [r[0] for r in self.hot.parents.rows(conn, id=row["id"])]
+                               if row["has_parents"] else [])
+        return self._claimed(conn, job, worker, log)
 
-        return self._write(run)
-
-    def _claimed(self, conn: Connection, job: Job, worker: WorkerInfo) -> Claimed:
+    def _claimed(self, conn: Connection, job: Job, worker: WorkerInfo,
+                 log: list[dict[str, Any]] | None = None) -> Claimed:
         """Log a claim (QUEUED -> RUNNING) in the claiming transaction and hand the job over."""
-        self._events(conn, [{"job_id": job.id, "from_status": Status.QUEUED.value,
-                             "to_status": Status.RUNNING.value, "attempt": job.attempt,
-                             "why": f"claimed by {worker.host}:{worker.pid}"
-                                    + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}])
+        event = {"job_id": job.id, "from_status": Status.QUEUED.value, "to_status": Status.RUNNING.value,
+                 "attempt": job.attempt, "why": f"claimed by {worker.host}:{worker.pid}"
+                 + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}
+        if log is None:
+            self._events(conn, [event])
+        else:
+            log.append(event)
         return Claimed(job, job.lease)
 
     @staticmethod
@@ -687,74 +694,109 @@ class Store:
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
         """
-        blob = dump_json(results, "job results") if results is not None else None
-        if blob is not None and len(blob) > MAX_STATE_BYTES:
-            blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
-                                          "limit: keep large arrays in files in its workdir"), "FAILED"
-
-        def run(conn: Connection) -> Status | None:
-            if outcome == "DONE":
-                return self._finish_done(conn, job_id, lease, blob, exit_code, why)
-            row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
-                               .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
-            if row is None:
-                return None
-            now = time.time()
-            values: dict[str, Any] = {"heartbeat_at": now}
-            if blob is not None:
-                values["results"] = blob
-            if row.stop_requested and outcome in ("INCOMPLETE", "REQUEUE", "CRASHED", "FAILED"):
-                new, reason = Status.CANCELED, why or "cancelled while running"
-            elif outcome == "DONE":
-                new, reason = Status.DONE, why or "finished"
-            elif outcome == "FAILED":
-                new, reason = Status.FAILED, why or "failed"
-            elif outcome == "CRASHED":
-                new, reason = Status.CRASHED, why or "crashed"
-            elif outcome in ("INCOMPLETE", "REQUEUE"):
-                new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome == "INCOMPLETE"
-                                                     else "put back by its stopping worker")
-                values.update(resume=True, queue_order=-1, queued_at=now)
-            else:
-                raise ValueError(f"unknown outcome {outcome!r}")
-            values["status"] = new.value
-            if new is not Status.QUEUED:
-                values["finished_at"] = now
-            if error is not None or new in (Status.DONE, Status.QUEUED):
-                values["error"] = error
-            if exit_code is not None:
-                values["exit_code"] = exit_code
-            conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
-            self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": new.value,
-                                 "attempt": row.attempt, "why": reason}])
-            if new is Status.DONE:
-                self._promote_children(conn, job_id)
-            elif new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
-                new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
-            elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
-                self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
-            elif new is Status.QUEUED:
-                new = self._recheck(conn, job_id)
-            return new
-
-        status = self._write(run)
+        blob, outcome, error = self._result_blob(results, outcome, error)
+        status = self._write(lambda conn: self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why,
+                                                       relaunch))
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
         return status
 
+    def finish_and_claim(self, job_id: int, lease: int, outcome: str, worker: WorkerInfo,
+                         workdir_root: str | None = None, *, results: dict[str, Any] | None = None,
+                         error: str | None = None, exit_code: int | None = None,
+                         why: str | None = None) -> tuple[Status, Claimed | None]:
+        """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
+
+        The claim may take a dependent that this finish has just queued. Nothing is claimed
+        if the finish is refused (LeaseLost, as from ``finish``).
+        """
+        blob, outcome, error = self._result_blob(results, outcome, error)
+
+        def run(conn: Connection) -> tuple[Status | None, Claimed | None]:
+            log: list[dict[str, Any]] = []  # both events in one statement
+            status = self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why, True, log)
+            claimed = self._claim(conn, worker, workdir_root, log) if status is not None else None
+            self._events(conn, log)
+            return status, claimed
+
+        status, claimed = self._write(run)
+        if status is None:
+            raise self._refuse_logged(job_id, lease, "finish")
+        return status, claimed
+
+    @staticmethod
+    def _result_blob(results: dict[str, Any] | None, outcome: str,
+                     error: str | None) -> tuple[str | None, str, str | None]:
+        """The results as stored JSON; results too large to keep make the run FAILED with why."""
+        blob = dump_json(results, "job results") if results is not None else None
+        if blob is not None and len(blob) > MAX_STATE_BYTES:
+            blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                                          "limit: keep large arrays in files in its workdir"), "FAILED"
+        return blob, outcome, error
+
+    def _finish(self, conn: Connection, job_id: int, lease: int, outcome: str, blob: str | None,
+                error: str | None, exit_code: int | None, why: str | None, relaunch: bool,
+                log: list[dict[str, Any]] | None = None) -> Status | None:
+        if outcome == "DONE":
+            return self._finish_done(conn, job_id, lease, blob, exit_code, why, log)
+        row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
+                           .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
+        if row is None:
+            return None
+        now = time.time()
+        values: dict[str, Any] = {"heartbeat_at": now}
+        if blob is not None:
+            values["results"] = blob
+        if row.stop_requested and outcome in ("INCOMPLETE", "REQUEUE", "CRASHED", "FAILED"):
+            new, reason = Status.CANCELED, why or "cancelled while running"
+        elif outcome == "DONE":
+            new, reason = Status.DONE, why or "finished"
+        elif outcome == "FAILED":
+            new, reason = Status.FAILED, why or "failed"
+        elif outcome == "CRASHED":
+            new, reason = Status.CRASHED, why or "crashed"
+        elif outcome in ("INCOMPLETE", "REQUEUE"):
+            new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome == "INCOMPLETE"
+                                                 else "put back by its stopping worker")
+            values.update(resume=True, queue_order=-1, queued_at=now)
+        else:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        values["status"] = new.value
+        if new is not Status.QUEUED:
+            values["finished_at"] = now
+        if error is not None or new in (Status.DONE, Status.QUEUED):
+            values["error"] = error
+        if exit_code is not None:
+            values["exit_code"] = exit_code
+        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
+        self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": new.value,
+                             "attempt": row.attempt, "why": reason}])
+        if new is Status.DONE:
+            self._promote_children(conn, job_id)
+        elif new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
+            new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
+        elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
+            self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
+        elif new is Status.QUEUED:
+            new = self._recheck(conn, job_id)
+        return new
+
     def _finish_done(self, conn: Connection, job_id: int, lease: int, blob: str | None, exit_code: int | None,
-                     why: str | None) -> Status | None:
-        """The common end, in three prepared statements: mark DONE, log it, queue ready dependents."""
+                     why: str | None, log: list[dict[str, Any]] | None = None) -> Status | None:
+        """The common end: mark DONE, log it (or leave its event in ``log``), queue ready dependents."""
         rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=time.time(), results=blob,
                                          exit_code=exit_code)
         if not rows:
             return None
-        row = rows[0]
-        self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": Status.DONE.value,
-                             "attempt": row[0], "why": why or "finished"}])
-        children = [r[0] for r in self.hot.children.rows(conn, id=job_id)]
-        if children:
-            self._refresh(conn, children, why=f"job {job_id} is DONE")
+        attempt, has_children = rows[0]
+        event = {"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": Status.DONE.value,
+                 "attempt": attempt, "why": why or "finished"}
+        if log is not None and not has_children:
+            log.append(event)
+        else:  # written before the promotions it causes, so that the log reads in order
+            self._events(conn, [event])
+        if has_children:
+            self._refresh(conn, [r[0] for r in self.hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
         return Status.DONE
 
     def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:

@@ -35,7 +35,8 @@ def busy_store(request, tmp_path_factory):
     else:
         base = request.getfixturevalue("pg_database")
     other = Store.open(f"{base}?table={name}_other")
-    other.schedule(expand(parse_sweep(["pkg.mod:fn", "y={{%s}}" % ",".join(map(str, range(N // 3)))])))
+    # Two phases: job_dep holds rows, as in a real database, for the claim's and finish's lookups.
+    other.schedule(expand(parse_sweep(["pkg.mod:fn", "y={{%s}}" % ",".join(map(str, range(N // 3))), "--", "z=1"])))
     other.dispose()
     store = Store.open(f"{base}?table={name}")
     store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{%s}}" % ",".join(map(str, range(N)))])))
@@ -73,22 +74,38 @@ def test_the_claim_pick_reads_the_claim_index_in_order(busy_store):
         assert "LockRows" in text  # FOR UPDATE SKIP LOCKED is part of the pick
 
 
-def test_the_claim_update_as_run_reads_the_claim_index(busy_store):
-    """The whole claim, as the store's prepared statement runs it (UPDATE ... WHERE id = (pick))."""
-    prepared = busy_store.hot.claim
-    exp = busy_store.jobs(limit=1)[0].experiment_id
-    bound = {**prepared.defaults, "exp": exp, "host": "h", "pid": 1, "pid_started_at": None, "backend": "local",
-             "backend_id": None, "log_path": None, "now": 0.0, "root": None}
-    args = tuple(bound[k] for k in prepared.order) if prepared.order is not None else bound
-    dialect = busy_store.engine.dialect.name
-    prefix = "EXPLAIN QUERY PLAN " if dialect == "sqlite" else "EXPLAIN "
-    with busy_store.engine.connect() as conn:
+def explain_prepared(store: Store, prepared, **values) -> str:
+    """The plan of a hot-path statement exactly as the store runs it, with its bound values."""
+    args = prepared.args({**prepared.defaults, **values})
+    prefix = "EXPLAIN QUERY PLAN " if store.engine.dialect.name == "sqlite" else "EXPLAIN "
+    with store.engine.connect() as conn:
         cursor = conn.connection.dbapi_connection.cursor()
         cursor.execute(f"{prefix}{prepared.sql} /* {uuid.uuid4().hex} */", args)
         text = "\n".join(str(r[-1]) for r in cursor.fetchall())
         cursor.close()
         conn.rollback()
-    assert_uses_claim_index(text, dialect, ordered=True)
+    return text
+
+
+def test_the_claim_update_as_run_reads_the_claim_index(busy_store):
+    """The whole claim, as the store's prepared statement runs it (UPDATE ... WHERE id = (pick)),
+    including its lookup of the claimed job's parents in job_dep."""
+    exp = busy_store.jobs(limit=1)[0].experiment_id
+    text = explain_prepared(busy_store, busy_store.hot.claim, exp=exp, host="h", pid=1, pid_started_at=None,
+                            backend="local", backend_id=None, log_path=None, now=0.0, root=None)
+    assert "job_dep" in text, text
+    assert_uses_claim_index(text, busy_store.engine.dialect.name, ordered=True)
+
+
+def test_the_finish_looks_dependents_up_by_index(busy_store):
+    """Marking a job DONE asks whether it has dependents: an index lookup of job_dep, not a scan."""
+    job = busy_store.jobs(limit=1)[0]
+    text = explain_prepared(busy_store, busy_store.hot.finish_done, id=job.id, lease=1, now=0.0, results=None,
+                            exit_code=None)
+    if busy_store.engine.dialect.name == "sqlite":
+        assert "ix_job_dep_parent" in text and "SCAN" not in text, text
+    else:
+        assert "ix_job_dep_parent" in text and "Seq Scan" not in text, text
 
 
 def test_the_running_scan_reads_the_claim_index(busy_store):

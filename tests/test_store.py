@@ -170,6 +170,36 @@ def test_done_promotes_children_in_the_same_commit(store):
     assert_events_explain_statuses(store)
 
 
+def test_finish_and_claim_records_then_claims_in_one_commit(store):
+    """A worker's loop: the transaction that marks a job DONE claims the next one, which may be
+    a dependent that the same commit has just queued."""
+    [root] = store.schedule(sweep("n=1")).job_ids
+    [kid] = store.schedule(sweep("n=1", "--", "lr=0.1")).job_ids[1:]
+    c = store.claim(W)
+    (status, nxt), commits = commits_during(
+        store, lambda: store.finish_and_claim(root, c.lease, "DONE", W, "/runs", results={"w": 3}))
+    assert status is S.DONE and commits == 1
+    assert nxt.job.id == kid and nxt.job.depends_on == [root] and nxt.job.workdir == f"/runs/{kid}"
+    assert statuses(store) == {root: S.DONE, kid: S.RUNNING}
+    assert [(e.from_status, e.to_status) for e in store.events(kid)] == [("WAITING", "QUEUED"), ("QUEUED", "RUNNING")]
+    # The last job: nothing left to claim.
+    assert store.finish_and_claim(kid, nxt.lease, "FAILED", W, error="boom") == (S.FAILED, None)
+    assert_events_explain_statuses(store)
+
+
+def test_finish_and_claim_with_a_lost_lease_claims_nothing(store):
+    [a, b] = store.schedule(sweep("i={{1,2}}")).job_ids
+    old = store.claim(W)
+    store.reset([a], force_running=True)
+    before = dump(store)
+    with pytest.raises(LeaseLost, match=f"job {a}"):
+        store.finish_and_claim(a, old.lease, "DONE", W, results={"stale": True})
+    after = dump(store)
+    assert statuses(store) == {a: S.QUEUED, b: S.QUEUED}
+    assert after["job"] == before["job"]  # only the refusal was logged
+    assert [e.why for e in store.events(a)][-1].startswith("refused a stale finish")
+
+
 def test_claim_order_priority_then_incomplete_then_id(store):
     [a, b, c, d] = store.schedule(sweep("i={{1,2,3,4}}")).job_ids
     [h] = store.schedule(sweep("i=9"), priority=5).job_ids

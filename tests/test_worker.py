@@ -158,6 +158,15 @@ EXPERIMENTS = textwrap.dedent('''
         return channel.INCOMPLETE
 
 
+    def stops_its_worker(state, channel):
+        """SIGTERMs its worker (its fork server's parent), then finishes anyway."""
+        import psutil
+        _trace(channel)
+        os.kill(psutil.Process(os.getppid()).ppid(), 15)
+        time.sleep(0.5)
+        state.finished = True
+
+
     def ignores_stop(state, channel):
         _trace(channel)
         time.sleep(120)
@@ -471,6 +480,23 @@ def test_sigterm_puts_the_running_job_back_and_the_worker_exits_cleanly(db_url, 
     assert traced(exp) == [(job_id, 1), (job_id, 1)]
 
 
+def test_a_job_claimed_by_the_record_of_the_last_one_is_put_back_when_the_worker_stops(
+        jobman, db_url, store, exp):
+    """The transaction that records a job claims the next; a worker stopped meanwhile must not keep it."""
+    first, second = schedule(store, ("stops_its_worker", {}), ("ok", {}))
+    run_worker(jobman, db_url, exp)
+    assert traced(exp) == [(first, 1)]
+    assert store.job(first).status is Status.DONE
+    job = store.job(second)
+    assert job.status is Status.QUEUED and job.attempt == 1
+    assert whys(store, second)[-1] == "its worker was stopped before starting it; put back"
+    assert_nothing_running(store)
+    run_worker(jobman, db_url, exp)
+    job = store.job(second)
+    assert job.status is Status.DONE and job.attempt == 1  # being put back cost no attempt
+    assert traced(exp) == [(first, 1), (second, 1)]
+
+
 def test_jobman_sql_runs_exactly_n_jobs(jobman, db_url, store, exp):
     ids = schedule(store, *[("ok", {"i": i}) for i in range(4)])
     r = jobman("sql", "-n", "2", db_url, str(exp.runs), env=exp.env, timeout=120)
@@ -478,6 +504,7 @@ def test_jobman_sql_runs_exactly_n_jobs(jobman, db_url, store, exp):
     assert sorted(traced(exp)) == [(ids[0], 1), (ids[1], 1)]
     statuses = [store.job(i).status for i in ids]
     assert statuses == [Status.DONE, Status.DONE, Status.QUEUED, Status.QUEUED]
+    assert store.events(ids[2]) == []  # never claimed, not even to be put back
     assert Path(store.job(ids[0]).workdir).parent == exp.runs.resolve() / store.experiment
 
 
