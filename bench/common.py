@@ -15,6 +15,21 @@ HERE = Path(__file__).resolve().parent
 PG_URL = os.environ.get("JOBMAN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+def compile_package() -> None:
+    """Byte-compile jobman, as installing its wheel does: the processes a benchmark starts then
+    load bytecode, as a user's would, even from a source checkout with PYTHONDONTWRITEBYTECODE."""
+    import compileall
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("jobman")
+    for location in spec.submodule_search_locations or []:
+        compileall.compile_dir(location, quiet=1, rx=re.compile(r"[/\\](\.venv|tests|bench)[/\\]"))
+
+
+compile_package()
+
+
 @dataclass
 class Figure:
     """One measured figure: jobman's, the baseline's (if any) and the target it answers to."""

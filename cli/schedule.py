@@ -4,7 +4,6 @@ from __future__ import annotations
 
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
@@ -121,7 +120,9 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
         wanted = set(after_ids)
         offset = 1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted)
         specs = [s._replace(phase=s.phase + offset) for s in specs]
-    if len(specs) >= 20_000:
+    if len(specs) >= 20_000 and err.is_terminal:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
         with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs))
@@ -139,7 +140,7 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
 
 def _alias(name: str) -> SweepCommand:
     return SweepCommand(name, callback=sqlschedule.callback, params=sqlschedule.params, help=sqlschedule.help,
-                        short_help=f"Same as sqlschedule (the name jobman users know).")
+                        short_help="Same as sqlschedule (the name jobman users know).")
 
 
 COMMANDS = [sqlschedule, _alias("sqlschedules"), _alias("schedule")]

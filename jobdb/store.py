@@ -28,6 +28,7 @@ from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
+from .canonical import dump_json
 from .status import BLOCKING, Status
 from .sweep import JobSpec
 from .url import DbTarget, parse_db
@@ -53,31 +54,19 @@ def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str
 def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]:
     """:func:`params_hash` of each spec, given its parameters' canonical JSON."""
     sha256 = hashlib.sha256
-    return [sha256(f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f{e}".encode()).hexdigest() for s, e in zip(specs, encoded)]
-
-
-_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=False)
-
-
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-# The standard library's C encoder, made once with the settings of _ENCODER: encode() would make
-# a new one per call, which is half the cost of encoding a sweep's 100,000 small dicts.
-_C_ENCODER = (json.encoder.c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-                                          True, False, False)
-              if json.encoder.c_make_encoder is not None else None)
-
-
-def dump_json(value: Any, what: str = "value") -> str:
-    """Canonical JSON (sorted keys, no NaN), or a UsageError naming what could not be stored."""
-    try:
-        if _C_ENCODER is not None and type(value) is dict:
-            return "".join(_C_ENCODER(value, 0))
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise UsageError(f"the {what} cannot be stored as JSON: {exc}") from None
+    if len({(s.phase, s.kind, s.target) for s in specs}) == 1:  # one grid: one prefix
+        s = specs[0]
+        prefix = f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f"
+        return [sha256((prefix + e).encode()).hexdigest() for e in encoded]
+    prefixes: dict[tuple, str] = {}  # a sweep has few (phase, kind, target)
+    out = []
+    for s, e in zip(specs, encoded):
+        key = (s.phase, s.kind, s.target)
+        prefix = prefixes.get(key)
+        if prefix is None:
+            prefix = prefixes[key] = f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f"
+        out.append(sha256((prefix + e).encode()).hexdigest())
+    return out
 
 
 def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
@@ -364,7 +353,8 @@ class Store:
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
                                  "a parent must come before its children")
-        encoded = [dump_json(s.params, "parameters") for s in specs]  # first: says which value is not JSON
+        # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
+        encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
         hashes = params_hashes(specs, encoded)
 
         def run(conn: Connection) -> ScheduleResult:
@@ -379,17 +369,23 @@ class Store:
                 if missing:
                     raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
             ids: dict[str, int] = dict(self.hot.ids_by_hash.rows(conn, exp=exp, after=0))
-            existing = len(set(hashes) & set(ids))
+            unique = len(set(hashes)) == len(hashes)
+            if not ids and unique:  # a new sweep in a new experiment: every job is new
+                existing, fresh = 0, range(len(specs))
+            else:
+                existing = len(set(hashes) & set(ids))
+                fresh = _first_occurrences(hashes, ids)
             now = time.time()
-            fresh = _first_occurrences(hashes, ids)
             columns = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
                        "max_attempts", "created_at", "queued_at")
             waiting, queued = Status.WAITING.value, Status.QUEUED.value
-            rows = [(exp, specs[i].phase, specs[i].kind, specs[i].target, encoded[i], hashes[i],
-                     waiting if specs[i].parent is not None or after else queued, priority, max_attempts, now,
-                     None if specs[i].parent is not None or after else now) for i in fresh]
-            # Plain executemany (both drivers' fast path); the new ids are read back afterwards,
-            # which is safe because the experiment is locked for this transaction.
+            root_status, root_queued_at = (waiting, None) if after else (queued, now)
+            rows = [(exp, s.phase, s.kind, s.target, encoded[i], hashes[i],
+                     waiting if s.parent is not None else root_status, priority, max_attempts, now,
+                     None if s.parent is not None else root_queued_at)
+                    for i, s in zip(fresh, map(specs.__getitem__, fresh))]
+            # Plain executemany (both drivers' fast path). The experiment is locked for this
+            # transaction, so the new ids are those past ``before``.
             before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
             done = 0
             for batch in _chunks(rows, 10000):
@@ -397,29 +393,43 @@ class Store:
                 done += len(batch)
                 if progress:
                     progress(done)
-            if rows:
+            fresh_ids = self._new_ids(conn, exp, before, len(rows))
+            if fresh_ids is None:  # not one run of ids: read them back by identity
                 ids.update(self.hot.ids_by_hash.rows(conn, exp=exp, after=before))
-            fresh_ids, deps, waiting, pending_parents = [], [], [], set()
-            for i in fresh:
-                s = specs[i]
-                child = ids[hashes[i]]
-                fresh_ids.append(child)
-                if s.parent is not None:
-                    parent = ids[hashes[s.parent]]
-                    deps.append((child, parent))
-                    waiting.append(child)
-                    pending_parents.add(parent)
-                elif after:
-                    deps.extend((child, a) for a in after)
-                    waiting.append(child)
+                fresh_ids = [ids[hashes[i]] for i in fresh]
+            else:
+                ids.update(zip((hashes[i] for i in fresh), fresh_ids))
+            deps, waiting, pending_parents = [], [], set()
+            if after or any(s.parent is not None for s in specs):
+                for i, child in zip(fresh, fresh_ids):
+                    s = specs[i]
+                    if s.parent is not None:
+                        parent = ids[hashes[s.parent]]
+                        deps.append((child, parent))
+                        waiting.append(child)
+                        pending_parents.add(parent)
+                    elif after:
+                        deps.extend((child, a) for a in after)
+                        waiting.append(child)
             for batch in _chunks(deps, 10000):
                 bulk_insert(conn, t_dep, ("job_id", "depends_on"), batch)
             # New jobs whose parents already exist may be ready (or blocked) right away.
             if after or pending_parents - set(fresh_ids):
                 self._refresh(conn, waiting, why="scheduled")
-            return ScheduleResult(added=len(fresh), existing=existing, job_ids=[ids[h] for h in dict.fromkeys(hashes)])
+            job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
+            return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids))
 
         return self._write(run)
+
+    @staticmethod
+    def _new_ids(conn: Connection, exp: int, before: int, count: int) -> Sequence[int] | None:
+        """The ids of the ``count`` rows just inserted, in order, when SQLite gave them one after
+        another (it does under the write lock: each new rowid is the largest plus one); else None."""
+        if conn.dialect.name != "sqlite" or not count:
+            return None if count else []
+        last, n = conn.execute(sa.select(sa.func.max(t_job.c.id), sa.func.count())
+                               .where(t_job.c.id > before)).one()
+        return range(before + 1, before + count + 1) if (last, n) == (before + count, count) else None
 
     # -- the status machine's shared moves ----------------------------------------------
     def _refresh(self, conn: Connection, job_ids: Sequence[int], why: str) -> None:

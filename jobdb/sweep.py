@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
+from .canonical import encode_value
 from .errors import SweepError
 
 PHASE_SEPARATOR = "--"
@@ -55,7 +57,9 @@ class Sweep:
 class JobSpec(NamedTuple):
     """One job to schedule. ``parent`` is the index of the job it depends on, if any.
 
-    A named tuple: a sweep makes one per job, 100,000 at a time.
+    A named tuple: a sweep makes one per job, 100,000 at a time. ``params_json`` is the
+    canonical JSON of ``params`` when ``expand`` made it already (None: the store encodes
+    them); whoever replaces ``params`` must drop it.
     """
 
     phase: int
@@ -63,6 +67,7 @@ class JobSpec(NamedTuple):
     target: str
     params: dict[str, Any]
     parent: int | None
+    params_json: str | None = None
 
 
 def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> SweepError:
@@ -299,8 +304,23 @@ def format_sweep(sweep: Sweep) -> list[str]:
 
 def _grid(phase: Phase) -> Iterator[dict[str, Any]]:
     keys = [a.key for a in phase.assignments]
-    for combo in itertools.product(*(a.values for a in phase.assignments)):
-        yield dict(zip(keys, combo))
+    return map(dict, map(zip, itertools.repeat(keys), itertools.product(*(a.values for a in phase.assignments))))
+
+
+def _grid_json(phase: Phase) -> list[str] | None:
+    """The canonical JSON of each combination of ``_grid``, in its order, joined from each value's
+    encoding made once; None when a key repeats or a value is not JSON (the store says why)."""
+    keys = [a.key for a in phase.assignments]
+    if len(set(keys)) != len(keys):
+        return None
+    try:
+        pieces = [[f"{encode_value(a.key)}: {encode_value(v)}" for v in a.values] for a in phase.assignments]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if len(keys) < 2:
+        return ["{" + "".join(c) + "}" for c in itertools.product(*pieces)]
+    in_key_order = operator.itemgetter(*sorted(range(len(keys)), key=keys.__getitem__))
+    return ["{" + ", ".join(in_key_order(c)) + "}" for c in itertools.product(*pieces)]
 
 
 def expand(sweep: Sweep) -> list[JobSpec]:
@@ -317,7 +337,9 @@ def expand(sweep: Sweep) -> list[JobSpec]:
         target = targets[number]
         if previous == [-1]:  # roots: each combination is used once, as it is
             current = list(range(len(jobs), len(jobs) + len(combos)))
-            jobs.extend(JobSpec(number, kind, target, combo, None) for combo in combos)
+            encoded = _grid_json(phase) or [None] * len(combos)
+            new = tuple.__new__  # the named tuple's own __new__ is a Python function: 100,000 calls
+            jobs += [new(JobSpec, (number, kind, target, combo, None, text)) for combo, text in zip(combos, encoded)]
         else:
             for parent in previous:
                 base = jobs[parent].params

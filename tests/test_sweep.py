@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import SweepError
 from jobman.jobdb.sweep import (
     Assignment,
@@ -257,6 +259,17 @@ def test_generated_sweeps_round_trip_and_expand_to_their_product(sweep):
             parent = jobs[j.parent]
             assert parent.phase == j.phase - 1
             assert all(same(j.params[k], v) for k, v in parent.params.items())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sweeps())
+def test_the_json_an_expansion_makes_is_the_stores_canonical_json(sweep):
+    """``expand`` encodes a grid from each value's JSON; it must be the text the store would make."""
+    jobs = expand(sweep)
+    for j in jobs:
+        if j.params_json is not None:
+            assert j.params_json == dump_json(j.params) == json.dumps(j.params, sort_keys=True)
+    assert all(j.params_json is not None for j in jobs if j.phase == 0)
 
 
 _noise = st.sampled_from(list("{}[],=\"'\\ -:.") + ["{{", "}}", "--", "=", "k=", "{{}}"])
