@@ -8,7 +8,7 @@ executed through the driver with bound values.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
@@ -63,14 +63,6 @@ class Prepared:
         finally:
             cursor.close()
 
-    def mappings(self, conn: Connection, **values: Any) -> list[dict[str, Any]]:
-        cursor = self._execute(conn, values)
-        try:
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
-        finally:
-            cursor.close()
-
     def run(self, conn: Connection, **values: Any) -> None:
         self._execute(conn, values).close()
 
@@ -99,7 +91,8 @@ def _has_children():
 class HotStatements:
     """The prepared statements of one dialect."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, claimed_columns: Sequence[str]) -> None:
+        """``claimed_columns``: the job's columns a claim returns, in that order (then has_parents)."""
         pick = (sa.select(t_job.c.id)
                 .where(t_job.c.experiment_id == b("exp"), t_job.c.status == Status.QUEUED.value)
                 .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
@@ -118,7 +111,7 @@ class HotStatements:
                     started_at=b("now"), heartbeat_at=b("now"), finished_at=None, error=None, exit_code=None,
                     workdir=sa.func.coalesce(t_job.c.workdir,
                                              b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
-            .returning(*t_job.c, _has_parents()), dialect)
+            .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()), dialect)
         self.heartbeat = Prepared(
             sa.update(t_job).where(_owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
             dialect)

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -40,9 +40,16 @@ _TRANSIENT = ("database is locked", "database table is locked", "could not seria
               "server closed the connection", "connection reset", "terminating connection")
 
 
+_SOURCE: tuple[int, str] = (0, "")
+
+
 def source_tag() -> str:
-    """Who makes a change: host:pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Who makes a change: host:pid (made once per process)."""
+    global _SOURCE
+    pid = os.getpid()
+    if _SOURCE[0] != pid:
+        _SOURCE = (pid, f"{socket.gethostname()}:{pid}")
+    return _SOURCE[1]
 
 
 def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str) -> str:
@@ -145,6 +152,17 @@ class Job:
             resume=bool(m["resume"]), depends_on=deps or [],
         )
 
+    @classmethod
+    def from_claimed(cls, row: Sequence[Any], deps: list[int]) -> "Job":
+        """A row of the claim statement: the columns of ``CLAIMED_COLUMNS``, in this class's order."""
+        values = list(row[:len(CLAIMED_COLUMNS)])
+        values[5] = json.loads(values[5])  # params
+        values[6] = Status(values[6])
+        values[11] = json.loads(values[11]) if values[11] else None  # results
+        values[26] = bool(values[26])  # stop_requested
+        values[27] = bool(values[27])  # resume
+        return cls(*values, depends_on=deps)
+
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["status"] = self.status.value
@@ -154,6 +172,10 @@ class Job:
     def awaiting_allocation(self) -> bool:
         """QUEUED for one allocation made for it (``assign``) that has not claimed it yet."""
         return self.status is Status.QUEUED and self.backend_id is not None and self.pid is None
+
+
+# The columns a claim returns: every field of Job but its dependencies, in Job's order.
+CLAIMED_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "depends_on")
 
 
 @dataclass(frozen=True)
@@ -239,7 +261,7 @@ class Store:
         if not create and path and path != ":memory:" and not os.path.exists(path):
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
         self.engine = engine or _engine.make_engine(target)
-        self.hot = HotStatements(self.engine.dialect)
+        self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
@@ -525,15 +547,14 @@ class Store:
                log: list[dict[str, Any]] | None = None) -> Claimed | None:
         """The claim in ``conn``'s transaction; with ``log``, its event is left there for the caller to write."""
         root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
-        rows = self.hot.claim.mappings(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
-                                       pid_started_at=worker.pid_started_at, backend=worker.backend,
-                                       backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
-                                       root=root)
+        rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
+                                   pid_started_at=worker.pid_started_at, backend=worker.backend,
+                                   backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
+                                   root=root)
         if not rows:
             return None
         row = rows[0]
-        job = Job.from_mapping(row, [r[0] for r in self.hot.parents.rows(conn, id=row["id"])]
-                               if row["has_parents"] else [])
+        job = Job.from_claimed(row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else [])
         return self._claimed(conn, job, worker, log)
 
     def _claimed(self, conn: Connection, job: Job, worker: WorkerInfo,
