@@ -203,17 +203,19 @@ def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
     return _report_end(store, tally, view)
 
 
-def _password_to_environment(store) -> None:
-    """Local workers get the database URL on their command line, which every user of the host can read
-    (ps): hand them its password in PGPASSWORD instead, which they inherit and only this user can read."""
+def _password_to_environment(store) -> dict[str, str]:
+    """Workers get the database URL on their command line, which every user of the host can read (ps):
+    hand them its password in PGPASSWORD instead (returned, and set here for local workers to inherit),
+    which only this user can read."""
     from sqlalchemy.engine import URL, make_url
 
     url = make_url(store.target.sqlalchemy_url)
     if store.target.dialect != "postgresql" or url.password is None:
-        return
+        return {}
     os.environ["PGPASSWORD"] = str(url.password)
     bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database, url.query)
     store.target = dataclasses.replace(store.target, sqlalchemy_url=bare.render_as_string(hide_password=False))
+    return {"PGPASSWORD": str(url.password)}
 
 
 def _report_end(store, tally, view) -> int:
@@ -233,8 +235,10 @@ def _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_pa
     from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions, Tally
 
     log_dir = Path(exproot).resolve() / store.experiment / "_slurm"
+    secrets = _password_to_environment(store)  # in each batch script (mode 0600), not on the workers' argv
     slurm = SlurmBackend(sbatch_options=sbatch, array_parallelism=array_parallelism, log_dir=log_dir,
-                         job_name=f"jobman-{store.experiment}", merge_output=True, requeue=requeue)
+                         job_name=f"jobman-{store.experiment}", merge_output=True, requeue=requeue,
+                         environment=secrets)
     watch = f"jobman monitor {shlex.quote(mask_password(store.target.with_table()))}"
     if one_job_per_task:
         return _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phase, follow, watch)

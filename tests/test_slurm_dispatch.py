@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 from typing import Callable
 
 import pytest
@@ -24,6 +25,7 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import expand, parse_sweep
 from slurm_cluster import SlurmCluster
+from test_bad_input_more import password_server  # noqa: F401 - a fixture: a server that checks passwords
 
 EXPERIMENTS = '''
 import os, signal, time
@@ -58,6 +60,14 @@ def killer(state, channel):
         os.kill(os.getpid() if state.victim == "self" else _worker_pid(), signal.SIGKILL)
         time.sleep(30)
     state.finished_on_attempt = channel.attempt
+
+def worker_argv(state, channel):
+    """Whether the command line of this job's worker (readable by every user of the node) holds a secret."""
+    with open(f"/proc/{_worker_pid()}/cmdline", "rb") as fh:
+        argv = fh.read().decode(errors="replace")
+    secrets = [s for s in os.environ.get("JM_SECRETS", "").split("\\n") if s]
+    state.argv_has_password = any(s in argv for s in secrets)
+    state.argv_names_database = "postgresql://" in argv
 
 def probe(state, channel):
     """What Slurm granted the job this runs in."""
@@ -186,6 +196,33 @@ def test_a_two_phase_sweep_runs_on_a_worker_array_children_after_parents(
 
     shown = exp("show", exp.url, str(min(jobs)), env={"COLUMNS": "400"})
     assert f"output    {jobs[min(jobs)].log_path}" in shown.out
+
+
+@pytest.mark.slurm
+def test_a_database_password_reaches_the_workers_but_not_their_command_lines(
+        slurm_cluster: SlurmCluster, password_server, tmp_path: Path, jobman) -> None:
+    server = password_server
+    role, database = f"jm_sl_{uuid.uuid4().hex[:8]}", f"jm_sl_{uuid.uuid4().hex[:8]}"
+    secret = "S1urm:p@ss/" + uuid.uuid4().hex[:6]
+    server.admin(f"CREATE ROLE {role} LOGIN PASSWORD '{secret}'", f"CREATE DATABASE {database} OWNER {role}")
+    exp = Experiment(tmp_path, server.url(role, secret, database) + "?table=sec", jobman)
+    forms = [secret, quote(secret, safe=""), quote(secret)]
+    exp.env["JM_SECRETS"] = "\n".join(forms)
+    try:
+        exp.schedule("slurm_jobs:worker_argv", "n={{1,2}}")
+        proc = exp.popen_dispatch("-j", "2", "--heartbeat", "1")
+        assert finish(proc, 120, exp) == 0, exp.dispatch_err()
+        jobs = exp.jobs()
+        assert len(jobs) == 2 and all(j.status is Status.DONE and j.backend == "slurm" for j in jobs)
+        for j in jobs:
+            assert j.results["argv_names_database"] and not j.results["argv_has_password"], j.results
+        scripts = list((exp.exproot / exp.store.experiment / "_slurm").glob("*.sh"))
+        assert scripts and all(p.stat().st_mode & 0o777 == 0o600 for p in scripts)
+        logs = "".join(p.read_text() for p in (exp.exproot / exp.store.experiment / "_slurm").glob("*.out"))
+        assert not any(form in logs + exp.dispatch_err() for form in forms)
+    finally:
+        exp.store.dispose()
+        subprocess.run(["scancel", f"--name=jobman-{exp.store.experiment}"], capture_output=True)
 
 
 @pytest.mark.slurm

@@ -69,6 +69,7 @@ class SlurmBackend:
         worker_command: Sequence[str] = WORKER_COMMAND,
         merge_output: bool = False,
         requeue: bool | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.sbatch_options = parse_sbatch_options(sbatch_options)
         self.array_parallelism = array_parallelism
@@ -78,6 +79,9 @@ class SlurmBackend:
         self.worker_command = tuple(worker_command)
         self.merge_output = merge_output
         self.requeue = requeue
+        # Exported by every batch script (mode 0600), so that a secret such as PGPASSWORD reaches the
+        # job without being on any command line, and whatever --export the user gives sbatch.
+        self.environment = dict(environment or {})
         self.submitted: list[str] = []
         self._sacct_usable: bool | None = None
 
@@ -163,8 +167,9 @@ class SlurmBackend:
         """The batch script: name the task's log for the worker, then become the command."""
         task = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if array else "${SLURM_JOB_ID}"
         log = shlex.quote(f"{self.log_dir}/") + f'"{task}.out"'
+        exports = "".join(f"{name}={shlex.quote(value)}\nexport {name}\n" for name, value in self.environment.items())
         return ("#!/bin/sh\n# Submitted by jobman.\n"
-                f"JOBMAN_WORKER_LOG={log}\nexport JOBMAN_WORKER_LOG\n"
+                f"JOBMAN_WORKER_LOG={log}\nexport JOBMAN_WORKER_LOG\n{exports}"
                 "exec " + shlex.join(argv) + "\n")
 
     def _submit(self, argv: list[str], call_options: Sequence[str], owned_options: list[str]) -> str:
