@@ -1,6 +1,7 @@
 """Data sets: synthetic, .npz, idx files (fashion-mnist), digits, and the in-process cache."""
 
 import gzip
+import os
 import struct
 import sys
 
