@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,11 @@ from pathlib import Path
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# Tests press Ctrl-C by sending SIGINT. A runner that started this session in the background has
+# SIGINT ignored, and every process started from here would inherit that: give it back its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 PG_ADMIN_URL = os.environ.get("JOBMAN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 _counter = itertools.count()
 
