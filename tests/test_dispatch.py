@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from jobman.jobdb.status import Status
@@ -139,7 +140,9 @@ def test_ctrl_c_stops_dispatch_and_leaves_nothing_running(db_url, store, exp):
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the test failed: its workers (sessions of their own) go too
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err

@@ -438,9 +438,14 @@ def test_watching_prints_one_json_line_per_scan_until_interrupted(lab, store):
     one(store, "sleepy", {"seconds": 1})
     proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "monitor", lab.url, "--format", "json",
                              "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=10)
+    try:
+        lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0 and "monitor stopped" in stderr
     assert [line["totals"] for line in lines] == [{"QUEUED": 1}] * 2
     assert lines[1]["scan"]["at"] > lines[0]["scan"]["at"]
