@@ -90,11 +90,14 @@ def test_allocation_states_of_a_mix_in_one_squeue_call(
     jobs = {
         "running": backend.submit_job(["sleep", "60"]),
         "completed": backend.submit_job(["true"]),
-        "cancelled": backend.submit_job(["sleep", "60"]),
+        "cancelled": backend.submit_job(["sh", "-c", f"touch {tmp_path / 'started'}; exec sleep 60"]),
         "failed": backend.submit_job(["sh", "-c", "exit 3"]),
         "killed": backend.submit_job(["sh", "-c", "kill -9 $$"]),
     }
     slurm_cluster.wait_state(jobs["cancelled"], frozenset({"RUNNING"}))
+    deadline = time.monotonic() + 60  # RUNNING comes before the script starts; scancel then kills with 9
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     subprocess.run(["scancel", jobs["cancelled"]], check=True)
     for name in ("completed", "cancelled", "failed", "killed"):
         slurm_cluster.wait_state(jobs[name])
