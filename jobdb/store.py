@@ -61,19 +61,11 @@ def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str
 def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]:
     """:func:`params_hash` of each spec, given its parameters' canonical JSON."""
     sha256 = hashlib.sha256
-    if len({(s.phase, s.kind, s.target) for s in specs}) == 1:  # one grid: one prefix
-        s = specs[0]
-        prefix = f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f"
+    identities = {(s.phase, s.kind, s.target) for s in specs}
+    if len(identities) == 1:  # one grid (100,000 jobs at a time): its prefix made once
+        prefix = "\x1f".join(map(str, identities.pop())) + "\x1f"
         return [sha256((prefix + e).encode()).hexdigest() for e in encoded]
-    prefixes: dict[tuple, str] = {}  # a sweep has few (phase, kind, target)
-    out = []
-    for s, e in zip(specs, encoded):
-        key = (s.phase, s.kind, s.target)
-        prefix = prefixes.get(key)
-        if prefix is None:
-            prefix = prefixes[key] = f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f"
-        out.append(sha256((prefix + e).encode()).hexdigest())
-    return out
+    return [sha256(f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f{e}".encode()).hexdigest() for s, e in zip(specs, encoded)]
 
 
 def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
@@ -156,11 +148,12 @@ class Job:
     def from_claimed(cls, row: Sequence[Any], deps: list[int]) -> "Job":
         """A row of the claim statement: the columns of ``CLAIMED_COLUMNS``, in this class's order."""
         values = list(row[:len(CLAIMED_COLUMNS)])
-        values[5] = json.loads(values[5])  # params
-        values[6] = Status(values[6])
-        values[11] = json.loads(values[11]) if values[11] else None  # results
-        values[26] = bool(values[26])  # stop_requested
-        values[27] = bool(values[27])  # resume
+        at = _CLAIMED_AT
+        values[at["params"]] = json.loads(values[at["params"]])
+        values[at["status"]] = Status(values[at["status"]])
+        values[at["results"]] = json.loads(values[at["results"]]) if values[at["results"]] else None
+        values[at["stop_requested"]] = bool(values[at["stop_requested"]])
+        values[at["resume"]] = bool(values[at["resume"]])
         return cls(*values, depends_on=deps)
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,6 +169,7 @@ class Job:
 
 # The columns a claim returns: every field of Job but its dependencies, in Job's order.
 CLAIMED_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "depends_on")
+_CLAIMED_AT = {name: i for i, name in enumerate(CLAIMED_COLUMNS)}
 
 
 @dataclass(frozen=True)
@@ -415,7 +409,7 @@ class Store:
                 done += len(batch)
                 if progress:
                     progress(done)
-            fresh_ids = self._new_ids(conn, exp, before, len(rows))
+            fresh_ids = self._new_ids(conn, before, len(rows))
             if fresh_ids is None:  # not one run of ids: read them back by identity
                 ids.update(self.hot.ids_by_hash.rows(conn, exp=exp, after=before))
                 fresh_ids = [ids[hashes[i]] for i in fresh]
@@ -444,7 +438,7 @@ class Store:
         return self._write(run)
 
     @staticmethod
-    def _new_ids(conn: Connection, exp: int, before: int, count: int) -> Sequence[int] | None:
+    def _new_ids(conn: Connection, before: int, count: int) -> Sequence[int] | None:
         """The ids of the ``count`` rows just inserted, in order, when SQLite gave them one after
         another (it does under the write lock: each new rowid is the largest plus one); else None."""
         if conn.dialect.name != "sqlite" or not count:
