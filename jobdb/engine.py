@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -21,6 +20,8 @@ from .errors import DatabaseError, SchemaError, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
+
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 SQLITE_CACHE_KIB = 64 * 1024
@@ -68,11 +69,43 @@ def _sqlite_engine(target: DbTarget) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        # On the driver's cursor: a worker begins two transactions per job, and going through
-        # SQLAlchemy's execute costs more than the BEGIN itself.
-        execute_raw(conn, "BEGIN" if conn.get_execution_options().get("jobman_readonly") else "BEGIN IMMEDIATE").close()
+        # On the driver's cursor: going through SQLAlchemy's execute costs more than the BEGIN itself.
+        # A statement run through SQLAlchemy inside ``in_write_transaction`` joins the transaction begun there.
+        if not conn.connection.dbapi_connection.in_transaction:
+            execute_raw(conn, "BEGIN" if conn.get_execution_options().get("jobman_readonly")
+                        else "BEGIN IMMEDIATE").close()
 
     return engine
+
+
+def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
+    """``fn(conn)`` in one write transaction, begun and ended on the driver's connection.
+
+    A worker runs one such transaction per job, and SQLAlchemy's own begin and commit cost more
+    than the transaction itself on SQLite. A statement ``fn`` runs through ``conn.execute`` makes
+    SQLAlchemy begin its own transaction, which is this one (see the "begin" listener on SQLite;
+    psycopg begins one at a connection's first statement): it is then ended through SQLAlchemy.
+    """
+    if conn.dialect.name == "sqlite":
+        execute_raw(conn, "BEGIN IMMEDIATE").close()
+    driver = conn.connection.dbapi_connection
+    try:
+        result = fn(conn)
+    except BaseException:
+        try:
+            conn.rollback() if conn.in_transaction() else driver.rollback()
+        except Exception:  # the connection is gone: the caller drops it, and the database rolls back
+            pass
+        raise
+    if conn.in_transaction():
+        conn.commit()
+    else:
+        try:
+            driver.commit()
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise sa.exc.DBAPIError.instance("COMMIT", (), exc, conn.dialect.loaded_dbapi.Error,
+                                             dialect=conn.dialect) from exc
+    return result
 
 
 def refuse_network_filesystem(path: Path, mounts: Path = Path("/proc/mounts")) -> None:
@@ -227,15 +260,23 @@ def _newer_schema(rev: str) -> SchemaError:
                        "it was made by a newer jobman, so upgrade jobman")
 
 
-@contextmanager
-def translated_errors(target: DbTarget) -> Iterator[None]:
-    """Turn driver errors a user can meet into one-sentence :class:`DatabaseError`."""
-    try:
-        yield
-    except sa.exc.DBAPIError as exc:
-        raise DatabaseError(describe_db_error(exc, target)) from exc
-    except OverflowError as exc:  # SQLite's driver refuses an integer past 64 bits before the database sees it
-        raise UsageError(f"a number is too large for {target.display}: {exc}") from exc
+class translated_errors:
+    """Turn driver errors a user can meet into one-sentence :class:`DatabaseError` (a context manager).
+
+    A class rather than a generator: a worker enters it once per job.
+    """
+
+    def __init__(self, target: DbTarget) -> None:
+        self.target = target
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, _tb: object) -> None:
+        if isinstance(exc, sa.exc.DBAPIError):
+            raise DatabaseError(describe_db_error(exc, self.target)) from exc
+        if isinstance(exc, OverflowError):  # SQLite's driver refuses an integer past 64 bits first
+            raise UsageError(f"a number is too large for {self.target.display}: {exc}") from exc
 
 
 def describe_db_error(exc: BaseException, target: DbTarget) -> str:

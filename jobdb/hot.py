@@ -53,21 +53,19 @@ class Prepared:
         else:
             self.args = operator.itemgetter(*order)
 
-    def _execute(self, conn: Connection, values: dict[str, Any]):
-        return execute_raw(conn, self.sql, self.args({**self.defaults, **values}))
-
     def rows(self, conn: Connection, **values: Any) -> list[tuple]:
-        cursor = self._execute(conn, values)
+        cursor = execute_raw(conn, self.sql, self.args({**self.defaults, **values}))
         try:
-            return list(cursor.fetchall())
+            return cursor.fetchall()
         finally:
             cursor.close()
 
     def run(self, conn: Connection, **values: Any) -> None:
-        self._execute(conn, values).close()
+        execute_raw(conn, self.sql, self.args({**self.defaults, **values})).close()
 
     def run_many(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        execute_raw(conn, self.sql, [self.args({**self.defaults, **r}) for r in rows], many=True).close()
+        """Once per row, in one call; each row binds every parameter."""
+        execute_raw(conn, self.sql, [self.args(r) for r in rows], many=True).close()
 
 
 def _owned():

@@ -170,6 +170,8 @@ class Job:
 # The columns a claim returns: every field of Job but its dependencies, in Job's order.
 CLAIMED_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "depends_on")
 _CLAIMED_AT = {name: i for i, name in enumerate(CLAIMED_COLUMNS)}
+# The worker loop's status names, read once (an Enum's ``value`` is a property).
+_QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,14 @@ class Claimed:
 
     job: Job
     lease: int
+
+
+def _to_claimed(found: tuple[Sequence[Any], list[int]] | None) -> Claimed | None:
+    """A claim's row and parents as handed to a worker (made after the commit, out of the write lock)."""
+    if found is None:
+        return None
+    job = Job.from_claimed(*found)
+    return Claimed(job, job.lease)
 
 
 @dataclass(frozen=True)
@@ -302,8 +312,7 @@ class Store:
                 with _engine.translated_errors(self.target):
                     conn = self._writer()
                     try:
-                        with conn.begin():
-                            return fn(conn)
+                        return _engine.in_write_transaction(conn, fn)
                     except sa.exc.DBAPIError as exc:
                         self._drop_writer(invalidate=exc.connection_invalidated)
                         if attempt < retries and _is_transient(exc):
@@ -341,18 +350,10 @@ class Store:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k1, :k2)"), {"k1": 0x6A6F62, "k2": exp})
 
     def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        now, src = time.time(), source_tag()
-        for r in rows:
-            r.setdefault("at", now)
-            r.setdefault("source", src)
-            r.setdefault("data", None)
-            r.setdefault("attempt", None)
-        if len(rows) == 1:
-            self.hot.event.run(conn, **rows[0])
-        else:
-            self.hot.event.run_many(conn, rows)
+        """Log status changes: each row has job_id, from_status, to_status and why, and may set the rest."""
+        if rows:
+            base = {"at": time.time(), "source": source_tag(), "data": None, "attempt": None}
+            self.hot.event.run_many(conn, [{**base, **r} for r in rows])
 
     def experiments(self) -> list[str]:
         """Every experiment in the database."""
@@ -535,11 +536,12 @@ class Store:
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
-        return self._write(lambda conn: self._claim(conn, worker, workdir_root))
+        return _to_claimed(self._write(lambda conn: self._claim(conn, worker, workdir_root)))
 
     def _claim(self, conn: Connection, worker: WorkerInfo, workdir_root: str | None,
-               log: list[dict[str, Any]] | None = None) -> Claimed | None:
-        """The claim in ``conn``'s transaction; with ``log``, its event is left there for the caller to write."""
+               log: list[dict[str, Any]] | None = None) -> tuple[Sequence[Any], list[int]] | None:
+        """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
+        write): the claimed row and its parents, for :func:`_to_claimed` once the lock is released."""
         root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
         rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
                                    pid_started_at=worker.pid_started_at, backend=worker.backend,
@@ -548,20 +550,19 @@ class Store:
         if not rows:
             return None
         row = rows[0]
-        job = Job.from_claimed(row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else [])
-        return self._claimed(conn, job, worker, log)
+        self._log_claim(conn, row[0], row[_CLAIMED_AT["attempt"]], worker, log)
+        return row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else []
 
-    def _claimed(self, conn: Connection, job: Job, worker: WorkerInfo,
-                 log: list[dict[str, Any]] | None = None) -> Claimed:
-        """Log a claim (QUEUED -> RUNNING) in the claiming transaction and hand the job over."""
-        event = {"job_id": job.id, "from_status": Status.QUEUED.value, "to_status": Status.RUNNING.value,
-                 "attempt": job.attempt, "why": f"claimed by {worker.host}:{worker.pid}"
+    def _log_claim(self, conn: Connection, job_id: int, attempt: int, worker: WorkerInfo,
+                   log: list[dict[str, Any]] | None = None) -> None:
+        """Log a claim (QUEUED -> RUNNING) in the claiming transaction, or leave its event in ``log``."""
+        event = {"job_id": job_id, "from_status": _QUEUED, "to_status": _RUNNING, "attempt": attempt,
+                 "why": f"claimed by {worker.host}:{worker.pid}"
                  + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}
         if log is None:
             self._events(conn, [event])
         else:
             log.append(event)
-        return Claimed(job, job.lease)
 
     @staticmethod
     def _running_select(exp: int, *columns: Any) -> sa.Select:
@@ -622,7 +623,8 @@ class Store:
             if row is None:
                 return None
             job = Job.from_row(row, self._parent_ids(conn, row.id))
-            return self._claimed(conn, job, worker)
+            self._log_claim(conn, job.id, job.attempt, worker)
+            return Claimed(job, job.lease)
 
         return self._write(run)
 
@@ -737,7 +739,7 @@ class Store:
         """
         blob, outcome, error = self._result_blob(results, outcome, error)
 
-        def run(conn: Connection) -> tuple[Status | None, Claimed | None]:
+        def run(conn: Connection) -> tuple[Status | None, tuple[Sequence[Any], list[int]] | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
             status = self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why, True, log)
             claimed = self._claim(conn, worker, workdir_root, log) if status is not None else None
@@ -747,7 +749,7 @@ class Store:
         status, claimed = self._write(run)
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
-        return status, claimed
+        return status, _to_claimed(claimed)
 
     @staticmethod
     def _result_blob(results: dict[str, Any] | None, outcome: str,
@@ -814,8 +816,8 @@ class Store:
         if not rows:
             return None
         attempt, has_children = rows[0]
-        event = {"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": Status.DONE.value,
-                 "attempt": attempt, "why": why or "finished"}
+        event = {"job_id": job_id, "from_status": _RUNNING, "to_status": _DONE, "attempt": attempt,
+                 "why": why or "finished"}
         if log is not None and not has_children:
             log.append(event)
         else:  # written before the promotions it causes, so that the log reads in order
