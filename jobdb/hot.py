@@ -68,8 +68,20 @@ class Prepared:
         execute_raw(conn, self.sql, [self.args(r) for r in rows], many=True).close()
 
 
+def const(value: str | int | bool) -> sa.ColumnElement:
+    """A constant written into a statement rather than bound: SQLite plans and runs the claim
+    about a tenth faster when its status names, flags and limit are in the SQL text."""
+    if isinstance(value, bool):
+        return sa.true() if value else sa.false()
+    if isinstance(value, int):
+        return sa.literal_column(str(value), sa.Integer)
+    if not value.isidentifier():  # status names only: nothing here needs quoting
+        raise ValueError(f"not a constant to write into SQL: {value!r}")
+    return sa.literal_column(f"'{value}'", sa.String)
+
+
 def _owned():
-    return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == Status.RUNNING.value)
+    return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == const(Status.RUNNING.value))
 
 
 # Spelled out: SQLite's RETURNING loses the table name SQLAlchemy would put before ``id``.
@@ -91,22 +103,24 @@ class HotStatements:
 
     def __init__(self, dialect: Dialect, claimed_columns: Sequence[str]) -> None:
         """``claimed_columns``: the job's columns a claim returns, in that order (then has_parents)."""
+        queued, running = const(Status.QUEUED.value), const(Status.RUNNING.value)
         pick = (sa.select(t_job.c.id)
-                .where(t_job.c.experiment_id == b("exp"), t_job.c.status == Status.QUEUED.value)
+                .where(t_job.c.experiment_id == b("exp"), t_job.c.status == queued)
                 .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
-                .limit(1))
+                .limit(const(1)).offset(const(0)))
         if dialect.name == "postgresql":
             pick = pick.with_for_update(skip_locked=True)
         self.claim_pick = pick
         self.claim = Prepared(
             sa.update(t_job)
-            .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == Status.QUEUED.value)
-            .values(status=Status.RUNNING.value, lease=t_job.c.lease + 1,
-                    attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
-                    resume=False, stop_requested=False, host=b("host"), pid=b("pid"),
+            .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == queued)
+            .values(status=running, lease=t_job.c.lease + const(1),
+                    attempt=t_job.c.attempt + sa.case((t_job.c.resume, const(0)), else_=const(1)),
+                    resume=const(False), stop_requested=const(False), host=b("host"), pid=b("pid"),
                     pid_started_at=b("pid_started_at", type_=sa.Float), backend=b("backend"),
                     backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
-                    started_at=b("now"), heartbeat_at=b("now"), finished_at=None, error=None, exit_code=None,
+                    started_at=b("now"), heartbeat_at=b("now"), finished_at=sa.null(), error=sa.null(),
+                    exit_code=sa.null(),
                     workdir=sa.func.coalesce(t_job.c.workdir,
                                              b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
             .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()), dialect)
@@ -115,8 +129,8 @@ class HotStatements:
             dialect)
         self.finish_done = Prepared(
             sa.update(t_job).where(_owned())
-            .values(status=Status.DONE.value, finished_at=b("now"), heartbeat_at=b("now"),
-                    results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=None,
+            .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
+                    results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=sa.null(),
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
             .returning(t_job.c.attempt, _has_children()), dialect)
         self.event = Prepared(
