@@ -28,7 +28,7 @@ from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
-from .canonical import dump_json
+from .canonical import dump_json, load_json
 from .status import BLOCKING, Status
 from .sweep import JobSpec
 from .url import DbTarget, parse_db
@@ -147,14 +147,13 @@ class Job:
     @classmethod
     def from_claimed(cls, row: Sequence[Any], deps: list[int]) -> "Job":
         """A row of the claim statement: the columns of ``CLAIMED_COLUMNS``, in this class's order."""
-        values = list(row[:len(CLAIMED_COLUMNS)])
-        at = _CLAIMED_AT
-        values[at["params"]] = json.loads(values[at["params"]])
-        values[at["status"]] = Status(values[at["status"]])
-        values[at["results"]] = json.loads(values[at["results"]]) if values[at["results"]] else None
-        values[at["stop_requested"]] = bool(values[at["stop_requested"]])
-        values[at["resume"]] = bool(values[at["resume"]])
-        return cls(*values, depends_on=deps)
+        job = cls(*row[:len(CLAIMED_COLUMNS)], depends_on=deps)  # then the columns stored as text or 0/1
+        job.params = load_json(job.params)
+        job.status = _STATUSES[job.status]
+        job.results = load_json(job.results) if job.results else None
+        job.stop_requested = bool(job.stop_requested)
+        job.resume = bool(job.resume)
+        return job
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -170,6 +169,7 @@ class Job:
 # The columns a claim returns: every field of Job but its dependencies, in Job's order.
 CLAIMED_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "depends_on")
 _CLAIMED_AT = {name: i for i, name in enumerate(CLAIMED_COLUMNS)}
+_STATUSES = {s.value: s for s in Status}  # faster than Status(value), on the worker's path
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
 _QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
 
