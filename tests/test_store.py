@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 import sqlalchemy as sa
 
+from jobman.jobdb.canonical import load_json
 from jobman.jobdb.errors import DatabaseError, LeaseLost, NoSuchJob, UsageError
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
@@ -532,6 +534,21 @@ def test_a_wider_sweep_attaches_new_children_to_finished_parents(store):
 def test_canonical_json_is_json_dumps_with_sorted_keys(value):
     """The fast encoder of a sweep's parameters gives what json.dumps(sort_keys=True) gives."""
     assert dump_json(value) == json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("text", [
+    '{"b": 1, "a": [1.5, null, true, "\\u00e9 \\"q\\""]}', "{}", "[3, {}]", '"text"', "7", "null",
+    ' {"a": 1} ', '{"a": NaN}', "", "{", '{"a": 1} extra', "nan", "[1,]",
+])
+def test_stored_json_is_read_back_as_json_loads_reads_it(text):
+    """The decoder of claimed jobs gives what json.loads gives, and refuses what it refuses, alike."""
+    try:
+        expected = json.loads(text)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(json.JSONDecodeError, match=re.escape(exc.msg)):
+            load_json(text)
+    else:
+        assert json.dumps(load_json(text)) == json.dumps(expected)
 
 
 @pytest.mark.parametrize("value", [{"a": float("nan")}, {"a": float("inf")}, {"a": object()}, {"a": {1, 2}}])
