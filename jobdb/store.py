@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import sqlalchemy as sa
@@ -145,15 +145,16 @@ class Job:
         )
 
     @classmethod
-    def from_claimed(cls, row: Sequence[Any], deps: list[int]) -> "Job":
-        """A row of the claim statement: the columns of ``CLAIMED_COLUMNS``, in this class's order."""
-        job = cls(*row[:len(CLAIMED_COLUMNS)], depends_on=deps)  # then the columns stored as text or 0/1
-        job.params = load_json(job.params)
-        job.status = _STATUSES[job.status]
-        job.results = load_json(job.results) if job.results else None
-        job.stop_requested = bool(job.stop_requested)
-        job.resume = bool(job.resume)
-        return job
+    def from_claimed(cls, row: Sequence[Any], deps: list[int], worker: "WorkerInfo", now: float) -> "Job":
+        """A job as the claim statement left it: the row it returns (``CLAIMED_COLUMNS``), and the
+        values it set itself (the claiming worker, ``now``)."""
+        (job_id, experiment_id, phase, kind, target, params, priority, attempt, max_attempts, lease, results,
+         workdir, created_at, queued_at) = row[:len(CLAIMED_COLUMNS)]
+        return cls(job_id, experiment_id, phase, kind, target, load_json(params), Status.RUNNING, priority, attempt,
+                   max_attempts, lease, load_json(results) if results else None, worker.host, worker.pid,
+                   worker.pid_started_at, worker.backend, worker.backend_id, worker.log_path, workdir, created_at,
+                   queued_at, started_at=now, heartbeat_at=now, finished_at=None, error=None, exit_code=None,
+                   stop_requested=False, resume=False, depends_on=deps)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -166,10 +167,10 @@ class Job:
         return self.status is Status.QUEUED and self.backend_id is not None and self.pid is None
 
 
-# The columns a claim returns: every field of Job but its dependencies, in Job's order.
-CLAIMED_COLUMNS = tuple(f.name for f in fields(Job) if f.name != "depends_on")
+# The columns a claim returns: those of Job it does not set itself (see Job.from_claimed).
+CLAIMED_COLUMNS = ("id", "experiment_id", "phase", "kind", "target", "params", "priority", "attempt", "max_attempts",
+                   "lease", "results", "workdir", "created_at", "queued_at")
 _CLAIMED_AT = {name: i for i, name in enumerate(CLAIMED_COLUMNS)}
-_STATUSES = {s.value: s for s in Status}  # faster than Status(value), on the worker's path
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
 _QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
 
@@ -226,11 +227,15 @@ class Claimed:
     lease: int
 
 
-def _to_claimed(found: tuple[Sequence[Any], list[int]] | None) -> Claimed | None:
-    """A claim's row and parents as handed to a worker (made after the commit, out of the write lock)."""
+# What a claim's transaction gives back: the claimed row, its parents, and the time it was claimed at.
+_Found = tuple[Sequence[Any], list[int], float]
+
+
+def _to_claimed(found: _Found | None, worker: WorkerInfo) -> Claimed | None:
+    """A claim as handed to a worker (made after the commit, out of the write lock)."""
     if found is None:
         return None
-    job = Job.from_claimed(*found)
+    job = Job.from_claimed(found[0], found[1], worker, found[2])
     return Claimed(job, job.lease)
 
 
@@ -536,22 +541,22 @@ class Store:
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
-        return _to_claimed(self._write(lambda conn: self._claim(conn, worker, workdir_root)))
+        return _to_claimed(self._write(lambda conn: self._claim(conn, worker, workdir_root)), worker)
 
     def _claim(self, conn: Connection, worker: WorkerInfo, workdir_root: str | None,
-               log: list[dict[str, Any]] | None = None) -> tuple[Sequence[Any], list[int]] | None:
+               log: list[dict[str, Any]] | None = None) -> _Found | None:
         """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
-        write): the claimed row and its parents, for :func:`_to_claimed` once the lock is released."""
+        write), for :func:`_to_claimed` once the lock is released."""
         root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
+        now = time.time()
         rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
                                    pid_started_at=worker.pid_started_at, backend=worker.backend,
-                                   backend_id=worker.backend_id, log_path=worker.log_path, now=time.time(),
-                                   root=root)
+                                   backend_id=worker.backend_id, log_path=worker.log_path, now=now, root=root)
         if not rows:
             return None
         row = rows[0]
         self._log_claim(conn, row[0], row[_CLAIMED_AT["attempt"]], worker, log)
-        return row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else []
+        return row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
 
     def _log_claim(self, conn: Connection, job_id: int, attempt: int, worker: WorkerInfo,
                    log: list[dict[str, Any]] | None = None) -> None:
@@ -739,7 +744,7 @@ class Store:
         """
         blob, outcome, error = self._result_blob(results, outcome, error)
 
-        def run(conn: Connection) -> tuple[Status | None, tuple[Sequence[Any], list[int]] | None]:
+        def run(conn: Connection) -> tuple[Status | None, _Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
             status = self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why, True, log)
             claimed = self._claim(conn, worker, workdir_root, log) if status is not None else None
@@ -749,7 +754,7 @@ class Store:
         status, claimed = self._write(run)
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
-        return status, _to_claimed(claimed)
+        return status, _to_claimed(claimed, worker)
 
     @staticmethod
     def _result_blob(results: dict[str, Any] | None, outcome: str,

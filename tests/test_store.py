@@ -189,6 +189,22 @@ def test_finish_and_claim_records_then_claims_in_one_commit(store):
     assert_events_explain_statuses(store)
 
 
+def test_a_claimed_job_is_the_row_the_claim_left(store):
+    """A claim returns only the columns it did not set: the job handed over, filled from the claiming
+    worker, equals the stored row, for a first run, a dependent, and a resumed job with a checkpoint."""
+    slurm = WorkerInfo(host="node7", pid=99, pid_started_at=12.5, backend="slurm", backend_id="4711",
+                       log_path="/logs/4711.out")
+    [root] = store.schedule(sweep("n=1")).job_ids
+    [kid] = store.schedule(sweep("n=1", "--", "lr=0.1")).job_ids[1:]
+    first = store.claim(slurm, "/runs")
+    assert first.job == store.job(root)
+    _, nxt = store.finish_and_claim(root, first.lease, "DONE", W, results={"w": 3})
+    assert nxt.job == store.job(kid) and nxt.job.depends_on == [root]
+    store.finish(kid, nxt.lease, "INCOMPLETE", results={"epoch": 2})
+    again = store.claim(slurm)
+    assert again.job == store.job(kid) and again.job.results == {"epoch": 2} and again.job.attempt == 1
+
+
 def test_finish_and_claim_with_a_lost_lease_claims_nothing(store):
     [a, b] = store.schedule(sweep("i={{1,2}}")).job_ids
     old = store.claim(W)
