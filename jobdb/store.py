@@ -170,7 +170,7 @@ class Job:
 # The columns a claim returns: those of Job it does not set itself (see Job.from_claimed).
 CLAIMED_COLUMNS = ("id", "experiment_id", "phase", "kind", "target", "params", "priority", "attempt", "max_attempts",
                    "lease", "results", "workdir", "created_at", "queued_at")
-_CLAIMED_AT = {name: i for i, name in enumerate(CLAIMED_COLUMNS)}
+_CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
 _QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
 
@@ -555,7 +555,7 @@ class Store:
         if not rows:
             return None
         row = rows[0]
-        self._log_claim(conn, row[0], row[_CLAIMED_AT["attempt"]], worker, log)
+        self._log_claim(conn, row[0], row[_CLAIMED_ATTEMPT], worker, log)
         return row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
 
     def _log_claim(self, conn: Connection, job_id: int, attempt: int, worker: WorkerInfo,
