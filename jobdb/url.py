@@ -52,8 +52,9 @@ class DbTarget:
 
 
 def mask_password(text: str) -> str:
-    """Replace the password of every URL in ``text`` by ``***``."""
-    return re.sub(r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^@\s]*)(@)", r"\1***\3", text, flags=re.I)
+    """Replace the password of every URL in ``text`` by ``***``: all of it up to the host, even
+    with an unencoded ``@`` in it."""
+    return re.sub(r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/?#\s]*)(@)", r"\1***\3", text, flags=re.I)
 
 
 def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:

@@ -211,6 +211,8 @@ def test_mask_password_masks_every_url_form():
         ("postgresql://me@host/db", "postgresql://me@host/db"),
         ("sqlite:////tmp/x.db?table=t", "sqlite:////tmp/x.db?table=t"),
         ("postgresql://:only-pw@host/db", "postgresql://:***@host/db"),
+        ("postgresql://me:p@ss@host/db", "postgresql://me:***@host/db"),  # an unencoded '@'
+        ("postgres://u:a@b@c@h:5/db?table=t and sqlite:///x@y.db", "postgres://u:***@h:5/db?table=t and sqlite:///x@y.db"),
     ]:
         assert mask_password(text) == masked
 
