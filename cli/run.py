@@ -14,7 +14,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
-from jobman.dispatch.runner import RunLimits
+from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.url import mask_password, parse_db
@@ -389,6 +389,9 @@ class _ProgressView:
 def cmdline(args, workdir) -> int:
     """Run one experiment here, without a database (jobman's cmdline); resumes from workdir.
 
+    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again to resume),
+    1 when it FAILED.
+
     \b
     Example:
       jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1
@@ -407,7 +410,8 @@ def cmdline(args, workdir) -> int:
     click.echo(json.dumps({"status": outcome.status, "results": outcome.results}, indent=2))
     if outcome.error:
         click.echo(outcome.error, err=True)
-    return 0 if outcome.status == "DONE" else 1
+    # As a command job would say it: 75 asks to be run again and resumed (a cmdline wrapped in one does).
+    return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(outcome.status, 1)
 
 
 COMMANDS = [worker, sql, dispatch, run_job, cmdline]

@@ -511,7 +511,7 @@ def test_jobman_sql_runs_exactly_n_jobs(jobman, db_url, store, exp):
 def test_cmdline_runs_in_a_directory_and_resumes(jobman, exp, tmp_path):
     workdir = tmp_path / "one_run"
     first = jobman("cmdline", fn("resume_here"), "lr=0.5", "name=abc", "--workdir", str(workdir), env=exp.env)
-    assert first.code == 1  # INCOMPLETE: not done yet
+    assert first.code == 75  # INCOMPLETE: not done yet, as a command job says it
     assert json.loads(first.out)["status"] == "INCOMPLETE"
     assert json.loads((workdir / "state.json").read_text())["runs"] == 1
 
@@ -521,6 +521,9 @@ def test_cmdline_runs_in_a_directory_and_resumes(jobman, exp, tmp_path):
     assert report["status"] == "DONE"
     assert report["results"]["runs"] == 2  # resumed from the first run's state
     assert "state.json" in report["results"]["cwd_files"]
+
+    failed = jobman("cmdline", fn("boom"), "n=1", "--workdir", str(tmp_path / "boom"), env=exp.env)
+    assert failed.code == 1 and json.loads(failed.out)["status"] == "FAILED"
 
     missing = jobman("cmdline", f"{MODULE}:no_such_fn", "--workdir", str(workdir), env=exp.env)
     assert missing.code == 2 and "no attribute" in missing.err and "Traceback" not in missing.err
