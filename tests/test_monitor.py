@@ -374,11 +374,11 @@ def test_a_finish_racing_the_monitors_crash_is_not_overwritten(db_url, store):
             worker_inside.set()  # the worker read the row as its own; the monitor comes in now
             assert monitor_started.wait(30), "the monitor never started its crash"
 
-    def monitor_statement(conn, cursor, statement, params, context, executemany):
-        monitor_started.set()
+    def monitor_connects(dbapi_connection, connection_record, connection_proxy):
+        monitor_started.set()  # its write transaction begins next (on SQLite, waiting for the worker's lock)
 
     sa.event.listen(worker_side.engine, "before_cursor_execute", held_update)
-    sa.event.listen(monitor_side.engine, "before_cursor_execute", monitor_statement)
+    sa.event.listen(monitor_side.engine, "checkout", monitor_connects)
     finished = {}
     t = threading.Thread(target=lambda: finished.update(
         status=worker_side.finish(job_id, claimed.lease, "FAILED", error="boom")))
