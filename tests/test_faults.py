@@ -207,12 +207,25 @@ def test_dispatch_rides_out_a_postgres_restart_and_a_20_s_stop(private_pg, mods,
 def test_a_worker_gives_up_after_the_outage_wait_and_says_why_in_one_line(private_pg, mods, tmp_path: Path):
     url = f"{private_pg.url}?table=gone"
     store = Store.open(url)
-    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 0.1}, None)])
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 2.0}, None)])
     store.dispose()
-    private_pg.stop("fast")
-    # the store opens before the outage wait applies: a server away at start is an error at once
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "r")],
-                       env={**os.environ, **mods}, capture_output=True, text=True, timeout=60)
+    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
+                               str(tmp_path / "r"), "--outage-wait", "3", "--heartbeat", "0.5"],
+                              env={**os.environ, **mods}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (tmp_path / "r" / "gone" / "1").exists(), 30, "the job to start")
+        private_pg.stop("fast")
+        _out, err = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("jobman: ") and "gave up recording job 1 after" in err, err
+    assert "Traceback" not in err
+    # a server that is away when a command starts is an error at once, in one sentence
+    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url], capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 1 and "the server is unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -313,3 +326,4 @@ def test_workers_of_a_killed_dispatch_stop_and_put_their_jobs_back(mods, tmp_pat
     assert {j.status for j in jobs} == {Status.QUEUED}, [(j.id, j.status) for j in jobs]
     assert processes_naming(str(runs)) == []
     store.dispose()
+
