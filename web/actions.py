@@ -8,8 +8,8 @@ form is even read.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlencode
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 FROM_WEB = "from the web page"
 VERBS = ("reset", "retry", "cancel", "priority")
+FORM_TYPE = "application/x-www-form-urlencoded"
+MAX_FORM_BYTES = 4096
 
 
 def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
@@ -53,11 +55,14 @@ def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
     raise UsageError(f"there is no action {verb!r} (actions: {', '.join(VERBS)})")
 
 
-async def handle(request: Request, settings: "Settings", render: Callable[..., Response]) -> Response:
+async def handle(request: Request, settings: "Settings") -> Response:
     refusal = _refusal(request, settings)
     if refusal is not None:
         return refusal
-    form = {k: str(v) for k, v in (await request.form()).items()}
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES or not request.headers.get("content-type", "").startswith(FORM_TYPE):
+        return PlainTextResponse("an action is a small form post", status_code=400)
+    form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
     if not hmac.compare_digest(form.get("csrf", "").encode(), settings.form_secret.encode()):
         return PlainTextResponse("this action's form does not carry this server's token: reload the page",
                                  status_code=403)

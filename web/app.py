@@ -120,7 +120,7 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
                       **pages.job_view(store, request.path_params["job_id"]))
 
     async def act(request: Request) -> Response:
-        return await actions.handle(request, settings, render)
+        return await actions.handle(request, settings)
 
     def api_experiments(request: Request) -> Response:
         rows = pages.experiments(settings.db, settings.best)["experiments"]
