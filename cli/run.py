@@ -400,8 +400,8 @@ def cmdline(args, workdir) -> int:
     from jobman.jobdb.sweep import parse_sweep
 
     parsed = parse_sweep(list(args))
-    if len(parsed.phases) > 1 or any(a.grid for a in parsed.phases[0].assignments):
-        raise UsageError("cmdline runs one job: no grids and no '--' phases (schedule a sweep for that)")
+    if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
+        raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
     params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
     try:
         outcome = run_direct(parsed.phases[0].target, params, Path(workdir))
