@@ -19,6 +19,7 @@ Messages on both sockets are JSON, each preceded by its length (4 bytes, network
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import gc
 import json
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .channel import DD, Channel, Parent, to_jsonable
-from .experiment import Outcome, TargetError, call, resolve, takes_state_and_channel
+from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 _HEADER = struct.Struct("!I")
@@ -213,11 +214,13 @@ def _serve_requests(ctrl: socket.socket) -> None:
             sys.path[:] = request["path"]
         job_sock = socket.socket(fileno=fds[0])
         target = request["target"]
+        code = request.get("code")
+        key = target if code is None else f"{target}\x1f{code}"  # by value: a changed function is reloaded
         try:
-            if target not in targets:
-                fn = resolve(target)
+            if key not in targets:
+                fn = resolve(target) if code is None else load_function(base64.b64decode(code), target)
                 takes_state_and_channel(fn)  # worked out once here, so each child finds it done
-                targets[target] = fn
+                targets[key] = fn
         except TargetError as exc:
             job_sock.close()
             send_msg(ctrl, {"error": str(exc)})
@@ -233,7 +236,7 @@ def _serve_requests(ctrl: socket.socket) -> None:
             code = 0
             try:
                 ctrl.close()
-                _job_main(targets[target], request, job_sock, mask)
+                _job_main(targets[key], request, job_sock, mask)
             except BaseException:  # noqa: BLE001 - nothing may escape into the server's loop
                 code = 70
             finally:

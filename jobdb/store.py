@@ -24,6 +24,7 @@ from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .hot import HotStatements
 from .schema import experiment as t_exp
+from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
@@ -1302,6 +1303,50 @@ class Store:
                 continue
             out.append(j.id)
         return out
+
+    # -- calls from Python: jobs found by identity, functions stored by value ------------------
+    def find(self, hashes: Sequence[str]) -> dict[str, Job]:
+        """The jobs of the experiment whose identity (``params_hash``) is one of ``hashes``.
+
+        What a call from Python looks up first: a DONE call is answered without a write.
+        """
+        def run(conn: Connection) -> dict[str, Job]:
+            try:
+                exp = self._experiment(conn)
+            except NoSuchExperiment:
+                return {}
+            out: dict[str, Job] = {}
+            for chunk in _chunks(list(hashes)):
+                rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
+                                                           t_job.c.params_hash.in_(chunk))).all()
+                out.update((r.params_hash, Job.from_row(r)) for r in rows)
+            return out
+        return self._read(run)
+
+    def put_function(self, target: str, code: bytes) -> None:
+        """Store the code of a function run by value under its target name (the newest wins)."""
+        digest = hashlib.sha256(code).hexdigest()
+
+        def run(conn: Connection) -> None:
+            exp = self._experiment(conn, create=True)
+            key = (t_code.c.experiment_id == exp) & (t_code.c.target == target)
+            old = conn.execute(sa.select(t_code.c.digest).where(key)).scalar()
+            if old is None:
+                conn.execute(sa.insert(t_code).values(experiment_id=exp, target=target, digest=digest, code=code,
+                                                      stored_at=time.time()))
+            elif old != digest:
+                conn.execute(sa.update(t_code).where(key).values(digest=digest, code=code, stored_at=time.time()))
+
+        self._write(run)
+
+    def function_code(self, target: str) -> bytes | None:
+        """The stored code of a function run by value, or None."""
+        def run(conn: Connection) -> bytes | None:
+            exp = self._experiment(conn)
+            code = conn.execute(sa.select(t_code.c.code).where(t_code.c.experiment_id == exp,
+                                                                  t_code.c.target == target)).scalar()
+            return bytes(code) if code is not None else None
+        return self._read(run)
 
 
 _MISSING = object()
