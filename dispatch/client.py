@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import inspect
+import json
 import os
 import shlex
 import sys
@@ -231,6 +232,7 @@ class Experiment:
         self._pending: dict[int, tuple[JobFuture, Callable | None]] = {}
         self._lock = threading.RLock()  # a future's callbacks may call again
         self._pump: _Pump | None = None
+        self._heartbeats: _Heartbeats | None = None
         self._code_stored: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
     @property
@@ -328,8 +330,9 @@ class Experiment:
     def _future(self, job_id: int, target: str, job: Job | None, unwrap: Callable | None) -> JobFuture:
         with self._lock:
             pending = self._pending.get(job_id)
-            if pending is not None:
+            if pending is not None and not pending[0].done():
                 return pending[0]
+            self._pending.pop(job_id, None)
             future = JobFuture(self, job_id, target)
             if job is None or not future._settle(job, unwrap):
                 self._pending[job_id] = (future, unwrap)
@@ -393,15 +396,18 @@ class Experiment:
             state = DD(job.params)
             if job.results:
                 state.update(job.results)
-            beat = _Heartbeat(self.store.target, job.id, lease)
+            if self._heartbeats is None:
+                self._heartbeats = _Heartbeats(self.store.target)
+                self._heartbeats.start()
+            self._heartbeats.running[job.id] = lease
             try:
                 outcome = call_function(fn, state, channel)
             except BaseException:  # Ctrl-C: the job goes back to the queue, to resume
-                beat.stop()
                 self.store.finish(job.id, lease, "REQUEUE", why="interrupted in the calling process; put back")
                 raise
-            beat.stop()
-            why = (outcome.error or "").strip().splitlines()[-1][:300] if outcome.status == "FAILED" else None
+            finally:
+                self._heartbeats.running.pop(job.id, None)
+            why = ((outcome.error or "").strip().splitlines() or ["failed"])[-1][:300] if outcome.status == "FAILED" else None
             status = self.store.finish(job.id, lease, outcome.status, results=outcome.results, error=outcome.error,
                                        why=why)
             if status is not Status.QUEUED:  # INCOMPLETE: resume it here at once
@@ -414,8 +420,6 @@ class Experiment:
         A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
         """
         rows = []
-        import json
-
         for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
             rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
                          **json.loads(params), **(json.loads(results) if results else {})})
@@ -499,32 +503,27 @@ class _InlineChannel(Channel):
         self._store.log_metrics(self.job_id, self._lease, [(step, k, v) for k, v in metrics.items()])
 
 
-class _Heartbeat:
-    """Heartbeats of a job run inline, from a thread with its own connection (a store's writer is one thread's)."""
+class _Heartbeats(threading.Thread):
+    """Heartbeats of the jobs an experiment runs inline: one thread, with its own connection (a
+    store's writer belongs to one thread), started on the first inline job."""
 
     INTERVAL = 10.0
 
-    def __init__(self, target: Any, job_id: int, lease: int) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(target, job_id, lease), daemon=True,
-                                        name=f"jobman-heartbeat-{job_id}")
-        self._thread.start()
+    def __init__(self, target: Any) -> None:
+        super().__init__(daemon=True, name="jobman-heartbeats")
+        self.target = target
+        self.running: dict[int, int] = {}  # job id -> lease
 
-    def _run(self, target: Any, job_id: int, lease: int) -> None:
+    def run(self) -> None:
         store = None
-        try:
-            while not self._stop.wait(self.INTERVAL):
-                store = store or Store(target, check_schema=False)
+        while True:
+            time.sleep(self.INTERVAL)
+            for job_id, lease in list(self.running.items()):
+                store = store or Store(self.target, check_schema=False)
                 try:
                     store.heartbeat(job_id, lease)
-                except JobmanError:
-                    return
-        finally:
-            if store is not None:
-                store.dispose()
-
-    def stop(self) -> None:
-        self._stop.set()
+                except JobmanError:  # taken from us (or the database is away): the finish will say
+                    pass
 
 
 class _Pump(threading.Thread):

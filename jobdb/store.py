@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
-from .hot import HotStatements
+from .hot import HotStatements, Prepared
 from .schema import experiment as t_exp
 from .schema import function_code as t_code
 from .schema import job as t_job
@@ -275,6 +275,7 @@ class Store:
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
+        self._by_hash: Prepared | None = None  # find()'s statement, compiled on first use
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)
@@ -1316,6 +1317,14 @@ class Store:
             except NoSuchExperiment:
                 return {}
             out: dict[str, Job] = {}
+            if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
+                if self._by_hash is None:
+                    self._by_hash = Prepared(sa.select(t_job).where(t_job.c.experiment_id == sa.bindparam("exp"),
+                                                                    t_job.c.params_hash == sa.bindparam("h")),
+                                             conn.dialect)
+                names = t_job.c.keys()
+                return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
+                        for r in self._by_hash.rows(conn, exp=exp, h=hashes[0])}
             for chunk in _chunks(list(hashes)):
                 rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
                                                            t_job.c.params_hash.in_(chunk))).all()
