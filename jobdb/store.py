@@ -346,8 +346,15 @@ class Store:
                 known = ", ".join(names) if names else "none yet"
                 raise NoSuchExperiment(f"no experiment {self.experiment!r} in {self.target.display} "
                                        f"(experiments: {known})")
-            found = conn.execute(sa.insert(t_exp).values(name=self.experiment, created_at=time.time())
-                                 .returning(t_exp.c.id)).scalar_one()
+            # Two processes may make the same new experiment at once (PostgreSQL lets both try):
+            # the second waits for the first's commit, inserts nothing, and reads its row.
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            found = conn.execute(dialect.insert(t_exp).values(name=self.experiment, created_at=time.time())
+                                 .on_conflict_do_nothing(index_elements=["name"]).returning(t_exp.c.id)).scalar()
+            if found is None:
+                found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == self.experiment)).scalar_one()
         self._experiment_id = found
         return found
 
