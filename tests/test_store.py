@@ -363,7 +363,8 @@ def test_a_crash_reported_by_its_worker_and_one_found_by_the_monitor_are_one_mov
     """finish(CRASHED) and crash_many relaunch and block through the same moves: same events, same rows."""
     [by_worker, by_monitor] = store.schedule(sweep("a={{1,2}}"), max_attempts=2).job_ids
     first, second = store.claim(W), store.claim(W)
-    assert store.finish(by_worker, first.lease, "CRASHED", error="killed by SIGKILL", why="killed by SIGKILL") is S.QUEUED
+    reason = "killed by SIGKILL"
+    assert store.finish(by_worker, first.lease, "CRASHED", error=reason, why=reason) is S.QUEUED
     assert store.crash_many([(by_monitor, second.lease, "killed by SIGKILL")]) == {by_monitor: S.QUEUED}
     whys = [[(e.from_status, e.to_status, e.why) for e in store.events(j)][1:] for j in (by_worker, by_monitor)]
     assert whys[0] == whys[1] == [("RUNNING", "CRASHED", "killed by SIGKILL"),
