@@ -7,7 +7,9 @@ import click
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.sweep import PHASE_SEPARATOR, check_samples, count_jobs, expand, parse_sweep
+from jobman.jobdb.halving import Halving, parse_halving, rung_sizes
+from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
+                                parse_sweep)
 
 from .common import db_options, err, open_store, parse_ids, split_db_arg
 
@@ -85,11 +87,22 @@ def _bad_after(sel: str):
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the --samples draws.")
 @click.option("--sampler", type=click.Choice(["random", "halton"]), default="random", show_default=True,
               help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.")
+@click.option("--halving", metavar="RESOURCE=MIN:MAX",
+              help="Successive halving: run every configuration with RESOURCE=MIN, the best 1/eta of them "
+                   "on to MIN*eta, ... up to MAX; each rung is a phase, and a promoted job continues from "
+                   "its parent's checkpoint (e.g. epochs=3:27).")
+@click.option("--eta", type=int, default=3, show_default=True, help="With --halving: keep the best 1/eta of a rung.")
+@click.option("--metric", metavar="M", help="With --halving: the result that ranks configurations (lowest best).")
+@click.option("--max", "maximize", is_flag=True, help="With --halving: the highest --metric is best.")
+@click.option("--async", "asynchronous", is_flag=True,
+              help="With --halving: promote a configuration as soon as it ranks in the top 1/eta of the "
+                   "finished ones of its rung (ASHA), rather than once the whole rung is finished.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
                 after: tuple[str, ...], priority: int, max_attempts: int, samples: int | None, seed: int,
-                sampler: str, no_check: bool, dry_run: bool) -> None:
+                sampler: str, halving: str | None, eta: int, metric: str | None, maximize: bool,
+                asynchronous: bool, no_check: bool, dry_run: bool) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -114,11 +127,18 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     total = count_jobs(parsed, samples)
     if total > 5_000_000:
         raise UsageError(f"the sweep makes {total:,} jobs; split it (at most 5,000,000 at once)")
+    rules = None
+    if halving is not None:
+        rules, parsed = _halving_rules(parsed, halving, eta, metric, maximize, asynchronous)
+    elif metric is not None or maximize or asynchronous:
+        raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX")
     specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])
     if dry_run:
         click.echo(f"{len(specs)} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
+        if rules is not None:
+            click.echo(_rungs_line(rules, len(specs)))
         return
     store = open_store(db, table, url, create=True)
     after_ids: list[int] = []
@@ -141,15 +161,37 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs))
             result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n))
+                                    progress=lambda n: bar.update(task, completed=n), halving=rules)
     else:
-        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts)
+        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules)
     where = f"experiment {store.experiment!r} of {store.target.display}"
     if result.added == 0:
         click.echo(f"all {result.existing} jobs of this sweep are already in {where}; nothing added")
     else:
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
+    if rules is not None:
+        click.echo(_rungs_line(rules, len(specs)))
+
+
+def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maximize: bool,
+                   asynchronous: bool) -> tuple[Halving, Sweep]:
+    """The rules of ``--halving``, and the sweep with the resource at its first rung."""
+    rules = parse_halving(text, eta, metric, maximize, asynchronous)
+    if len(parsed.phases) > 1:
+        raise UsageError("--halving makes the phases itself (one per rung): give a sweep without '--'")
+    if any(a.key == rules.resource for a in parsed.phases[0].assignments):
+        raise UsageError(f"--halving sets {rules.resource}; leave it out of the sweep")
+    first = Assignment(rules.resource, (rules.rungs[0],), False)
+    return rules, Sweep([Phase(parsed.phases[0].target, [*parsed.phases[0].assignments, first])], parsed.kind)
+
+
+def _rungs_line(rules: Halving, jobs: int) -> str:
+    sizes = rung_sizes(jobs, rules.eta, len(rules.rungs))
+    steps = ", ".join(f"{n} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
+    how = "as each job finishes (async)" if rules.asynchronous else "once each rung is finished"
+    return (f"successive halving by {rules.metric} ({'highest' if rules.mode == 'max' else 'lowest'} best), "
+            f"promoting {how}: {steps} (jobs per rung, when every rung finishes)")
 
 
 def _alias(name: str) -> SweepCommand:

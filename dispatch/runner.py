@@ -15,6 +15,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -231,6 +232,8 @@ class Runner:
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         try:
+            if job.depends_on:
+                self._continue_parent(job, workdir)
             parents = self.store.parents(job.id) if job.depends_on else []
             if job.kind == "fn":
                 child: _Command = self._start_function(job, lease, parents, workdir)
@@ -246,6 +249,15 @@ class Runner:
         return self._record(child, job, lease, workdir, kill_reason, then)
 
     # -- starting -----------------------------------------------------------------
+    def _continue_parent(self, job: Job, workdir: Path) -> None:
+        """A job promoted to a higher rung of a search starts in a copy of its parent's workdir
+        (its checkpoint): done once, while its own workdir is still empty."""
+        if any(workdir.iterdir()):
+            return
+        source = self.store.continues_from(job.id)
+        if source and Path(source).is_dir():
+            shutil.copytree(source, workdir, dirs_exist_ok=True)
+
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
         request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
