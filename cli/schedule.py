@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 import click
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.halving import Halving, parse_halving, rung_sizes
+from jobman.jobdb.halving import PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes
 from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
                                 parse_sweep)
 
@@ -97,12 +98,15 @@ def _bad_after(sel: str):
 @click.option("--async", "asynchronous", is_flag=True,
               help="With --halving: promote a configuration as soon as it ranks in the top 1/eta of the "
                    "finished ones of its rung (ASHA), rather than once the whole rung is finished.")
+@click.option("--prune", type=click.Choice(["median"]),
+              help="Stop a running job whose logged --metric at a step is worse than the median of the finished "
+                   "jobs of this sweep at that step; it ends DONE with pruned=True.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
                 after: tuple[str, ...], priority: int, max_attempts: int, samples: int | None, seed: int,
                 sampler: str, halving: str | None, eta: int, metric: str | None, maximize: bool,
-                asynchronous: bool, no_check: bool, dry_run: bool) -> None:
+                asynchronous: bool, prune: str | None, no_check: bool, dry_run: bool) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -130,15 +134,23 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     rules = None
     if halving is not None:
         rules, parsed = _halving_rules(parsed, halving, eta, metric, maximize, asynchronous)
+        if prune is not None:
+            rules = dataclasses.replace(rules, prune=parse_prune(prune, metric, maximize).prune)
+    elif prune is not None:
+        if asynchronous:
+            raise UsageError("--async goes with --halving RESOURCE=MIN:MAX")
+        if len(parsed.phases) > 1:
+            raise UsageError("--prune compares the jobs of one phase: give a sweep without '--'")
+        rules = parse_prune(prune, metric, maximize)
     elif metric is not None or maximize or asynchronous:
-        raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX")
+        raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX or --prune median")
     specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])
     if dry_run:
         click.echo(f"{len(specs)} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
-        if rules is not None:
-            click.echo(_rungs_line(rules, len(specs)))
+        if rules is not None and rules.rungs:
+            click.echo(_rungs_line(rules, specs))
         return
     store = open_store(db, table, url, create=True)
     after_ids: list[int] = []
@@ -170,8 +182,11 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     else:
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
-    if rules is not None:
-        click.echo(_rungs_line(rules, len(specs)))
+    if rules is not None and rules.rungs:
+        click.echo(_rungs_line(rules, specs))
+    if rules is not None and rules.prune:
+        click.echo(f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
+                   f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)")
 
 
 def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maximize: bool,
@@ -186,9 +201,11 @@ def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maxim
     return rules, Sweep([Phase(parsed.phases[0].target, [*parsed.phases[0].assignments, first])], parsed.kind)
 
 
-def _rungs_line(rules: Halving, jobs: int) -> str:
-    sizes = rung_sizes(jobs, rules.eta, len(rules.rungs))
-    steps = ", ".join(f"{n} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
+def _rungs_line(rules: Halving, specs: list) -> str:
+    configs = len({config_of(s.params, rules.resource) for s in specs})
+    runs = len(specs) // max(1, configs)  # folds or seeds of each configuration
+    sizes = rung_sizes(configs, rules.eta, len(rules.rungs))
+    steps = ", ".join(f"{n * runs} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
     how = "as each job finishes (async)" if rules.asynchronous else "once each rung is finished"
     return (f"successive halving by {rules.metric} ({'highest' if rules.mode == 'max' else 'lowest'} best), "
             f"promoting {how}: {steps} (jobs per rung, when every rung finishes)")

@@ -279,6 +279,9 @@ class Runner:
             elif message.get("op") == "log":
                 step = message["step"]
                 self.store.log_metrics(job.id, lease, [(step, k, v) for k, v in message["metrics"].items()])
+                verdict = self.store.prune_verdict(job.id, step, message["metrics"])
+                if verdict:
+                    return {"prune": verdict}
             else:
                 return {"error": f"unknown request {message.get('op')!r}", "kind": "JobmanError"}
         except JobmanError as exc:

@@ -29,6 +29,7 @@ from .errors import UsageError
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
+from .schema import job_metric as t_metric
 from .schema import search as t_search
 from .schema import search_job as t_sjob
 from .status import Status
@@ -47,6 +48,7 @@ class Halving:
     metric: str
     mode: str = "min"  # or "max"
     asynchronous: bool = False
+    prune: str | None = None  # "median": stop running jobs whose curve is worse than the finished jobs'
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "rungs": list(self.rungs)}, sort_keys=True)
@@ -87,6 +89,30 @@ def parse_halving(text: str, eta: int, metric: str | None, maximize: bool, async
     if not metric:
         raise UsageError("--halving needs --metric M: the result that ranks configurations (such as valid_error)")
     return Halving(key, tuple(rung_values(low, high, eta)), eta, metric, "max" if maximize else "min", asynchronous)
+
+
+def parse_prune(rule: str, metric: str | None, maximize: bool) -> Halving:
+    """The rules of a search that only prunes (no rungs)."""
+    if rule != "median":
+        raise UsageError(f"--prune {rule!r}: the rule is 'median'")
+    if not metric:
+        raise UsageError("--prune needs --metric M: the logged curve to compare (such as valid_error)")
+    return Halving("", (), 0, metric, "max" if maximize else "min", False, rule)
+
+
+def median_says_stop(value: float, others: Sequence[float], mode: str) -> float | None:
+    """The median of ``others`` when ``value`` is worse than it (and there are enough others), else None."""
+    if len(others) < PRUNE_MIN_FINISHED:
+        return None
+    ordered = sorted(others)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    worse = value < median if mode == "max" else value > median
+    return median if worse else None
+
+
+# The median of fewer finished curves says too little to stop a job on.
+PRUNE_MIN_FINISHED = 3
 
 
 def rung_sizes(configs: int, eta: int, rungs: int) -> list[int]:
@@ -241,6 +267,57 @@ def continues_from(conn: Connection, job_id: int) -> str | None:
     return row[0] if row else None
 
 
+def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str, float]) -> str | None:
+    """Why the job that logged ``metrics`` at ``step`` should stop, or None: its search prunes by the
+    median, and its value is worse than the median of the search's finished (DONE, unpruned) jobs at
+    that step."""
+    for search_id, spec in conn.execute(sa.select(t_sjob.c.search_id, t_search.c.spec)
+                                        .join(t_search, t_search.c.id == t_sjob.c.search_id)
+                                        .where(t_sjob.c.job_id == job_id)):
+        rules = Halving.from_json(spec)
+        if rules.prune != "median" or rules.metric not in metrics:
+            continue
+        last: dict[int, float] = {}
+        rows = conn.execute(sa.select(t_metric.c.job_id, t_metric.c.value, t_job.c.results)
+                            .join(t_sjob, t_sjob.c.job_id == t_metric.c.job_id)
+                            .join(t_job, t_job.c.id == t_metric.c.job_id)
+                            .where(t_sjob.c.search_id == search_id, t_metric.c.name == rules.metric,
+                                   t_metric.c.step == step, t_job.c.status == Status.DONE.value,
+                                   t_metric.c.job_id != job_id).order_by(t_metric.c.id))
+        for other, value, results in rows:
+            if not (load_json(results) or {}).get("pruned"):
+                last[other] = value
+        value = float(metrics[rules.metric])
+        median = median_says_stop(value, list(last.values()), rules.mode)
+        if median is not None:
+            return (f"pruned at step {step}: {rules.metric} {value:.4g} is worse than {median:.4g}, the median "
+                    f"of {len(last)} finished jobs at that step")
+    return None
+
+
+def summaries(conn: Connection, exp: int) -> list[str]:
+    """One line per search of the experiment: how many configurations reached each rung, and were pruned."""
+    lines = []
+    for search_id, spec in conn.execute(sa.select(t_search.c.id, t_search.c.spec)
+                                        .where(t_search.c.experiment_id == exp).order_by(t_search.c.id)):
+        rules = Halving.from_json(spec)
+        reached: dict[int, set[str]] = {}
+        pruned = 0
+        for rung, config, results in conn.execute(
+                sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.results).join(t_job, t_job.c.id == t_sjob.c.job_id)
+                .where(t_sjob.c.search_id == search_id)):
+            reached.setdefault(rung, set()).add(config)
+            pruned += bool((load_json(results) or {}).get("pruned"))
+        parts = []
+        if rules.rungs:
+            steps = [f"{len(reached.get(k, ()))} at {rules.resource}={v}" for k, v in enumerate(rules.rungs)]
+            parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: " + ", ".join(steps))
+        if rules.prune:
+            parts.append(f"{pruned} job{'s' if pruned != 1 else ''} pruned by the median of {rules.metric}")
+        lines.append(f"search {search_id}: " + "; ".join(parts))
+    return lines
+
+
 def rungs_of(conn: Connection, exp: int) -> dict[int, tuple[int, int, str]]:
     """Each job of the experiment's searches: (rung, number of rungs, resource name)."""
     out: dict[int, tuple[int, int, str]] = {}
@@ -248,6 +325,8 @@ def rungs_of(conn: Connection, exp: int) -> dict[int, tuple[int, int, str]]:
                                            .join(t_search, t_search.c.id == t_sjob.c.search_id)
                                            .where(t_search.c.experiment_id == exp)):
         rules = Halving.from_json(spec)
+        if not rules.rungs:  # a search that only prunes has no rungs to show
+            continue
         if job_id not in out or out[job_id][0] < rung:
             out[job_id] = (rung, len(rules.rungs), rules.resource)
     return out

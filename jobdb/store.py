@@ -1241,9 +1241,17 @@ class Store:
             return Job.from_row(row, self._parent_ids(conn, job_id))
         return self._read(run)
 
+    def prune_verdict(self, job_id: int, step: int, metrics: dict[str, float]) -> str | None:
+        """Why a running job should stop (its search prunes, and it is worse than the median), or None."""
+        return self._read(lambda conn: _halving.prune_verdict(conn, job_id, step, metrics))
+
     def continues_from(self, job_id: int) -> str | None:
         """The workdir a promoted job of a search starts from (its parent's), or None."""
         return self._read(lambda conn: _halving.continues_from(conn, job_id))
+
+    def search_summaries(self) -> list[str]:
+        """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
+        return self._read(lambda conn: _halving.summaries(conn, self._experiment(conn)))
 
     def rungs(self) -> dict[int, tuple[int, int, str]]:
         """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""

@@ -5,7 +5,6 @@ rung job is relaunched without breaking the promotions, and a reset re-runs with
 from __future__ import annotations
 
 import json
-import os
 import random
 import textwrap
 from pathlib import Path
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from jobman.jobdb.halving import allowed, choose, rung_sizes, rung_values
 from jobman.jobdb.status import Status
+from search_helpers import experiment_module
 from jobman.jobdb.store import Store
 
 MODULE = "jm_halving_exp"
@@ -98,11 +98,7 @@ def test_asha_waits_while_configurations_may_still_join_a_rung():
 
 @pytest.fixture
 def exp(tmp_path: Path):
-    moddir = tmp_path / "mods"
-    moddir.mkdir()
-    (moddir / f"{MODULE}.py").write_text(TRAINER)
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
-    return type("Exp", (), {"env": env, "runs": tmp_path / "runs"})
+    return experiment_module(tmp_path, MODULE, TRAINER)
 
 
 def search(jobman, url, exp, *extra):
