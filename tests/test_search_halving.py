@@ -158,6 +158,7 @@ def test_a_synchronous_search_promotes_the_best_and_continues_their_training(job
     assert [len(v) for v in by_phase(store).values()] == [9, 3, 1]
 
 
+@pytest.mark.slow
 def test_a_killed_rung_job_is_relaunched_and_the_promotions_hold(jobman, db_url, store, exp):
     search(jobman, db_url, exp)
     work(jobman, db_url, exp, env={"JM_KILL_LR": "0.01"})  # the best configuration dies at each rung, once
@@ -167,6 +168,7 @@ def test_a_killed_rung_job_is_relaunched_and_the_promotions_hold(jobman, db_url,
     assert all(any(e.to_status == "CRASHED" for e in store.events(j.id)) for j in killed)
 
 
+@pytest.mark.slow
 def test_a_reset_rung_job_reruns_without_promoting_twice(jobman, db_url, store, exp):
     search(jobman, db_url, exp)
     work(jobman, db_url, exp)
@@ -229,3 +231,12 @@ def test_the_bundled_mlp_continues_a_shorter_run_rather_than_restarting(tmp_path
     assert steps.count(1) == steps.count(3)
     # Continuing 2 epochs to 4 computes what 4 epochs in one go compute.
     assert longer.results["valid_error"] == pytest.approx(fresh.results["valid_error"])
+
+
+def test_the_folds_of_a_configuration_are_one_configuration_at_every_rung():
+    from jobman.jobdb.halving import config_of
+
+    a = config_of({"lr": 0.1, "nhid": 64, "id_cross_fold": 0, "epochs": 3}, "epochs")
+    assert a == config_of({"lr": 0.1, "nhid": 64, "id_cross_fold": 2, "epochs": 9}, "epochs")
+    assert a == config_of({"lr": 0.1, "nhid": 64, "seed": 5, "epochs": 3}, "epochs")
+    assert a != config_of({"lr": 0.2, "nhid": 64, "id_cross_fold": 0, "epochs": 3}, "epochs")

@@ -180,3 +180,8 @@ def test_bad_search_commands_are_one_sentence_and_write_nothing(jobman, tmp_path
     assert result.code != 0 and words in result.err and "Traceback" not in result.err, result
     assert not db.exists() or not sqlite3.connect(db).execute(
         "select name from sqlite_master where name='job'").fetchall()
+
+
+def test_cmdline_runs_one_job_and_refuses_a_distribution(jobman, tmp_path):
+    result = jobman("cmdline", TARGET, "lr=loguniform(1e-4,1e-1)", "--workdir", str(tmp_path / "w"))
+    assert result.code != 0 and "distributions" in result.err and "Traceback" not in result.err, result
