@@ -313,3 +313,35 @@ def test_the_default_experiment_is_jobman_db(tmp_path, monkeypatch):
         for exp in client._DEFAULT.values():
             exp.close()
         client._DEFAULT.clear()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_map_on_slurm_workers_runs_a_main_function(slurm_cluster, pg_database, tmp_path):
+    import re
+    import shutil
+    import uuid
+
+    name = f"pyslurm_{uuid.uuid4().hex[:8]}"
+    url = f"{pg_database}?table={name}"
+    try:
+        proc = run_script(tmp_path, '''
+            exp = jobman.Experiment(URL, backend="slurm", workers=2, exproot="runs")
+            futures = exp.map(train, jobman.grid(lr=[0.1, 0.2], nhid=[10]))
+            out = [f.result(timeout=150) for f in futures]
+            exp.close()
+            print(json.dumps(out))
+        ''', url, timeout=240)
+        out = last_json(proc)
+        assert [r["valid_error"] for r in out] == [1.0, 2.0]
+        store = Store.open(url)
+        try:
+            jobs = store.jobs()
+            assert [j.status for j in jobs] == [Status.DONE] * 2
+            for job in jobs:
+                assert job.backend == "slurm" and re.fullmatch(r"\d+_\d+", job.backend_id), job.backend_id
+        finally:
+            store.dispose()
+    finally:
+        if shutil.which("scancel"):  # nothing of this test may go on running
+            subprocess.run(["scancel", f"--name=jobman-{name}"], capture_output=True)
