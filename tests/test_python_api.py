@@ -107,6 +107,25 @@ def test_a_cache_hit_runs_nothing_and_a_new_version_runs_again(db_url, tmp_path)
     assert len(side_lines(tmp_path)) == 3  # a second interpreter: all three from the database
 
 
+def test_cache_source_makes_a_changed_function_a_new_call(db_url, tmp_path):
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+
+    def f(x):
+        return {"y": x + 1}
+
+    first = exp.call(f, x=1, cache="source")
+    assert exp.call(f, x=1, cache="source").job_id == first.job_id  # the same source: the same call
+
+    def f(x):  # noqa: F811 - the same name, changed
+        return {"y": x + 2}
+
+    changed = exp.call(f, x=1, cache="source")
+    assert changed.job_id != first.job_id and changed.result() == {"y": 3}
+    assert exp.call(f, x=1).result() == {"y": 3}  # without a version: a call of its own, run once
+    assert first.result() == {"y": 2}
+    exp.close()
+
+
 def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(db_url, tmp_path):
     exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
     flag = tmp_path / "fixed"
