@@ -30,7 +30,7 @@ from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
-from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, expand, parse_sweep
+from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
 from .channel import DD, Channel
 from .experiment import TargetError, by_value, call as call_function, resolve
@@ -82,7 +82,8 @@ def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
     """The job target naming ``fn``: ``module:qualname`` (``__main__:name`` for a script's own
     function, which is then run by value), with ``@version`` when one is given."""
     if isinstance(fn, str):
-        target = fn
+        name, at, given = fn.partition("@")
+        target = canonical_target(name) + at + given  # pkg.mod.fn and pkg.mod:fn are one call
         try:
             resolve(target.partition("@")[0])
         except TargetError as exc:

@@ -267,6 +267,7 @@ def test_errors_a_user_meets_are_jobman_errors(db_url, tmp_path):
     with pytest.raises(jobman.errors.UsageError, match="cannot import module"):
         exp.call("no_such_module_here:fn", x=1)
     future = exp.call("jobman.models.mlp:train", dataset="digits", epochs=1)
+    assert exp.call("jobman.models.mlp.train", dataset="digits", epochs=1) is future  # one call, two spellings
     with pytest.raises(CallTimeout, match=f"job {future.job_id} .* did not finish within 0.2 s"):
         future.result(timeout=0.2)
     assert isinstance(CallTimeout(), TimeoutError)
