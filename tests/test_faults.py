@@ -54,6 +54,15 @@ EXPERIMENTS = textwrap.dedent('''
         os.close(fd)
 
 
+    def spawner(state, channel):
+        """Leave processes behind: in the job's session, in a session of their own, and orphaned."""
+        import subprocess
+        subprocess.Popen(["sleep", state.mark])
+        subprocess.Popen(["sleep", state.mark], start_new_session=True)
+        subprocess.Popen(["sh", "-c", f"setsid sleep {state.mark} & exit 0"]).wait()
+        time.sleep(state.pause)
+
+
     def forever(state, channel):
         while not channel.should_stop():
             time.sleep(0.05)
@@ -327,3 +336,60 @@ def test_workers_of_a_killed_dispatch_stop_and_put_their_jobs_back(mods, tmp_pat
     assert processes_naming(str(runs)) == []
     store.dispose()
 
+
+# -- a job's processes die with it -------------------------------------------------------------------
+def sleepers(mark: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if (p.info["cmdline"] or [])[-1:] == [mark] and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def spawning_jobs(mark: str, pause: float) -> list[JobSpec]:
+    leave = f"sleep {mark} & setsid sleep {mark} & sh -c 'setsid sleep {mark} &'"
+    return [JobSpec(0, "fn", f"{MODULE}:spawner", {"mark": mark, "pause": pause, "i": i}, None) for i in range(2)] \
+        + [JobSpec(0, "cmd", f"sh -c \"{leave}; sleep {pause}\"", {}, None)]
+
+
+@pytest.mark.parametrize("jobs_per_process", [1, 3])
+def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, jobman, jobs_per_process):
+    mark = str(900000 + 10 * os.getpid() + jobs_per_process)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    store.schedule(spawning_jobs(mark, 0.3))
+    try:
+        r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", "--jobs-per-process",
+                   str(jobs_per_process), env=mods)
+        assert r.code == 0, r.err
+        assert Counter(j.status for j in store.jobs()) == {Status.DONE: 3}, [j.error for j in store.jobs()]
+        assert sleepers(mark) == [], "a process a job started outlived it"
+    finally:
+        for p in sleepers(mark):
+            p.kill()
+    store.dispose()
+
+
+def test_what_a_function_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path):
+    mark = str(800000 + os.getpid())
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    store.schedule(spawning_jobs(mark, 60)[:1])
+    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
+                               str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
+        worker.kill()
+        worker.wait()
+        wait_until(lambda: sleepers(mark) == [], 10, "the job's processes to die with its worker")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for p in sleepers(mark):
+            p.kill()
+    store.dispose()
