@@ -30,6 +30,7 @@ from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 from .experiment import TargetError
 from .forkserver import (ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg,
                          signal_on_parent_death)
+from .oom import OomWatch
 from .outage import Outage
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
@@ -81,6 +82,7 @@ class _Command:
         self.pid = pid
         self.deadline = deadline  # the job's wall-time limit, as time.time()
         self.children_before = children_before  # the worker's children then: not the job's leftovers
+        self.oom = OomWatch()
         self.report: dict[str, Any] | None = None
         self.status: int | None = None  # os.waitpid status once reaped
         try:  # readable the moment the process exits (Linux 5.3+), so no polling delay
@@ -137,6 +139,7 @@ class _Forked(_Command):
         self.status = None
         self.exit_fd = None
         self.server_gone = False
+        self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
     def send(self, sig: int) -> None:
@@ -382,6 +385,9 @@ class Runner:
         elif child.signal is not None:
             name = signal.Signals(child.signal).name
             outcome, error = "CRASHED", f"the job's process was killed by {name}"
+            if child.signal == signal.SIGKILL and reason is None:  # not by us: the OOM killer?
+                cause = child.oom.cause(child.pid)
+                error += f" ({cause})" if cause else ""
         else:
             outcome = "FAILED"
             error = f"the job's process exited with code {child.exit_code}" + (
@@ -400,7 +406,9 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=child.exit_code,
+        # A function job that raised exited 0 after reporting it: that 0 is no exit code of the job.
+        exit_code = None if job.kind == "fn" and child.report is not None and outcome != "DONE" else child.exit_code
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code,
                             why=why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,

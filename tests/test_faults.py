@@ -63,6 +63,17 @@ EXPERIMENTS = textwrap.dedent('''
         time.sleep(state.pause)
 
 
+    def hog(state, channel):
+        """Take memory, 10 MiB at a time, until the OOM killer ends it."""
+        held = []
+        while True:
+            held.append(b"\\1" * (10 << 20))
+
+
+    def raises_memory_error(state, channel):
+        raise MemoryError()
+
+
     def forever(state, channel):
         while not channel.should_stop():
             time.sleep(0.05)
@@ -392,4 +403,75 @@ def test_what_a_function_job_starts_dies_with_its_killed_worker(mods, tmp_path: 
             worker.wait()
         for p in sleepers(mark):
             p.kill()
+    store.dispose()
+
+
+# -- causes are named ---------------------------------------------------------------------------------
+@pytest.fixture
+def memory_limited_cgroup():
+    """A memory cgroup of 200 MiB without swap, below this process's own; skipped where none can be made."""
+    from jobman.dispatch.oom import memory_cgroup
+
+    found = memory_cgroup()
+    if found is None:
+        pytest.skip("this machine has no memory cgroup this test can read")
+    parent, version = found
+    where = parent / f"jobman-oom-{os.getpid()}"
+    try:
+        where.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {exc}")
+    try:
+        limit = str(200 << 20)
+        try:
+            if version == 1:
+                (where / "memory.limit_in_bytes").write_text(limit)
+                if (where / "memory.memsw.limit_in_bytes").exists():
+                    (where / "memory.memsw.limit_in_bytes").write_text(limit)
+            else:
+                (where / "memory.max").write_text(limit)
+                if (where / "memory.swap.max").exists():
+                    (where / "memory.swap.max").write_text("0")
+        except OSError as exc:
+            pytest.skip(f"cannot limit the memory of a cgroup here: {exc}")
+        yield where
+    finally:
+        for _ in range(50):
+            try:
+                where.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_an_oom_kill_is_named_out_of_memory(memory_limited_cgroup, mods, tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    [job_id] = store.schedule([JobSpec(0, "fn", f"{MODULE}:hog", {}, None)], max_attempts=1).job_ids
+    procs = str(memory_limited_cgroup / "cgroup.procs")
+
+    def join_cgroup() -> None:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+
+    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"),
+                        "--no-wait"], env={**os.environ, **mods}, capture_output=True, text=True, timeout=120,
+                       preexec_fn=join_cgroup)
+    assert r.returncode == 0, r.stderr
+    job = store.job(job_id)
+    assert job.status == Status.CRASHED, (job.status, job.error)
+    assert "killed by SIGKILL (out of memory" in job.error, job.error
+    store.dispose()
+
+
+def test_a_function_job_that_raised_shows_no_exit_code_0(mods, tmp_path: Path, jobman):
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    [job_id] = store.schedule([JobSpec(0, "fn", f"{MODULE}:raises_memory_error", {}, None)]).job_ids
+    r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", env=mods)
+    assert r.code == 0, r.err
+    job = store.job(job_id)
+    assert job.status == Status.FAILED and "MemoryError" in job.error and job.exit_code is None
+    shown = jobman("show", url, str(job_id))
+    assert "MemoryError" in shown.out and "exit code 0" not in shown.out, shown.out
     store.dispose()
