@@ -8,6 +8,7 @@ The disk tests mount a small tmpfs (they need root) and unmount it in the end.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,9 +26,10 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import need_service
+from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.status import Status
-from jobman.jobdb.store import Store
+from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -475,3 +477,38 @@ def test_a_function_job_that_raised_shows_no_exit_code_0(mods, tmp_path: Path, j
     shown = jobman("show", url, str(job_id))
     assert "MemoryError" in shown.out and "exit code 0" not in shown.out, shown.out
     store.dispose()
+
+
+# -- clock skew ---------------------------------------------------------------------------------------
+def test_clock_skew_in_the_database_both_ways(store, db_url, jobman):
+    """A heartbeat ten years ahead is no sign of life; one an hour behind does not make a live worker
+    on this host dead: it is left alone, and the scan says why."""
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": i, "pause": 0}, None) for i in range(2)])
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        ahead = store.claim(WorkerInfo(host="elsewhere.example", pid=4242, pid_started_at=1.0))
+        behind = store.claim(WorkerInfo.here(pid=sleeper.pid))
+        now = time.time()
+        with store.engine.begin() as conn:
+            conn.execute(sa.update(t_job).where(t_job.c.id == ahead.job.id)
+                         .values(heartbeat_at=now + 10 * 365 * 86400))
+            conn.execute(sa.update(t_job).where(t_job.c.id == behind.job.id)
+                         .values(heartbeat_at=now - 3600, started_at=now - 3600))
+        r = jobman("monitor", db_url, "--once", "--format", "json")
+        assert r.code == 0, r.err
+        scan = json.loads(r.out)["scan"]
+        crashed = {f["job_id"]: f["reason"] for f in scan["crashed"]}
+        assert list(crashed) == [ahead.job.id], scan
+        assert "in the future (clock skew" in crashed[ahead.job.id], crashed
+        assert [n for n in scan["notes"] if n.startswith(f"job {behind.job.id}: no heartbeat for 3,6")
+                and "alive on this host, so it is left alone" in n], scan
+        assert store.job(behind.job.id).status == Status.RUNNING
+        sleeper.kill()
+        sleeper.wait()
+        r = jobman("monitor", db_url, "--once", "--format", "json", "--no-relaunch")
+        [found] = json.loads(r.out)["scan"]["crashed"]  # its worker gone: now it is declared
+        assert found["job_id"] == behind.job.id and found["sign"] == "process"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
