@@ -139,7 +139,7 @@ class Monitor:
         """
         errors = errors if errors is not None else []
         notes = notes if notes is not None else []
-        now = time.time()
+        now = self.store.server_time()  # the clock heartbeats are stamped with, whatever this host's says
         found: dict[int, Finding] = {}
         here = [j for j in running if j.host == self.hostname and j.pid]
         if here:

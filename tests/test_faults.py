@@ -512,3 +512,20 @@ def test_clock_skew_in_the_database_both_ways(store, db_url, jobman):
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+def test_a_worker_with_its_clock_ten_years_ahead_stamps_the_servers_time(store, monkeypatch):
+    """Claims, heartbeats and finishes carry the database server's time, not the worker's."""
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": i, "pause": 0}, None) for i in range(2)])
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10 * 365 * 86400)  # this host's clock, set wrong
+    claimed = store.claim(WorkerInfo.here())
+    assert store.heartbeat(claimed.job.id, claimed.lease) is False
+    store.finish(claimed.job.id, claimed.lease, "DONE", results={"ok": 1})
+    other = store.claim(WorkerInfo.here())
+    store.heartbeat(other.job.id, other.lease)
+    monkeypatch.undo()
+    done, running = store.job(claimed.job.id), store.job(other.job.id)
+    for stamp in (done.started_at, done.heartbeat_at, done.finished_at, running.started_at, running.heartbeat_at):
+        assert abs(stamp - time.time()) < 60, (stamp, time.time())
+    assert abs(store.server_time() - time.time()) < 5
