@@ -382,7 +382,9 @@ class Runner:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
+        exit_code = child.exit_code
         if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
+            exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
             report = child.report
             outcome, results, error = report["status"], report["results"], report["error"]
         elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
@@ -416,10 +418,7 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        # A function job that raised exited 0 after reporting it: that 0 is no exit code of the job.
-        exit_code = None if job.kind == "fn" and child.report is not None and outcome != "DONE" else child.exit_code
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code,
-                            why=why)
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code, why=why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:

@@ -32,7 +32,7 @@ from .schema import job_event as t_event
 from .schema import job_metric as t_metric
 from .canonical import dump_json, load_json
 from .status import BLOCKING, Status
-from .sweep import JobSpec
+from .sweep import JobSpec, canonical_target
 from .url import DbTarget, parse_db
 
 T = TypeVar("T")
@@ -57,6 +57,7 @@ def source_tag() -> str:
 def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str) -> str:
     """A job's identity within its experiment: the same sweep twice adds nothing."""
     encoded = params if isinstance(params, str) else dump_json(params, "parameters")
+    target = canonical_target(target) if kind == "fn" else target
     return params_hashes([JobSpec(phase, kind, target, {}, None)], [encoded])[0]
 
 
@@ -386,9 +387,10 @@ class Store:
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
                                  "a parent must come before its children")
+        specs = _canonical_targets(specs)
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
-        hashes = params_hashes(specs, encoded)
+        canonical_hashes = params_hashes(specs, encoded)
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
@@ -402,6 +404,7 @@ class Store:
                 if missing:
                     raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
             ids: dict[str, int] = dict(self.hot.ids_by_hash.rows(conn, exp=exp, after=0))
+            hashes = _older_spellings(conn, exp, specs, encoded, canonical_hashes, ids) if ids else canonical_hashes
             unique = len(set(hashes)) == len(hashes)
             if not ids and unique:  # a new sweep in a new experiment: every job is new
                 existing, fresh = 0, range(len(specs))
@@ -1134,7 +1137,13 @@ class Store:
         return self._write(run)
 
     def set_status(self, job_ids: Sequence[int], status: Status, why: str = "status set by hand") -> list[int]:
-        """Force a status (jobman's --set_status), keeping the graph consistent around it."""
+        """Force a status (jobman's --set_status), keeping the graph consistent around it.
+
+        RUNNING is refused: a job becomes RUNNING only when a worker claims it (a RUNNING job with
+        no worker, pid or heartbeat would never end, and the monitor could not find it)."""
+        if status is Status.RUNNING:
+            raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
+
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
             changed = []
@@ -1309,9 +1318,10 @@ class Store:
                    params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
         """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
         jobs = self.jobs(status=status, phase=phase, with_deps=False)
+        spelled = canonical_target(target) if target is not None else None
         out = []
         for j in jobs:
-            if target is not None and j.target != target:
+            if target is not None and j.target != target and (j.kind != "fn" or canonical_target(j.target) != spelled):
                 continue
             if params and any(j.params.get(k, _MISSING) != v for k, v in params.items()):
                 continue
@@ -1372,6 +1382,35 @@ class Store:
 
 
 _MISSING = object()
+
+
+def _canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
+    """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
+    if all(s.kind != "fn" or ":" in s.target for s in specs):
+        return specs
+    return [s._replace(target=canonical_target(s.target)) if s.kind == "fn" else s for s in specs]
+
+
+def _older_spellings(conn: Connection, exp: int, specs: Sequence[JobSpec], encoded: Sequence[str],
+                     hashes: list[str], ids: dict[str, int]) -> list[str]:
+    """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
+    is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
+    dotted = {s.target: s.target.replace(":", ".") for s in specs if s.kind == "fn"}
+    if not dotted:
+        return hashes
+    stored = set(conn.execute(sa.select(t_job.c.target).distinct().where(
+        t_job.c.experiment_id == exp, t_job.c.kind == "fn", t_job.c.target.in_(sorted(set(dotted.values())))))
+        .scalars())
+    if not stored:
+        return hashes
+    older = [i for i, s in enumerate(specs) if s.kind == "fn" and dotted[s.target] in stored]
+    legacy = params_hashes([specs[i]._replace(target=dotted[specs[i].target]) for i in older],
+                           [encoded[i] for i in older])
+    out = list(hashes)
+    for i, h in zip(older, legacy):
+        if h in ids and hashes[i] not in ids:
+            out[i] = h
+    return out
 
 
 class _Retry(Exception):
