@@ -1,0 +1,111 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven by Selenium, against a real
+``jobman serve`` process and a real SQLite database changed under it while the page is open."""
+
+from __future__ import annotations
+
+import pytest
+
+from browser import chromium, missing, served
+from conftest import need_service
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from web_data import fill
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Two experiments in a database, a server with actions on, and a browser that opened its link."""
+    why = missing()
+    if why:
+        need_service(why)
+    base = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'lab.db'}"
+    other = Store.open(f"{base}?table=dbn")
+    fill(other, running=0, failed=0)
+    other.dispose()
+    store = Store.open(f"{base}?table=mlp")
+    roles = fill(store)
+    with served(base, "--allow-actions") as link, chromium() as driver:
+        driver.get(link)  # the printed link: its token becomes the page's cookie
+        yield driver, link.split("/?")[0], store, roles
+    store.dispose()
+
+
+def wait(driver, predicate, timeout: float = 15):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
+
+
+def by_css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def test_the_experiments_page_lists_the_experiments(site):
+    driver, root, store, roles = site
+    driver.get(root + "/")
+    names = [e.get_attribute("data-name") for e in by_css(driver, "tr.experiment")]
+    assert names == ["dbn", "mlp"]
+    assert "valid_error 0.1005" in by_css(driver, "tr.experiment[data-name=mlp] td.best")[0].text
+
+
+def test_a_chart_draws_one_point_per_configuration(site):
+    driver, root, store, roles = site
+    driver.get(root + "/e/mlp")
+    for param in ("lr", "nhid"):
+        points = by_css(driver, f"figure[data-param={param}] svg circle.pt")
+        assert len(points) == 5  # the five configurations with a mean valid_error
+        assert all(p.is_displayed() for p in points)
+    assert len(by_css(driver, "figure.parallel svg polyline.pc")) == 5
+
+
+def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
+    driver, root, store, roles = site
+    job_id = roles["running"][0]
+    driver.get(root + "/e/mlp?status=RUNNING,DONE")
+    row = f"tr.job[data-id='{job_id}']"
+    assert by_css(driver, row)[0].get_attribute("data-status") == "RUNNING"
+    driver.execute_script("window.notReloaded = true;")
+    job = store.job(job_id)
+    store.finish(job_id, job.lease, "DONE", results={"valid_error": 0.3, "train_error": 0.2})
+    wait(driver, lambda d: by_css(d, row) and by_css(d, row)[0].get_attribute("data-status") == "DONE")
+    assert driver.execute_script("return window.notReloaded === true;")
+    assert "live" in by_css(driver, "#live-state")[0].text
+
+
+def test_clicking_a_job_opens_its_page(site):
+    driver, root, store, roles = site
+    job_id = roles["failed"][0]
+    driver.get(root + "/e/mlp")
+    by_css(driver, f"tr.job[data-id='{job_id}'] a.job-link")[0].click()
+    wait(driver, lambda d: d.current_url.endswith(f"/e/mlp/job/{job_id}"))
+    assert by_css(driver, "h1")[0].text.startswith(f"Job {job_id}")
+    assert "ValueError: loss is nan" in by_css(driver, "#job-error")[0].text
+
+
+def test_an_action_asks_first_then_goes_through_with_the_token(site):
+    driver, root, store, roles = site
+    job_id = roles["failed"][1] if roles["failed"][1] != roles["hostile"] else roles["failed"][0]
+    driver.get(root + f"/e/mlp/job/{job_id}")
+    before = store.job(job_id).status
+    by_css(driver, "#act-retry")[0].click()
+    wait(driver, lambda d: _alert(d)).dismiss()  # "no" changes nothing
+    assert store.job(job_id).status == before
+    by_css(driver, "#act-retry")[0].click()
+    wait(driver, lambda d: _alert(d)).accept()
+    wait(driver, lambda d: by_css(d, "#message"))
+    assert "queued again" in by_css(driver, "#message")[0].text
+    assert store.job(job_id).status is Status.QUEUED
+    assert any(e.why == "retried by hand from the web page" for e in store.events(job_id))
+
+
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
