@@ -49,12 +49,14 @@ def test_the_experiments_page_lists_the_experiments(site):
     driver.get(root + "/")
     names = [e.get_attribute("data-name") for e in by_css(driver, "tr.experiment")]
     assert names == ["dbn", "mlp"]
-    assert "valid_error 0.1005" in by_css(driver, "tr.experiment[data-name=mlp] td.best")[0].text
+    best = "tr.experiment[data-name=mlp] td.best"  # arrives with the first live update
+    wait(driver, lambda d: "valid_error 0.1005" in by_css(d, best)[0].text)
 
 
 def test_a_chart_draws_one_point_per_configuration(site):
     driver, root, store, roles = site
     driver.get(root + "/e/mlp")
+    wait(driver, lambda d: by_css(d, "figure[data-param=nhid]"))  # the report arrives after the first paint
     for param in ("lr", "nhid"):
         points = by_css(driver, f"figure[data-param={param}] svg circle.pt")
         assert len(points) == 5  # the five configurations with a mean valid_error

@@ -67,45 +67,81 @@ def guess_mode(metric: str) -> str:
     return "max" if any(word in metric.lower() for word in _HIGHER_IS_BETTER) else "min"
 
 
-class BestCache:
-    """Each experiment's best result, recomputed when its jobs changed and at most every BEST_TTL seconds."""
+class ReportCache:
+    """Reports already built, by experiment, metric and mode: a report of 100,000 jobs takes a second or two.
+
+    One is built again when its experiment's status counts changed, but not more often than every
+    FRESH seconds while jobs keep finishing, and at least every STALE seconds (a reset and a new
+    run can leave the counts as they were).
+    """
+
+    FRESH, STALE = 10.0, 60.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[tuple, float, Any]] = {}
+        self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
 
-    def get(self, db: Database, summary: browse.ExperimentSummary) -> dict[str, Any] | None:
-        key = (summary.counts.get("DONE", 0), summary.last_finished)
+    def cached(self, experiment: str, metric: str, mode: str) -> report.Report | None:
         with self._lock:
-            seen = self._seen.get(summary.name)
-        if seen and (seen[0] == key or time.time() - seen[1] < BEST_TTL):
-            return seen[2]
-        value = best_of(db.store(summary.name)) if key[0] else None
+            found = self._built.get((experiment, metric, mode))
+        return found[2] if found else None
+
+    def get(self, store: Store, metric: str, mode: str, counts: dict[str, int]) -> report.Report:
+        key, version, now = (store.experiment, metric, mode), tuple(sorted(counts.items())), time.time()
         with self._lock:
-            self._seen[summary.name] = (key, time.time(), value)
-        return value
+            found = self._built.get(key)
+        if found and now - found[1] < (self.STALE if found[0] == version else self.FRESH):
+            return found[2]
+        built = report.from_store(store, metric, mode, allow_incomplete=True)
+        with self._lock:
+            self._built[key] = (version, now, built)
+        return built
 
 
-def best_of(store: Store, metric: str | None = None, mode: str | None = None) -> dict[str, Any] | None:
-    done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
-    metric = metric or guess_metric(done[0].results if done else None)
+def total_counts(store: Store) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (_, status), n in store.counts().items():
+        out[status] = out.get(status, 0) + n
+    return out
+
+
+def metric_of(store: Store, metric: str | None, mode: str | None) -> tuple[str | None, str]:
+    """The metric to rank by (asked for, or guessed from a DONE job's results) and min or max."""
     if metric is None:
-        return None
-    try:
-        rep = report.from_store(store, metric, mode or guess_mode(metric), allow_incomplete=True)
-    except JobmanError:
-        return None
-    winner = rep.best or next(iter(rep.best_by_outer.values()), None)
-    if winner is None or winner.mean is None:
-        return None
-    return {"metric": metric, "mode": rep.mode, "value": winner.mean, "std": winner.std, "label": rep.label(winner),
-            "job_id": winner.first_id}
+        done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
+        metric = guess_metric(done[0].results if done else None)
+    mode = mode or (guess_mode(metric) if metric else "min")
+    if mode not in ("min", "max"):
+        raise UsageError("the mode is min or max")
+    return metric, mode
 
 
-def experiments(db: Database, cache: BestCache) -> dict[str, Any]:
+def best_of(rep: report.Report | None) -> dict[str, Any] | None:
+    winner = rep and (rep.best or next(iter(rep.best_by_outer.values()), None))
+    if not winner or winner.mean is None:
+        return None
+    return {"metric": rep.metric, "mode": rep.mode, "value": winner.mean, "std": winner.std,
+            "label": rep.label(winner), "job_id": winner.first_id}
+
+
+def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> dict[str, Any]:
+    """Every experiment's summary and best result; without ``build``, only the bests already known
+    (the first paint of the page does not wait for a report of 100,000 jobs)."""
     rows = []
     for s in browse.experiment_summaries(db.any_store()):
-        rows.append({"s": s, "best": cache.get(db, s)})
+        best, pending = None, False
+        if s.counts.get("DONE"):
+            store = db.store(s.name)
+            metric, mode = metric_of(store, None, None)
+            if metric and build:
+                try:
+                    best = best_of(reports.get(store, metric, mode, s.counts))
+                except JobmanError:
+                    best = None
+            elif metric:
+                best = best_of(reports.cached(s.name, metric, mode))
+                pending = best is None
+        rows.append({"s": s, "best": best, "pending": pending})
     return {"experiments": rows}
 
 
@@ -165,15 +201,11 @@ def progress(store: Store) -> dict[str, Any]:
     return {"by_phase": by_phase, "total": total, "links": browse.phase_links(store)}
 
 
-def report_view(store: Store, metric: str | None, mode: str | None) -> dict[str, Any]:
-    done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
-    metric = metric or guess_metric(done[0].results if done else None)
+def report_view(store: Store, reports: ReportCache, metric: str | None, mode: str | None) -> dict[str, Any]:
+    metric, mode = metric_of(store, metric, mode)
     if metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
-    mode = mode or guess_mode(metric)
-    if mode not in ("min", "max"):
-        raise UsageError("the mode is min or max")
-    rep = report.from_store(store, metric, mode, allow_incomplete=True)
+    rep = reports.get(store, metric, mode, total_counts(store))
     return {"report": rep, "metric": metric, "mode": mode, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
 
 
