@@ -38,6 +38,24 @@ def wait(driver, predicate, timeout: float = 15):
     return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
 
 
+def settled(driver) -> None:
+    """Wait for the page's first live update, which replaces its live parts (and their elements)."""
+    wait(driver, lambda d: by_css(d, "#live-state")[0].text.startswith("live"))
+
+
+def click(driver, selector: str) -> None:
+    """Click the element, found again if a live update replaced it in between."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def attempt(d) -> bool:
+        try:
+            by_css(d, selector)[0].click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait(driver, attempt)
+
+
 def by_css(driver, selector: str):
     from selenium.webdriver.common.by import By
 
@@ -68,12 +86,14 @@ def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
     driver, root, store, roles = site
     job_id = roles["running"][0]
     driver.get(root + "/e/mlp?status=RUNNING,DONE")
+    settled(driver)
     row = f"tr.job[data-id='{job_id}']"
-    assert by_css(driver, row)[0].get_attribute("data-status") == "RUNNING"
+    status = f"var row = document.querySelector(\"{row}\"); return row && row.dataset.status;"
+    assert driver.execute_script(status) == "RUNNING"
     driver.execute_script("window.notReloaded = true;")
     job = store.job(job_id)
     store.finish(job_id, job.lease, "DONE", results={"valid_error": 0.3, "train_error": 0.2})
-    wait(driver, lambda d: by_css(d, row) and by_css(d, row)[0].get_attribute("data-status") == "DONE")
+    wait(driver, lambda d: d.execute_script(status) == "DONE")
     assert driver.execute_script("return window.notReloaded === true;")
     assert "live" in by_css(driver, "#live-state")[0].text
 
@@ -82,7 +102,8 @@ def test_clicking_a_job_opens_its_page(site):
     driver, root, store, roles = site
     job_id = roles["failed"][0]
     driver.get(root + "/e/mlp")
-    by_css(driver, f"tr.job[data-id='{job_id}'] a.job-link")[0].click()
+    settled(driver)
+    click(driver, f"tr.job[data-id='{job_id}'] a.job-link")
     wait(driver, lambda d: d.current_url.endswith(f"/e/mlp/job/{job_id}"))
     assert by_css(driver, "h1")[0].text.startswith(f"Job {job_id}")
     assert "ValueError: loss is nan" in by_css(driver, "#job-error")[0].text
@@ -92,11 +113,12 @@ def test_an_action_asks_first_then_goes_through_with_the_token(site):
     driver, root, store, roles = site
     job_id = roles["failed"][1] if roles["failed"][1] != roles["hostile"] else roles["failed"][0]
     driver.get(root + f"/e/mlp/job/{job_id}")
+    settled(driver)
     before = store.job(job_id).status
-    by_css(driver, "#act-retry")[0].click()
+    click(driver, "#act-retry")
     wait(driver, lambda d: _alert(d)).dismiss()  # "no" changes nothing
     assert store.job(job_id).status == before
-    by_css(driver, "#act-retry")[0].click()
+    click(driver, "#act-retry")
     wait(driver, lambda d: _alert(d)).accept()
     wait(driver, lambda d: by_css(d, "#message"))
     assert "queued again" in by_css(driver, "#message")[0].text
