@@ -40,7 +40,7 @@ def wait(driver, predicate, timeout: float = 15):
 
 def settled(driver) -> None:
     """Wait for the page's first live update, which replaces its live parts (and their elements)."""
-    wait(driver, lambda d: by_css(d, "#live-state")[0].text.startswith("live"))
+    wait(driver, lambda d: text_of(d, "#live-state").startswith("live"))
 
 
 def click(driver, selector: str) -> None:
@@ -56,6 +56,12 @@ def click(driver, selector: str) -> None:
     wait(driver, attempt)
 
 
+def text_of(driver, selector: str) -> str:
+    """The element's text, read in one step (a live update may replace it at any time)."""
+    return driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
+                                 selector)
+
+
 def by_css(driver, selector: str):
     from selenium.webdriver.common.by import By
 
@@ -65,10 +71,11 @@ def by_css(driver, selector: str):
 def test_the_experiments_page_lists_the_experiments(site):
     driver, root, store, roles = site
     driver.get(root + "/")
-    names = [e.get_attribute("data-name") for e in by_css(driver, "tr.experiment")]
+    names = driver.execute_script("return Array.from(document.querySelectorAll('tr.experiment'), "
+                                  "r => r.dataset.name);")
     assert names == ["dbn", "mlp"]
     best = "tr.experiment[data-name=mlp] td.best"  # arrives with the first live update
-    wait(driver, lambda d: "valid_error 0.1005" in by_css(d, best)[0].text)
+    wait(driver, lambda d: "valid_error 0.1005" in text_of(d, best))
 
 
 def test_a_chart_draws_one_point_per_configuration(site):
@@ -76,10 +83,12 @@ def test_a_chart_draws_one_point_per_configuration(site):
     driver.get(root + "/e/mlp")
     wait(driver, lambda d: by_css(d, "figure[data-param=nhid]"))  # the report arrives after the first paint
     for param in ("lr", "nhid"):
-        points = by_css(driver, f"figure[data-param={param}] svg circle.pt")
-        assert len(points) == 5  # the five configurations with a mean valid_error
-        assert all(p.is_displayed() for p in points)
-    assert len(by_css(driver, "figure.parallel svg polyline.pc")) == 5
+        # Drawn, not only present: each point has a size on the screen.
+        drawn = driver.execute_script("return Array.from(document.querySelectorAll(arguments[0]))"
+                                      ".filter(c => c.getBoundingClientRect().width > 0).length;",
+                                      f"figure[data-param={param}] svg circle.pt")
+        assert drawn == 5  # the five configurations with a mean valid_error
+    assert driver.execute_script("return document.querySelectorAll('figure.parallel svg polyline.pc').length;") == 5
 
 
 def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
@@ -95,7 +104,7 @@ def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
     store.finish(job_id, job.lease, "DONE", results={"valid_error": 0.3, "train_error": 0.2})
     wait(driver, lambda d: d.execute_script(status) == "DONE")
     assert driver.execute_script("return window.notReloaded === true;")
-    assert "live" in by_css(driver, "#live-state")[0].text
+    assert "live" in text_of(driver, "#live-state")
 
 
 def test_clicking_a_job_opens_its_page(site):
@@ -105,8 +114,8 @@ def test_clicking_a_job_opens_its_page(site):
     settled(driver)
     click(driver, f"tr.job[data-id='{job_id}'] a.job-link")
     wait(driver, lambda d: d.current_url.endswith(f"/e/mlp/job/{job_id}"))
-    assert by_css(driver, "h1")[0].text.startswith(f"Job {job_id}")
-    assert "ValueError: loss is nan" in by_css(driver, "#job-error")[0].text
+    assert text_of(driver, "h1").startswith(f"Job {job_id}")
+    assert "ValueError: loss is nan" in text_of(driver, "#job-error")
 
 
 def test_an_action_asks_first_then_goes_through_with_the_token(site):
