@@ -110,11 +110,12 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
             ctx.update(pages.job_table(store, listing))
         if part in (None, "progress"):
             ctx.update(pages.progress(store))
+        choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"))
+        ctx.update(choice=choice, phases=sorted({p for p, _ in store.counts()}))
         if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
-            ctx.update(pages.report_view(store, settings.reports, q.get("metric") or None, q.get("mode") or None))
+            ctx.update(pages.report_view(store, settings.reports, choice))
         else:
-            metric, mode = pages.metric_of(store, q.get("metric") or None, q.get("mode") or None)
-            ctx.update(metric=metric, mode=mode, report_pending=True)
+            ctx.update(report_pending=True)
         if part in (None, "curves"):
             ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
         return render("experiment", request, **ctx)

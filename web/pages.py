@@ -81,18 +81,19 @@ class ReportCache:
         self._lock = threading.Lock()
         self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
 
-    def cached(self, experiment: str, metric: str, mode: str) -> report.Report | None:
+    def cached(self, experiment: str, choice: "Choice") -> report.Report | None:
         with self._lock:
-            found = self._built.get((experiment, metric, mode))
+            found = self._built.get((experiment, choice))
         return found[2] if found else None
 
-    def get(self, store: Store, metric: str, mode: str, counts: dict[str, int]) -> report.Report:
-        key, version, now = (store.experiment, metric, mode), tuple(sorted(counts.items())), time.time()
+    def get(self, store: Store, choice: "Choice", counts: dict[str, int]) -> report.Report:
+        key, version, now = (store.experiment, choice), tuple(sorted(counts.items())), time.time()
         with self._lock:
             found = self._built.get(key)
         if found and now - found[1] < (self.STALE if found[0] == version else self.FRESH):
             return found[2]
-        built = report.from_store(store, metric, mode, allow_incomplete=True)
+        assert choice.metric is not None
+        built = report.from_store(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True)
         with self._lock:
             self._built[key] = (version, now, built)
         return built
@@ -105,15 +106,38 @@ def total_counts(store: Store) -> dict[str, int]:
     return out
 
 
-def metric_of(store: Store, metric: str | None, mode: str | None) -> tuple[str | None, str]:
-    """The metric to rank by (asked for, or guessed from a DONE job's results) and min or max."""
-    if metric is None:
-        done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
-        metric = guess_metric(done[0].results if done else None)
-    mode = mode or (guess_mode(metric) if metric else "min")
-    if mode not in ("min", "max"):
+@dataclass(frozen=True)
+class Choice:
+    """What a report ranks: a metric, min or max, and a phase (None: every phase)."""
+
+    metric: str | None
+    mode: str
+    phase: int | None
+
+
+def choose(store: Store, metric: str | None = None, mode: str | None = None, phase: str | None = None) -> Choice:
+    """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
+    jobs that carry a result, ranked by its validation error if it has one."""
+    if mode not in (None, "min", "max"):
         raise UsageError("the mode is min or max")
-    return metric, mode
+    asked = None if phase in (None, "", "all") else _int(phase, "phase")
+    done: dict[int, int] = {}
+    for (p, status), n in store.counts().items():
+        if status == Status.DONE.value:
+            done[p] = n
+    chosen: int | None = None
+    for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
+        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="finished_at", descending=True, limit=1)
+        results = sample.jobs[0].results if sample.jobs else None
+        found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
+        if found:
+            metric, chosen = found, p
+            break
+    if asked is None and phase not in (None, ""):
+        chosen = None  # "all"
+    elif asked is not None:
+        chosen = asked
+    return Choice(metric, mode or (guess_mode(metric) if metric else "min"), chosen)
 
 
 def best_of(rep: report.Report | None) -> dict[str, Any] | None:
@@ -132,14 +156,14 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
         best, pending = None, False
         if s.counts.get("DONE"):
             store = db.store(s.name)
-            metric, mode = metric_of(store, None, None)
-            if metric and build:
+            choice = choose(store)
+            if choice.metric and build:
                 try:
-                    best = best_of(reports.get(store, metric, mode, s.counts))
+                    best = best_of(reports.get(store, choice, s.counts))
                 except JobmanError:
                     best = None
-            elif metric:
-                best = best_of(reports.cached(s.name, metric, mode))
+            elif choice.metric:
+                best = best_of(reports.cached(s.name, choice))
                 pending = best is None
         rows.append({"s": s, "best": best, "pending": pending})
     return {"experiments": rows}
@@ -201,12 +225,11 @@ def progress(store: Store) -> dict[str, Any]:
     return {"by_phase": by_phase, "total": total, "links": browse.phase_links(store)}
 
 
-def report_view(store: Store, reports: ReportCache, metric: str | None, mode: str | None) -> dict[str, Any]:
-    metric, mode = metric_of(store, metric, mode)
-    if metric is None:
+def report_view(store: Store, reports: ReportCache, choice: Choice) -> dict[str, Any]:
+    if choice.metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
-    rep = reports.get(store, metric, mode, total_counts(store))
-    return {"report": rep, "metric": metric, "mode": mode, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
+    rep = reports.get(store, choice, total_counts(store))
+    return {"report": rep, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
