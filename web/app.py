@@ -108,14 +108,15 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
         ctx: dict[str, Any] = {"name": store.experiment, "q": q, "curve_ids": chosen}
         if part in (None, "jobs"):
             ctx.update(pages.job_table(store, listing))
-        if part in (None, "progress"):
-            ctx.update(pages.progress(store))
-        choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"))
-        ctx.update(choice=choice, phases=sorted({p for p, _ in store.counts()}))
-        if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
-            ctx.update(pages.report_view(store, settings.reports, choice))
-        else:
-            ctx.update(report_pending=True)
+        if part in (None, "progress", "report"):
+            counts = store.counts()  # read once per request
+            choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"),
+                                  counts=counts)
+            ctx.update(choice=choice, phases=sorted({p for p, _ in counts}), report_pending=part != "report")
+            if part in (None, "progress"):
+                ctx.update(pages.progress(store, counts))
+            if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
+                ctx.update(pages.report_view(store, settings.reports, choice, counts))
         if part in (None, "curves"):
             ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
         return render("experiment", request, **ctx)

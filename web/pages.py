@@ -99,13 +99,6 @@ class ReportCache:
         return built
 
 
-def total_counts(store: Store) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for (_, status), n in store.counts().items():
-        out[status] = out.get(status, 0) + n
-    return out
-
-
 @dataclass(frozen=True)
 class Choice:
     """What a report ranks: a metric, min or max, and a phase (None: every phase)."""
@@ -115,19 +108,21 @@ class Choice:
     phase: int | None
 
 
-def choose(store: Store, metric: str | None = None, mode: str | None = None, phase: str | None = None) -> Choice:
+def choose(store: Store, metric: str | None = None, mode: str | None = None, phase: str | None = None, *,
+           counts: dict[tuple[int, str], int] | None = None) -> Choice:
     """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
     jobs that carry a result, ranked by its validation error if it has one."""
     if mode not in (None, "min", "max"):
         raise UsageError("the mode is min or max")
     asked = None if phase in (None, "", "all") else _int(phase, "phase")
     done: dict[int, int] = {}
-    for (p, status), n in store.counts().items():
+    for (p, status), n in (store.counts() if counts is None else counts).items():
         if status == Status.DONE.value:
             done[p] = n
     chosen: int | None = None
     for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
-        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="finished_at", descending=True, limit=1)
+        # The newest DONE job of the phase by id: read from the end of an index, not sorted.
+        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1)
         results = sample.jobs[0].results if sample.jobs else None
         found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
         if found:
@@ -215,8 +210,7 @@ def job_table(store: Store, listing: Listing) -> dict[str, Any]:
             "pages": max((found.total + PAGE_SIZE - 1) // PAGE_SIZE, 1)}
 
 
-def progress(store: Store) -> dict[str, Any]:
-    counts = store.counts()
+def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
     phases = sorted({p for p, _ in counts})
     by_phase = {p: {s: n for (q, s), n in counts.items() if q == p} for p in phases}
     total: dict[str, int] = {}
@@ -225,10 +219,13 @@ def progress(store: Store) -> dict[str, Any]:
     return {"by_phase": by_phase, "total": total, "links": browse.phase_links(store)}
 
 
-def report_view(store: Store, reports: ReportCache, choice: Choice) -> dict[str, Any]:
+def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
     if choice.metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
-    rep = reports.get(store, choice, total_counts(store))
+    totals: dict[str, int] = {}
+    for (_, status), n in counts.items():
+        totals[status] = totals.get(status, 0) + n
+    rep = reports.get(store, choice, totals)
     return {"report": rep, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
 
 
@@ -260,11 +257,11 @@ def curves(store: Store, job_ids: list[int]) -> dict[str, Any]:
 
 
 def default_curve_ids(store: Store) -> list[int]:
-    """Jobs whose curves the experiment page overlays when none were chosen: running ones, then the latest done."""
+    """Jobs whose curves the experiment page overlays when none were chosen: running ones, then the newest done."""
     running = store.jobs(status=[Status.RUNNING], with_deps=False, limit=CURVES)
     ids = [j.id for j in running]
     if len(ids) < CURVES:
-        latest = browse.job_page(store, status=[Status.DONE], sort="finished_at", descending=True, limit=CURVES)
+        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES)
         ids += [j.id for j in latest.jobs][: CURVES - len(ids)]
     return sorted(ids)
 
