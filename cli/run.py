@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.machine import JobProcesses
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
-from jobman.dispatch.worker import Worker, WorkerOptions
+from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.url import mask_password, parse_db
 
@@ -25,6 +25,7 @@ from .common import db_options, err, open_store, split_db_arg
 
 DEFAULT_EXPROOT = "jobman_runs"
 SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
+BAD_ENDS = ("FAILED", "CRASHED")  # how a job a worker ran may end badly
 NO_HOST = "-"  # not a valid host name: a monitor "on" it checks no pid, only allocations and heartbeats
 
 
@@ -42,6 +43,14 @@ def limit_options(fn):
     return fn
 
 
+def outage_option(fn):
+    """How long a database outage is waited out (worker and dispatch)."""
+    return click.option("--outage-wait", type=click.FloatRange(0), envvar="JOBMAN_OUTAGE_WAIT", default=None,
+                        metavar="SECONDS",
+                        help="Wait this long for a database that went away (a server restart, a failover) "
+                             "before giving up; a running job goes on meanwhile. Default: 600.")(fn)
+
+
 def process_options(fn):
     """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
     @functools.wraps(fn)
@@ -57,16 +66,16 @@ def process_options(fn):
 
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                processes: JobProcesses = JobProcesses()) -> int:
+                outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> WorkerSummary:
     store = open_store(db, table, url)
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
-                            max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout)
+                            max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
     worker = Worker(store, options)
     worker.install_signal_handlers()
     summary = worker.run()
     click.echo(summary.line(), err=True)
-    return 0
+    return summary
 
 
 @click.command("worker")
@@ -77,17 +86,22 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="When nothing is ready, wait while other jobs run (they may unlock more).")
 @click.option("--idle-timeout", type=click.FloatRange(0), default=None, help="Stop waiting after this many seconds.")
+@outage_option
 @process_options
-def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes) -> int:
+def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+           processes) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
     \b
     Example:
       jobman worker 'sqlite:///sweeps.db?table=mlp' --timeout 3600
     SIGTERM (or Ctrl-C) lets the running job checkpoint, puts it back in the
-    queue without counting an attempt, and exits.
+    queue without counting an attempt, and exits. A database that goes away is
+    waited for (--outage-wait); the running job goes on meanwhile.
     """
-    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes)
+    _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+                processes)
+    return 0
 
 
 @click.command("sql")
@@ -99,6 +113,8 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
 def sql(args, db, table, count, timeout) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
+    Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
+
     \b
     Example:
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
@@ -107,7 +123,13 @@ def sql(args, db, table, count, timeout) -> int:
     if len(rest) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
     exproot = rest[0] if rest else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
-    return _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    summary = _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    bad = {s: n for s, n in summary.by_status.items() if s in BAD_ENDS}
+    if bad:
+        click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
+                   "FAILED,CRASHED`, fix, then `jobman retry`", err=True)
+        return 1
+    return 0
 
 
 @click.command("dispatch")
@@ -138,9 +160,11 @@ def sql(args, db, table, count, timeout) -> int:
                    "Default: the cluster's setting.")
 @click.option("--allow-sqlite", is_flag=True,
               help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
+@outage_option
 @process_options
 def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
-             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, processes) -> int:
+             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, outage_wait,
+             processes) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
@@ -153,6 +177,11 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
 
     Local: exits 0 when every job is DONE, 1 when some FAILED, CRASHED or are
     BLOCKED. Ctrl-C stops the workers cleanly: their jobs go back to the queue.
+    A database that goes away (a server restart) is waited for, up to
+    --outage-wait. Workers that fail at once (a full disk, a read-only
+    database) are started again with backoff, 5 in a row at most; then
+    dispatch stops with their error. However dispatch ends, its workers
+    stop with it and put their jobs back.
 
     \b
     Slurm, pull workers (the default): one job array whose tasks each run
@@ -193,10 +222,12 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
+    if outage_wait is not None:
+        worker_args += ["--outage-wait", str(outage_wait)]
     worker_args += processes.worker_args()
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
-        return _dispatch_local(store, workers, worker_args, exproot, show)
+        return _dispatch_local(store, workers, worker_args, exproot, show, outage_wait)
     try:
         return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
                                one_job_per_task, sbatch_phase, bool(follow), requeue)
@@ -208,7 +239,7 @@ class SlurmError(JobmanError):
     """Slurm could not do what was asked."""
 
 
-def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
+def _dispatch_local(store, workers, worker_args, exproot, show, outage_wait=None) -> int:
     from jobman.dispatch.backends.local import LocalBackend
     from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
 
@@ -217,10 +248,32 @@ def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
     log_dir = Path(exproot).resolve() / store.experiment / "_workers"
     local = LocalBackend(log_dir)
     watcher = _watcher(store, {"local": local})
-    with _ProgressView(show) as view:
-        tally = Dispatcher(store, local, DispatchOptions(n, tuple(worker_args)), watcher=watcher,
-                           on_tick=view.update).run()
+    options = DispatchOptions(n, tuple(worker_args), outage_wait=outage_wait)
+    with _ProgressView(show) as view, _terminate_as_interrupt():
+        tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update, log=_log_line).run()
     return _report_end(store, tally, view)
+
+
+def _log_line(message: str) -> None:
+    err.print(f"jobman dispatch: {message}", markup=False, highlight=False)
+
+
+class _terminate_as_interrupt:
+    """SIGTERM and SIGHUP end a dispatch as Ctrl-C does: its workers are stopped and put their jobs back."""
+
+    def __enter__(self) -> None:
+        import signal
+
+        def interrupt(_signum, _frame):
+            raise KeyboardInterrupt
+
+        self.saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
 
 
 def _password_to_environment(store) -> dict[str, str]:
@@ -404,34 +457,89 @@ class _ProgressView:
 
 @click.command("cmdline")
 @click.argument("args", nargs=-1, required=True, metavar="TARGET [k=v]...")
-@click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Where the run keeps its files and checkpoint (state.json).")
-def cmdline(args, workdir) -> int:
-    """Run one experiment here, without a database (jobman's cmdline); resumes from workdir.
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the run keeps its files and checkpoint (state.json). Default: a new directory "
+                   "jobman_DATE_TIME_XXXX here.")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --workdir (same target and parameters).")
+def cmdline(args, workdir, resume) -> int:
+    """Run one experiment here, without a database (jobman's cmdline).
 
-    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again to resume),
-    1 when it FAILED.
+    Each run gets a new directory unless --workdir names one; a directory holding
+    an earlier run's state is resumed only with --resume, and only by the same
+    target and parameters.
+
+    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again
+    with --resume to continue), 1 when it FAILED.
 
     \b
     Example:
       jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1
+      jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1 --resume
     """
-    from jobman.dispatch.experiment import TargetError, run_direct
-    from jobman.jobdb.sweep import parse_sweep
+    from jobman.dispatch.experiment import TargetError, resolve, run_direct
+    from jobman.jobdb.sweep import canonical_target, parse_sweep
 
     parsed = parse_sweep(list(args))
     if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
         raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
     params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
+    target = canonical_target(parsed.phases[0].target)
+    if resume and workdir is None:
+        raise UsageError("--resume continues the run saved in a directory: name it with --workdir")
     try:
-        outcome = run_direct(parsed.phases[0].target, params, Path(workdir))
+        fn = resolve(target)
     except TargetError as exc:
         raise UsageError(str(exc)) from None
-    click.echo(json.dumps({"status": outcome.status, "results": outcome.results}, indent=2))
+    run_dir = Path(workdir) if workdir is not None else _fresh_run_directory()
+    _check_saved_run(run_dir, target, params, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CMDLINE_RECORD).write_text(json.dumps({"target": target, "params": params}, sort_keys=True))
+    outcome = run_direct(fn, params, run_dir, resume=resume)
+    click.echo(json.dumps({"status": outcome.status, "results": outcome.results, "workdir": str(run_dir)},
+                          indent=2))
     if outcome.error:
         click.echo(outcome.error, err=True)
     # As a command job would say it: 75 asks to be run again and resumed (a cmdline wrapped in one does).
     return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(outcome.status, 1)
+
+
+CMDLINE_RECORD = "cmdline.json"  # the target and parameters of the run a directory holds
+
+
+def _fresh_run_directory() -> Path:
+    """A new directory for one run, as the original jobman made: jobman_DATE_TIME_XXXX in this directory."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=time.strftime("jobman_%Y%m%d_%H%M%S_"), dir="."))
+
+
+def _check_saved_run(run_dir: Path, target: str, params: dict, resume: bool) -> None:
+    """Refuse to run over another run's saved state: resumed only when asked, and only the same run."""
+    from jobman.dispatch.channel import DirectChannel
+
+    state_file = run_dir / DirectChannel.STATE_FILE
+    if not state_file.exists():
+        return
+    if not resume:
+        raise UsageError(f"{run_dir} holds the saved state of an earlier run: add --resume to continue it, "
+                         "or give another --workdir")
+    try:
+        record = json.loads((run_dir / CMDLINE_RECORD).read_text())
+        saved_target, saved = record["target"], record["params"]
+    except (OSError, ValueError, KeyError, TypeError):  # a state saved some other way: its values are the record
+        saved_target, saved = target, {k: v for k, v in json.loads(state_file.read_text()).items() if k in params}
+    if saved_target != target:
+        raise UsageError(f"{run_dir} holds a run of {saved_target}, not {target}: give another --workdir")
+    differ = sorted(k for k in set(saved) | set(params) if saved.get(k, _UNSET) != params.get(k, _UNSET))
+    if differ:
+        key = differ[0]
+        was = json.dumps(saved[key]) if key in saved else "unset"
+        now = json.dumps(params[key]) if key in params else "unset"
+        raise UsageError(f"{run_dir} holds a run with other parameters ({key} was {was}, now {now}): "
+                         "give another --workdir to start a new run")
+
+
+_UNSET = object()
 
 
 COMMANDS = [worker, sql, dispatch, run_job, cmdline]

@@ -11,6 +11,7 @@ forwards stop requests, and is the only writer of the job's final status.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -24,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
-from .experiment import TargetError
+from .experiment import TargetError, by_value
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
+from .outage import Outage
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
@@ -208,11 +210,12 @@ class Runner:
     """Runs claimed jobs for one worker, keeping resolved targets warm between jobs."""
 
     def __init__(self, store: Store, limits: RunLimits, stopping: Callable[[], bool] = lambda: False,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, outage: Outage | None = None) -> None:
         self.store = store
         self.limits = limits
         self.stopping = stopping
         self.log = log
+        self.outage = outage or Outage(log)
         self.server = ForkServer(limits.jobs_per_process)
         weakref.finalize(self, self.server.close)
 
@@ -232,7 +235,8 @@ class Runner:
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            parents = self.store.parents(job.id) if job.depends_on else []
+            parents = self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents") \
+                if job.depends_on else []
             if job.kind == "fn":
                 child: _Command = self._start_function(job, lease, parents, workdir)
             else:
@@ -254,11 +258,20 @@ class Runner:
                            "results": job.results},
                    "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
                                 "params": p.params, "results": p.results or {}} for p in parents]}
+        if by_value(job.target):
+            request["code"] = self._code_of(job.target)
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
         return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message))
+
+    def _code_of(self, target: str) -> str:
+        """The stored code of a function run by value, as text for the fork server's JSON request."""
+        code = self.store.function_code(target)
+        if code is None:
+            raise TargetError(f"{target!r} is run by value, but no code of it is stored in this experiment")
+        return base64.b64encode(code).decode()
 
     def _answer(self, job: Job, lease: int, message: dict[str, Any]) -> dict[str, Any]:
         """Write a job's checkpoint or metrics under its lease; the answer it waits for."""
@@ -301,6 +314,7 @@ class Runner:
         reason: str | None = None
         term_at: float | None = None
         killed = False
+        beat_failing = False
         while not child.reap():
             now = time.time()
             wake = [next_beat, now + 0.5]
@@ -315,13 +329,18 @@ class Runner:
                 try:
                     if self.store.heartbeat(job.id, lease) and reason is None:
                         reason = "cancel"
+                    if beat_failing:
+                        self.log(f"heartbeats of job {job.id} go through again")
+                        beat_failing = False
                 except LeaseLost:
                     child.send(signal.SIGKILL)
                     while not child.reap():
                         time.sleep(0.01)
                     raise
                 except DatabaseError as exc:  # the database may come back; the job goes on meanwhile
-                    self.log(f"heartbeat of job {job.id} failed: {exc}")
+                    if not beat_failing:
+                        self.log(f"heartbeat of job {job.id} failed ({exc}); the job goes on, heartbeats are retried")
+                    beat_failing = True
             if reason is None and deadline is not None and now >= deadline:
                 reason = "timeout"
             if reason is None and self.stopping():
@@ -342,7 +361,9 @@ class Runner:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
+        exit_code = child.exit_code
         if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
+            exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
             report = child.report
             outcome, results, error = report["status"], report["results"], report["error"]
         elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
@@ -373,17 +394,19 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=child.exit_code,
-                            why=why)
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code, why=why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:
         delay = 1.0
-        for attempt in range(8):  # a result computed must not be dropped for a passing database outage
-            try:
+        for attempt in range(4):
+            try:  # a result computed must not be dropped for a database outage: it is waited out
                 if then is None or outcome == "REQUEUE":  # a stopping worker claims nothing more
-                    return self.store.finish(job.id, lease, outcome, **kwargs).value, None
-                status, claimed = self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs)
+                    return self.outage.call(lambda: self.store.finish(job.id, lease, outcome, **kwargs).value,
+                                            f"recording job {job.id}"), None
+                status, claimed = self.outage.call(
+                    lambda: self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs),
+                    f"recording job {job.id}")
                 return status.value, claimed
             except LeaseLost as exc:
                 self.log(str(exc))
@@ -393,8 +416,10 @@ class Runner:
                     raise
                 error = "\n".join(e for e in (kwargs.get("error"), str(exc)) if e)
                 outcome, kwargs = "FAILED", {**kwargs, "results": None, "error": error, "why": str(exc)}
-            except DatabaseError as exc:
-                if attempt == 7:
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError as exc:  # not an outage (a full disk, a read-only file): a few tries only
+                if attempt == 3:
                     raise
                 self.log(f"recording job {job.id} failed ({exc}); retrying in {delay:.0f} s")
                 time.sleep(delay)
