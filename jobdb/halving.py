@@ -179,21 +179,21 @@ def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
 
 
 def after_finish(conn: Connection, job_id: int, refresh: Callable[[Connection, list[int], str], None],
-                 hash_of: Callable[[int, str, str, dict], str]) -> list[int]:
+                 hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float] = time.time) -> list[int]:
     """Promote what the end of ``job_id`` allows, in the caller's transaction; the new jobs' ids.
 
     ``refresh`` re-derives the status of new jobs from their parents (the store's), ``hash_of``
-    gives a job's identity.
+    gives a job's identity, ``now`` the time the store stamps rows with.
     """
     memberships = conn.execute(sa.select(t_sjob.c.search_id, t_sjob.c.rung).where(t_sjob.c.job_id == job_id)).all()
     new: list[int] = []
     for search_id, rung in memberships:
-        new += _promote(conn, search_id, rung, refresh, hash_of)
+        new += _promote(conn, search_id, rung, refresh, hash_of, now)
     return new
 
 
 def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Connection, list[int], str], None],
-             hash_of: Callable[[int, str, str, dict], str]) -> list[int]:
+             hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float]) -> list[int]:
     exp, spec = conn.execute(sa.select(t_search.c.experiment_id, t_search.c.spec)
                              .where(t_search.c.id == search_id)).one()
     rules = Halving.from_json(spec)
@@ -227,14 +227,14 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
                f"{ranked.index(config) + 1} of {len(scores)} finished at rung {rung}, "
                f"{rules.metric} {scores[config]:.6g}")
         for member in jobs[config]:
-            new += _child(conn, exp, search_id, member.id, rung + 1, config, rules, why, hash_of)
+            new += _child(conn, exp, search_id, member.id, rung + 1, config, rules, why, hash_of, now())
     if new:
         refresh(conn, new, "promoted")
     return new
 
 
 def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, config: str, rules: Halving,
-           why: str, hash_of: Callable[[int, str, str, dict], str]) -> list[int]:
+           why: str, hash_of: Callable[[int, str, str, dict], str], now: float) -> list[int]:
     """The job that continues ``parent`` at ``rung``; made unless it exists, linked unless it is."""
     p = conn.execute(sa.select(t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority,
                                t_job.c.max_attempts).where(t_job.c.id == parent)).one()
@@ -243,7 +243,6 @@ def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, c
     child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
                                                      t_job.c.params_hash == digest)).scalar()
     made = child is None
-    now = time.time()
     if made:
         child = conn.execute(sa.insert(t_job).values(
             experiment_id=exp, phase=p.phase + 1, kind=p.kind, target=p.target, params=dump_json(params, "parameters"),

@@ -854,7 +854,8 @@ class Store:
 
     def _search_after_finish(self, conn: Connection, job_id: int) -> None:
         """The one place where the end of a job moves a search on: promotions, in the finishing commit."""
-        _halving.after_finish(conn, job_id, lambda c, ids, why: self._refresh(c, ids, why=why), params_hash)
+        _halving.after_finish(conn, job_id, lambda c, ids, why: self._refresh(c, ids, why=why), params_hash,
+                              lambda: self.clock.now(conn))
 
     def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:
         conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
