@@ -20,8 +20,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from . import graph, transitions
-from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from . import halving as _halving
 from .canonical import dump_json
+from .clock import ServerClock
+from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .hot import HotStatements, claim_values, owned
 from .records import (CLAIMED_ATTEMPT, CLAIMED_COLUMNS, RUNNING_COLUMNS, Claimed, Event, Found, Job, RunningJob,
                       ScheduleResult, WorkerInfo, to_claimed)
@@ -74,9 +76,12 @@ class Store:
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
+        self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
         self._tx = Transactions(target, self.engine, self.hot)
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
+        # What the end of a run needs beyond its transaction: the server's time, and the searches it moves on.
+        self._ends = dict(clock=self.clock.now, after_end=self._search_after_finish)
         self._experiment_id: int | None = None
         if check_schema:
             with _engine.translated_errors(target):
@@ -128,10 +133,12 @@ class Store:
 
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
-                 max_attempts: int = 3, progress: Callable[[int], None] | None = None) -> ScheduleResult:
+                 max_attempts: int = 3, progress: Callable[[int], None] | None = None,
+                 halving: "_halving.Halving | None" = None) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
-        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
+        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
+        the jobs are the first rung of a successive-halving search, recorded in the same transaction.
         """
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
@@ -203,6 +210,8 @@ class Store:
             if after or pending_parents - set(fresh_ids):
                 graph.refresh(conn, self._events, waiting, why="scheduled")
             job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
+            if halving is not None:
+                _halving.register(conn, exp, halving, list(job_ids), [s.params for s in specs])
             return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids))
 
         return self._write(run)
@@ -226,7 +235,7 @@ class Store:
                log: list[dict[str, Any]] | None = None) -> Found | None:
         """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
         write), for :func:`_to_claimed` once the lock is released."""
-        now = time.time()
+        now = self.clock.now(conn)
         rows = self.hot.claim.rows(conn, exp=self._experiment(conn), **_claim_args(worker, workdir_root, now))
         if not rows:
             return None
@@ -290,7 +299,7 @@ class Store:
             if assigned_to is not None:
                 where.append(t_job.c.backend_id == assigned_to)
             row = conn.execute(sa.update(t_job).where(*where).values(**claim_values()).returning(*t_job.c),
-                               _claim_args(worker, workdir_root, time.time())).first()
+                               _claim_args(worker, workdir_root, self.clock.now(conn))).first()
             if row is None:
                 return None
             job = Job.from_row(row, self._parent_ids(conn, row.id))
@@ -326,7 +335,7 @@ class Store:
     def heartbeat(self, job_id: int, lease: int) -> bool:
         """Prove the job alive; returns True when a stop was requested (cancel --running)."""
         def run(conn: Connection) -> bool | None:
-            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=time.time())
+            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn))
             return bool(rows[0][0]) if rows else None
 
         answer = self._write(run)
@@ -340,7 +349,7 @@ class Store:
         if len(blob) > MAX_STATE_BYTES:
             raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                 "limit: keep large arrays in files in the job's workdir")
-        ok = self._write(lambda c: self.hot.save.rows(c, id=job_id, lease=lease, results=blob, now=time.time()))
+        ok = self._write(lambda c: self.hot.save.rows(c, id=job_id, lease=lease, results=blob, now=self.clock.now(c)))
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
 
@@ -369,7 +378,7 @@ class Store:
         """
         blob, outcome, error = self._result_blob(results, outcome, error)
         status = self._write(lambda conn: transitions.finish(conn, self._events, self.hot, job_id, lease, outcome,
-                                                             blob, error, exit_code, why, relaunch))
+                                                             blob, error, exit_code, why, relaunch, **self._ends))
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
         return status
@@ -388,7 +397,7 @@ class Store:
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
             status = transitions.finish(conn, self._events, self.hot, job_id, lease, outcome, blob, error, exit_code,
-                                        why, True, log)
+                                        why, True, log, **self._ends)
             claimed = self._claim(conn, worker, workdir_root, log) if status is not None else None
             self._events(conn, log)
             return status, claimed
@@ -407,6 +416,11 @@ class Store:
             blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                           "limit: keep large arrays in files in its workdir"), "FAILED"
         return blob, outcome, error
+
+    def _search_after_finish(self, conn: Connection, job_id: int) -> None:
+        """The one place where the end of a job moves a search on: promotions, in the finishing commit."""
+        _halving.after_finish(conn, job_id, lambda c, ids, why: graph.refresh(c, self._events, ids, why=why),
+                              params_hash, lambda: self.clock.now(conn))
 
     # -- the monitor's verbs ---------------------------------------------------------------
     def running(self) -> list[Job]:
@@ -433,6 +447,10 @@ class Store:
 
         return self._write(run)
 
+    def server_time(self) -> float:
+        """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""
+        return self._read(self.clock.now)
+
     def running_brief(self) -> list[RunningJob]:
         """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
         cols = [t_job.c[name] for name in RUNNING_COLUMNS]
@@ -457,7 +475,8 @@ class Store:
         for job_id, lease, reason in found:
             wanted.setdefault(job_id, {})[lease] = reason
         return self._write(lambda conn: transitions.crash_found(
-            conn, self._events, self._experiment(conn), wanted, relaunch=relaunch, max_attempts=max_attempts)) \
+            conn, self._events, self._experiment(conn), wanted, relaunch=relaunch, max_attempts=max_attempts,
+            now=self.clock.now(conn))) \
             if wanted else {}
 
     def relaunch_due(self, *, include_failed: bool = False, max_attempts: int | None = None,
@@ -620,6 +639,22 @@ class Store:
                 raise NoSuchJob(f"no job {job_id} in experiment {self.experiment!r}")
             return Job.from_row(row, self._parent_ids(conn, job_id))
         return self._read(run)
+
+    def prune_verdict(self, job_id: int, step: int, metrics: dict[str, float]) -> str | None:
+        """Why a running job should stop (its search prunes, and it is worse than the median), or None."""
+        return self._read(lambda conn: _halving.prune_verdict(conn, job_id, step, metrics))
+
+    def continues_from(self, job_id: int) -> str | None:
+        """The workdir a promoted job of a search starts from (its parent's), or None."""
+        return self._read(lambda conn: _halving.continues_from(conn, job_id))
+
+    def search_summaries(self) -> list[str]:
+        """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
+        return self._read(lambda conn: _halving.summaries(conn, self._experiment(conn)))
+
+    def rungs(self) -> dict[int, tuple[int, int, str]]:
+        """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""
+        return self._read(lambda conn: _halving.rungs_of(conn, self._experiment(conn)))
 
     def children(self, job_id: int) -> list[int]:
         return self._read(lambda c: sorted(graph.children(c, job_id)))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -38,6 +38,12 @@ from .txn import chunks
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
 _RUNNING, _DONE = Status.RUNNING.value, Status.DONE.value
 _RECHECK = "its dependencies are not all DONE"
+Clock = Callable[[Connection], float]  # the time to stamp a move with (the store's: the database server's)
+Ended = Callable[[Connection, int], None]  # told of a job that ended, in the transaction that ends it
+
+
+def _local_time(_conn: Connection) -> float:
+    return time.time()
 
 
 def check_settable(status: Status) -> None:
@@ -57,13 +63,17 @@ def current(conn: Connection, job_id: int) -> Any:
 
 def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, outcome: str,
            blob: str | None, error: str | None, exit_code: int | None, why: str | None, relaunch: bool,
-           pending: list[dict[str, Any]] | None = None) -> Status | None:
+           pending: list[dict[str, Any]] | None = None, *, clock: Clock = _local_time,
+           after_end: Ended | None = None) -> Status | None:
     """Record how the run at ``lease`` ended; None if the caller no longer owns the job.
 
     With ``pending``, a DONE job without dependents leaves its event there, for the caller to
-    write with the next claim's (one statement for both)."""
+    write with the next claim's (one statement for both). ``clock`` stamps the end (the store's:
+    the database server's time); ``after_end`` is told of every job that ended (DONE, or ended
+    badly for good), in the same transaction (a search moves on)."""
     if outcome == Outcome.DONE:  # the hot path: one statement
-        return finish_done(conn, log, hot, job_id, lease, blob, exit_code, why, pending)
+        return finish_done(conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock,
+                           after_end=after_end)
     try:
         outcome = Outcome(outcome)
     except ValueError:
@@ -72,7 +82,7 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
                        .where(owned()).with_for_update(), {"id": job_id, "lease": lease}).first()  # vs. a crash
     if row is None:
         return None
-    now = time.time()
+    now = clock(conn)
     values: dict[str, Any] = {"heartbeat_at": now}
     if blob is not None:
         values["results"] = blob
@@ -102,13 +112,16 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
         graph.refresh(conn, log, [job_id], why=_RECHECK)
         return _status(conn, job_id)
     ended_downstream(conn, log, {job_id: new})
+    if after_end is not None:
+        after_end(conn, job_id)
     return new
 
 
 def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, blob: str | None,
-                exit_code: int | None, why: str | None, pending: list[dict[str, Any]] | None = None) -> Status | None:
+                exit_code: int | None, why: str | None, pending: list[dict[str, Any]] | None = None, *,
+                clock: Clock = _local_time, after_end: Ended | None = None) -> Status | None:
     """The common end: mark DONE, log it (or leave its event in ``pending``), queue ready dependents."""
-    rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=time.time(), results=blob, exit_code=exit_code)
+    rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code)
     if not rows:
         return None
     attempt, has_children = rows[0]
@@ -120,11 +133,13 @@ def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lea
         log(conn, [event])
     if has_children:
         graph.refresh(conn, log, [r[0] for r in hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
+    if after_end is not None:
+        after_end(conn, job_id)
     return Status.DONE
 
 
 def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int, str]], *, relaunch: bool,
-                max_attempts: int | None) -> dict[int, Status]:
+                max_attempts: int | None, now: float | None = None) -> dict[int, Status]:
     """RUNNING jobs found dead (``found``: job id -> {lease: reason}) end CRASHED, or CANCELED when
     their stop was asked; those with attempts left (``max_attempts``, or each job's own) are
     relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer."""
@@ -152,20 +167,21 @@ def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int,
             again.append((r.id, r.attempt, limit, reason))
     if ended:
         conn.execute(sa.update(t_job).where(t_job.c.id == sa.bindparam("_id")).values(
-            status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=time.time()), ended)
+            status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now or time.time()), ended)
     log(conn, events)
     dead = {i: s for i, s in out.items() if i not in {a[0] for a in again}}
-    out.update(relaunch_crashed(conn, log, again))
+    out.update(relaunch_crashed(conn, log, again, now=now))
     ended_downstream(conn, log, dead)
     return out
 
 
-def relaunch_crashed(conn: Connection, log: Log, crashed: Sequence[tuple[int, int, int, str]]) -> dict[int, Status]:
+def relaunch_crashed(conn: Connection, log: Log, crashed: Sequence[tuple[int, int, int, str]],
+                     now: float | None = None) -> dict[int, Status]:
     """CRASHED jobs (id, attempt, attempt limit, reason) queued again, keeping their checkpoint; a parent
     reset while one ran leaves it WAITING instead. Returns each one's new status."""
     if not crashed:
         return {}
-    now = time.time()
+    now = now or time.time()
     ids = [c[0] for c in crashed]
     for chunk in chunks(ids):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(
