@@ -25,8 +25,8 @@ from . import charts
 PAGE_SIZE = 50
 TAIL_BYTES = 4000
 REPORT_ROWS = 50  # configurations listed in the report view (all of them feed its best)
-CHART_POINTS = 2000  # configurations drawn in a scatter; more are thinned evenly
-PARALLEL_LINES = 400
+CHART_POINTS = 1000  # configurations drawn in a scatter; more are thinned evenly
+PARALLEL_LINES = 200
 CURVES = 8  # learning curves overlaid by default
 BEST_TTL = 10.0  # seconds a best result of the experiments page is kept while jobs keep finishing
 _PREFERRED = ("valid_error", "val_error", "valid_loss", "val_loss", "error", "loss", "test_error", "accuracy")
