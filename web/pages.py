@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 
@@ -80,6 +80,18 @@ class ReportCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
+        self._drawn: dict[tuple, tuple[report.Report, Any]] = {}
+
+    def drawn(self, experiment: str, choice: "Choice", rep: report.Report, draw: Callable[[], Any]) -> Any:
+        """What ``draw`` makes of ``rep`` (its charts), made once per report built."""
+        key = (experiment, choice)
+        with self._lock:
+            found = self._drawn.get(key)
+        if found is None or found[0] is not rep:
+            found = (rep, draw())
+            with self._lock:
+                self._drawn[key] = found
+        return found[1]
 
     def cached(self, experiment: str, choice: "Choice") -> report.Report | None:
         with self._lock:
@@ -122,7 +134,8 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
     chosen: int | None = None
     for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
         # The newest DONE job of the phase by id: read from the end of an index, not sorted.
-        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1)
+        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1,
+                                 count=False)
         results = sample.jobs[0].results if sample.jobs else None
         found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
         if found:
@@ -226,7 +239,8 @@ def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict
     for (_, status), n in counts.items():
         totals[status] = totals.get(status, 0) + n
     rep = reports.get(store, choice, totals)
-    return {"report": rep, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
+    return {"report": rep, "rows": rep.rows[:REPORT_ROWS],
+            "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep))}
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
@@ -261,7 +275,7 @@ def default_curve_ids(store: Store) -> list[int]:
     running = store.jobs(status=[Status.RUNNING], with_deps=False, limit=CURVES)
     ids = [j.id for j in running]
     if len(ids) < CURVES:
-        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES)
+        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES, count=False)
         ids += [j.id for j in latest.jobs][: CURVES - len(ids)]
     return sorted(ids)
 
