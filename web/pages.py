@@ -81,6 +81,7 @@ class ReportCache:
         self._lock = threading.Lock()
         self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
         self._drawn: dict[tuple, tuple[report.Report, Any]] = {}
+        self.bests: dict[str, dict[str, Any] | None] = {}  # the experiments page's, as last found
 
     def drawn(self, experiment: str, choice: "Choice", rep: report.Report, draw: Callable[[], Any]) -> Any:
         """What ``draw`` makes of ``rep`` (its charts), made once per report built."""
@@ -92,11 +93,6 @@ class ReportCache:
             with self._lock:
                 self._drawn[key] = found
         return found[1]
-
-    def cached(self, experiment: str, choice: "Choice") -> report.Report | None:
-        with self._lock:
-            found = self._built.get((experiment, choice))
-        return found[2] if found else None
 
     def get(self, store: Store, choice: "Choice", counts: dict[str, int]) -> report.Report:
         key, version, now = (store.experiment, choice), tuple(sorted(counts.items())), time.time()
@@ -162,17 +158,18 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
     rows = []
     for s in browse.experiment_summaries(db.any_store()):
         best, pending = None, False
-        if s.counts.get("DONE"):
+        if s.counts.get("DONE") and build:
             store = db.store(s.name)
             choice = choose(store)
-            if choice.metric and build:
+            if choice.metric:
                 try:
                     best = best_of(reports.get(store, choice, s.counts))
                 except JobmanError:
                     best = None
-            elif choice.metric:
-                best = best_of(reports.cached(s.name, choice))
-                pending = best is None
+            reports.bests[s.name] = best
+        elif s.counts.get("DONE"):
+            pending = s.name not in reports.bests
+            best = reports.bests.get(s.name)
         rows.append({"s": s, "best": best, "pending": pending})
     return {"experiments": rows}
 
