@@ -122,7 +122,7 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
     jobs that carry a result, ranked by its validation error if it has one."""
     if mode not in (None, "min", "max"):
         raise UsageError("the mode is min or max")
-    asked = None if phase in (None, "", "all") else _int(phase, "phase")
+    asked = None if phase in (None, "", "all") else whole_number(phase, "phase")
     done: dict[int, int] = {}
     for (p, status), n in (store.counts() if counts is None else counts).items():
         if status == Status.DONE.value:
@@ -188,10 +188,10 @@ class Listing:
     @classmethod
     def from_query(cls, q: dict[str, str]) -> "Listing":
         statuses = [parse_status(v) for v in q.get("status", "").split(",") if v.strip()]
-        phase = _int(q.get("phase"), "phase") if q.get("phase", "").strip() else None
+        phase = whole_number(q.get("phase"), "phase") if q.get("phase", "").strip() else None
         where = [report.parse_where(w.strip()) for w in q.get("where", "").split(",") if w.strip()]
         sort = q.get("sort", "id") or "id"
-        page = _int(q.get("page", "0") or "0", "page")
+        page = whole_number(q.get("page", "0") or "0", "page")
         if page < 0:
             raise UsageError("the page number is 0 or more")
         return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page)
@@ -323,7 +323,7 @@ def tails(workdir: str | None, log_path: str | None) -> list[tuple[str, str]]:
     return out
 
 
-def _int(text: str | None, what: str) -> int:
+def whole_number(text: str | None, what: str) -> int:
     try:
         return int(str(text).strip())
     except ValueError:
