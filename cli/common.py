@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -46,9 +47,48 @@ def target_of(db: str | None, table: str | None, url_arg: str | None = None) -> 
     return parse_db(url_arg or db, table)
 
 
-def open_store(db: str | None, table: str | None, url_arg: str | None = None, *, create: bool = False) -> Store:
-    """The store for the command's database and experiment."""
-    return Store(target_of(db, table, url_arg), create=create)
+class Database:
+    """The database and experiment a command was given, read and opened only when the command needs them.
+
+    A command checks its own arguments first, so bad input is named before the database is touched
+    (and nothing is created for a command that then refuses).
+    """
+
+    def __init__(self, url_arg: str | None, db: str | None, table: str | None, *, create: bool = False) -> None:
+        self.url_arg, self.db, self.table, self.create = url_arg, db, table, create
+
+    @property
+    def raw_url(self) -> str | None:
+        """The URL as given: the first argument, else --db (or $JOBMAN_DB)."""
+        return self.url_arg or self.db
+
+    @functools.cached_property
+    def target(self) -> DbTarget:
+        return target_of(self.db, self.table, self.url_arg)
+
+    def open(self) -> Store:
+        return Store(self.target, create=self.create)
+
+
+def with_database(rest: str | None = None, *, create: bool = False) -> Callable[[Callable], Callable]:
+    """``db_options``, and the command gets one ``database`` (a :class:`Database`) for its URL, --db and --table.
+
+    Without ``rest`` the command's ``[DB]`` argument is named ``url``; with it, ``rest`` names its variadic
+    argument, whose leading URL (if any) is taken out before the command sees it.
+    """
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, db: str | None, table: str | None, **kwargs: Any) -> Any:
+            if rest is None:
+                url_arg = kwargs.pop("url")
+            else:
+                url_arg, remaining = split_db_arg(kwargs[rest])
+                kwargs[rest] = tuple(remaining)
+            return fn(*args, database=Database(url_arg, db, table, create=create), **kwargs)
+
+        return db_options(wrapper)
+
+    return decorate
 
 
 MAX_JOB_ID = 2**63 - 1  # the largest integer SQLite (and PostgreSQL's bigint) can hold

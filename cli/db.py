@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from jobman.jobdb import engine as db_engine
-from jobman.jobdb.store import Store
 
-from .common import db_options, print_json, target_of
+from .common import Database, print_json, with_database
 
 
 @click.group("db")
@@ -22,8 +21,8 @@ def db_group() -> None:
 
 @db_group.command("upgrade")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
-def upgrade(url: str | None, db: str | None, table: str | None) -> None:
+@with_database()
+def upgrade(database: Database) -> None:
     """Bring the database schema to this jobman's version (alembic).
 
     \b
@@ -31,7 +30,7 @@ def upgrade(url: str | None, db: str | None, table: str | None) -> None:
       jobman db upgrade 'sqlite:///sweeps.db'
     A fresh database is upgraded by itself the first time a sweep is scheduled.
     """
-    target = target_of(db, table, url)
+    target = database.target
     engine = db_engine.make_engine(target)
     with db_engine.translated_errors(target):
         before, after = db_engine.upgrade(engine)
@@ -43,16 +42,16 @@ def upgrade(url: str | None, db: str | None, table: str | None) -> None:
 
 @db_group.command("experiments")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def experiments(url: str | None, db: str | None, table: str | None, fmt: str) -> None:
+def experiments(database: Database, fmt: str) -> None:
     """List the experiments (jobman's tables) in a database.
 
     \b
     Example:
       jobman db experiments 'sqlite:///sweeps.db'
     """
-    store = Store(target_of(db, table, url), create=False)
+    store = database.open()
     names = store.experiments()
     if fmt == "json":
         print_json(names)

@@ -14,8 +14,8 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
-from .common import (confirm, db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out,
-                     parse_ids, print_json, split_db_arg, styled_status)
+from .common import (Database, confirm, fmt_age, fmt_params, fmt_time, fmt_value, job_json, out, parse_ids,
+                     print_json, styled_status, with_database)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -43,13 +43,13 @@ def _results_summary(results: dict | None, width: int = 3) -> str:
 
 @click.command("list")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @click.option("--status", "-s", "status", multiple=True, metavar="STATUS",
               help="Only these statuses (names, jobman codes or START/ERR_RUN; comma-separated or repeated).")
 @click.option("--phase", type=int, help="Only this phase.")
 @click.option("--limit", type=click.IntRange(1), help="At most this many jobs.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[str, ...], phase: int | None,
+def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
               limit: int | None, fmt: str) -> None:
     """One row per job: id, phase, status, attempt, parameters, results.
 
@@ -58,7 +58,7 @@ def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[
       jobman list --db sqlite:///sweeps.db --table mlp --status RUNNING,FAILED
       jobman list 'sqlite:///sweeps.db?table=mlp' --format json | jq '.[].status'
     """
-    store = open_store(db, table, url)
+    store = database.open()
     jobs = store.jobs(status=_statuses(status), phase=phase, limit=limit)
     if fmt == "json":
         print_json([job_json(j) for j in jobs])
@@ -98,20 +98,19 @@ def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[
 
 @click.command("show")
 @click.argument("args", nargs=-1, required=True, metavar="[DB] ID")
-@db_options
+@with_database("args")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> None:
+def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     """One job, whole: parameters, results, dependencies, where it ran, its status history.
 
     \b
     Example:
       jobman show 7 --db 'sqlite:///sweeps.db?table=mlp'
     """
-    url, rest = split_db_arg(args)
-    ids = parse_ids(rest)
+    ids = parse_ids(args)
     if len(ids) != 1:
         raise click.UsageError("give exactly one job id")
-    store = open_store(db, table, url)
+    store = database.open()
     job = store.job(ids[0])
     children = store.children(job.id)
     events = store.events(job.id)
@@ -162,7 +161,7 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 
 @click.command("sqlstatus")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
-@db_options
+@with_database("args")
 @click.option("--status", "status", multiple=True, metavar="STATUS",
               help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, CANCELED, a code, or a name).")
 @click.option("--set_status", "--set-status", "set_to", metavar="STATUS", help="Set the selected jobs to STATUS.")
@@ -171,7 +170,7 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
 @click.option("--all", "everything", is_flag=True, help="With --set_status: every job of the experiment (asks first).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts).")
-def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...],
+def sqlstatus(args: tuple[str, ...], database: Database, status: tuple[str, ...],
               set_to: str | None, print_keys: str | None, count: bool, everything: bool, yes: bool) -> None:
     """jobman's status view: jobs with their numeric status codes, and --set_status.
 
@@ -181,14 +180,13 @@ def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: 
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --set_status START
     --set_status changes the jobs named by ids or --status; every job only with --all.
     """
-    url, rest = split_db_arg(args)
-    ids = parse_ids(rest)
+    ids = parse_ids(args)
     statuses = _statuses(status)
     if set_to is not None:
         new = parse_status(set_to)
         if not (ids or statuses or everything):
             raise UsageError("name the jobs to set: ids (12, 12,13 or 10-20), --status, or --all")
-    store = open_store(db, table, url)
+    store = database.open()
     jobs = store.jobs(status=statuses, ids=ids, with_deps=False)
     if set_to is not None:
         if not jobs:

@@ -18,7 +18,7 @@ from jobman.jobdb.errors import DatabaseError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 
-from .common import STATUS_STYLE, db_options, err, fmt_age, fmt_time, open_store, out, print_json
+from .common import STATUS_STYLE, err, fmt_age, fmt_time, out, print_json, with_database
 
 STATUS_ORDER = [s.value for s in (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.DONE, Status.FAILED,
                                   Status.CRASHED, Status.BLOCKED, Status.CANCELED)]
@@ -27,7 +27,7 @@ RECENT_CRASHES = 8
 
 @click.command("monitor")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @click.option("--interval", type=click.FloatRange(0.1), default=10.0, show_default=True,
               help="Seconds between scans.")
 @click.option("--once", is_flag=True, help="Scan once, print what was found and done, and exit (cron, scripts).")
@@ -43,7 +43,7 @@ RECENT_CRASHES = 8
 @click.option("--dry-run", is_flag=True, help="Find and report; change nothing.")
 @click.option("--rows", type=click.IntRange(0), default=15, show_default=True,
               help="Running jobs shown (those with the oldest heartbeat first).")
-def monitor(url, db, table, interval, once, fmt, relaunch, max_attempts, include_failed, heartbeat_grace, dry_run,
+def monitor(database, interval, once, fmt, relaunch, max_attempts, include_failed, heartbeat_grace, dry_run,
             rows) -> int:
     """Find RUNNING jobs that are not, mark them CRASHED with the reason, relaunch them.
 
@@ -58,7 +58,7 @@ def monitor(url, db, table, interval, once, fmt, relaunch, max_attempts, include
       jobman monitor 'sqlite:///sweeps.db?table=mlp' --once --format json
     Watching shows jobs per phase and status, the running jobs and recent crashes; Ctrl-C stops.
     """
-    store = open_store(db, table, url)
+    store = database.open()
     options = MonitorOptions(relaunch=relaunch, max_attempts=max_attempts, heartbeat_grace=heartbeat_grace,
                              include_failed=include_failed, dry_run=dry_run)
     watcher = Monitor(store, options)

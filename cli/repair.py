@@ -18,7 +18,7 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
 
-from .common import confirm, db_options, open_store, out, parse_ids, split_db_arg, styled_status
+from .common import confirm, out, parse_ids, styled_status, with_database
 
 SHOWN_CHANGES = 25
 
@@ -124,7 +124,7 @@ def done_lost(changes: list[dict[str, Any]]) -> str | None:
 
 @click.command("reset")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
-@db_options
+@with_database("args")
 @selection_options
 @click.option("--cascade/--no-cascade", default=True, show_default=True,
               help="Put every job downstream back to WAITING too (their inputs are about to change); "
@@ -132,7 +132,7 @@ def done_lost(changes: list[dict[str, Any]]) -> str | None:
 @click.option("--force", is_flag=True, help="Reset RUNNING jobs too: their workers lose them at the next heartbeat.")
 @dry_run_option
 @yes_option
-def reset(args, db, table, status, phase, everything, cascade, force, dry_run, yes) -> int:
+def reset(args, database, status, phase, everything, cascade, force, dry_run, yes) -> int:
     """Run jobs again from scratch: fresh attempts, results cleared, dependents back to WAITING.
 
     \b
@@ -142,9 +142,8 @@ def reset(args, db, table, status, phase, everything, cascade, force, dry_run, y
       jobman reset --status FAILED --phase 1 --dry-run
     Results cleared are kept in the event log (jobman show ID). Resetting DONE jobs asks first.
     """
-    url, rest = split_db_arg(args)
-    store = open_store(db, table, url)
-    ids = choose(store, parse_ids(rest), status, phase, everything)
+    store = database.open()
+    ids = choose(store, parse_ids(args), status, phase, everything)
     apply(store, lambda: store.reset(ids, cascade=cascade, force_running=force), dry_run=dry_run, yes=yes,
           what="reset", roots=ids, ask_if=done_lost)
     return 0
@@ -152,7 +151,7 @@ def reset(args, db, table, status, phase, everything, cascade, force, dry_run, y
 
 @click.command("retry")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
-@db_options
+@with_database("args")
 @click.option("--crashed", is_flag=True, help="Retry CRASHED jobs (the default when neither flag is given).")
 @click.option("--failed", is_flag=True, help="Retry FAILED jobs.")
 @click.option("--phase", type=int, default=None, help="Only jobs of this phase.")
@@ -160,7 +159,7 @@ def reset(args, db, table, status, phase, everything, cascade, force, dry_run, y
 @click.option("--fresh", is_flag=True, help="Start over (reset) instead of resuming from the last checkpoint.")
 @dry_run_option
 @yes_option
-def retry(args, db, table, crashed, failed, phase, id_opts, fresh, dry_run, yes) -> int:
+def retry(args, database, crashed, failed, phase, id_opts, fresh, dry_run, yes) -> int:
     """Queue CRASHED (and, with --failed, FAILED) jobs again; their dependents go back to WAITING.
 
     \b
@@ -171,10 +170,9 @@ def retry(args, db, table, crashed, failed, phase, id_opts, fresh, dry_run, yes)
     A retried job resumes from its checkpoint in its workdir and keeps its attempt count,
     whatever its attempt limit (--fresh starts it over).
     """
-    url, rest = split_db_arg(args)
-    store = open_store(db, table, url)
+    store = database.open()
     wanted = ([Status.CRASHED] if crashed or not failed else []) + ([Status.FAILED] if failed else [])
-    named = set(parse_ids(rest) + parse_ids(id_opts))
+    named = set(parse_ids(args) + parse_ids(id_opts))
     ids = [i for i in store.select_ids(status=wanted, phase=phase) if not named or i in named]
     if not ids:
         names = " or ".join(s.value for s in wanted)
@@ -190,13 +188,13 @@ def retry(args, db, table, crashed, failed, phase, id_opts, fresh, dry_run, yes)
 
 @click.command("cancel")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
-@db_options
+@with_database("args")
 @selection_options
 @click.option("--running", is_flag=True,
               help="Also stop RUNNING jobs: their worker sees it at the next heartbeat, sends the job SIGTERM "
                    "(should_stop() turns true) and kills it after its grace; the job ends CANCELED.")
 @dry_run_option
-def cancel(args, db, table, status, phase, everything, running, dry_run) -> int:
+def cancel(args, database, status, phase, everything, running, dry_run) -> int:
     """Cancel jobs that have not finished; their dependents become BLOCKED.
 
     \b
@@ -206,9 +204,8 @@ def cancel(args, db, table, status, phase, everything, running, dry_run) -> int:
       jobman cancel --phase 1 --status WAITING,QUEUED
     Finished jobs are left as they are. `jobman reset` undoes a cancel.
     """
-    url, rest = split_db_arg(args)
-    store = open_store(db, table, url)
-    ids = choose(store, parse_ids(rest), status, phase, everything)
+    store = database.open()
+    ids = choose(store, parse_ids(args), status, phase, everything)
     changes = apply(store, lambda: store.cancel(ids, running=running), dry_run=dry_run, what="cancelled", roots=ids)
     stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == "RUNNING"})
     if stopping and not dry_run:
@@ -222,10 +219,10 @@ def cancel(args, db, table, status, phase, everything, running, dry_run) -> int:
 
 @click.command("set-status")
 @click.argument("args", nargs=-1, required=True, metavar="[DB] [ID]... STATUS")
-@db_options
+@with_database("args")
 @selection_options
 @dry_run_option
-def set_status(args, db, table, status, phase, everything, dry_run) -> int:
+def set_status(args, database, status, phase, everything, dry_run) -> int:
     """Force jobs to a status (jobman's --set_status), keeping their dependents consistent.
 
     \b
@@ -236,21 +233,20 @@ def set_status(args, db, table, status, phase, everything, dry_run) -> int:
     STATUS is a name, a jobman code (0 START, 2 DONE, 5 ERR_RUN, -1 CANCELED) or START/ERR_RUN.
     A job becomes RUNNING only when a worker claims it. To run jobs again use reset or retry.
     """
-    url, rest = split_db_arg(args)
-    if not rest:
+    if not args:
         raise UsageError("give the status to set, after the job ids")
-    new = parse_status(rest[-1])
-    store = open_store(db, table, url)
-    ids = choose(store, parse_ids(rest[:-1]), status, phase, everything)
+    new = parse_status(args[-1])
+    store = database.open()
+    ids = choose(store, parse_ids(args[:-1]), status, phase, everything)
     apply(store, lambda: store.set_status(ids, new), dry_run=dry_run, what="set", roots=ids)
     return 0
 
 
 @click.command("set-priority", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, required=True, metavar="[DB] [ID]... PRIORITY")
-@db_options
+@with_database("args")
 @selection_options
-def set_priority(args, db, table, status, phase, everything) -> int:
+def set_priority(args, database, status, phase, everything) -> int:
     """Set the priority of jobs: among QUEUED jobs, higher runs first (default 0; may be negative).
 
     \b
@@ -258,15 +254,14 @@ def set_priority(args, db, table, status, phase, everything) -> int:
       jobman set-priority 12 5
       jobman set-priority --phase 1 -3
     """
-    url, rest = split_db_arg(args)
-    if not rest:
+    if not args:
         raise UsageError("give the priority, after the job ids")
     try:
-        priority = int(rest[-1])
+        priority = int(args[-1])
     except ValueError:
-        raise UsageError(f"the priority must be an integer, not {rest[-1]!r}") from None
-    store = open_store(db, table, url)
-    ids = choose(store, parse_ids(rest[:-1]), status, phase, everything)
+        raise UsageError(f"the priority must be an integer, not {args[-1]!r}") from None
+    store = database.open()
+    ids = choose(store, parse_ids(args[:-1]), status, phase, everything)
     n = store.set_priority(ids, priority)
     out.print(f"{n} job(s) now have priority {priority}")
     return 0
@@ -274,11 +269,11 @@ def set_priority(args, db, table, status, phase, everything) -> int:
 
 @click.command("rm")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
-@db_options
+@with_database("args")
 @selection_options
 @dry_run_option
 @yes_option
-def rm(args, db, table, status, phase, everything, dry_run, yes) -> int:
+def rm(args, database, status, phase, everything, dry_run, yes) -> int:
     """Delete jobs with their events and metrics; their dependents lose that dependency.
 
     \b
@@ -287,9 +282,8 @@ def rm(args, db, table, status, phase, everything, dry_run, yes) -> int:
       jobman rm --status CANCELED --dry-run
     Asks first (there is no undo); a RUNNING job's worker finds it gone when it finishes.
     """
-    url, rest = split_db_arg(args)
-    store = open_store(db, table, url)
-    ids = choose(store, parse_ids(rest), status, phase, everything)
+    store = database.open()
+    ids = choose(store, parse_ids(args), status, phase, everything)
     chosen = set(ids)
     running = [i for i in store.select_ids(status=[Status.RUNNING]) if i in chosen]
     n, released = store.changes_of(lambda: store.delete(ids), dry_run=True)

@@ -17,7 +17,7 @@ from jobman.jobdb import report as rp
 from jobman.jobdb.report import ConfigRow, Report, format_number, format_param
 from jobman.jobdb.store import Store
 
-from .common import db_options, err, open_store, out
+from .common import Database, err, out, with_database
 
 TABLE_ROWS = 30  # rows per table shown by default in table and markdown formats
 TABLE_RESULTS = 5  # result columns in table and markdown formats, the metric first
@@ -56,7 +56,7 @@ def _outer_option(value: str | None) -> str | None:
 
 @click.command("report")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @click.option("--metric", "-m", default="valid_error", show_default=True,
               help="The numeric result that ranks configurations.")
 @click.option("--max", "mode", flag_value="max", help="Higher is better (accuracies).")
@@ -83,7 +83,7 @@ def _outer_option(value: str | None) -> str | None:
                    "(needs matplotlib: pip install 'jobman-sql[plot]').")
 @click.option("--curves", type=click.IntRange(0), default=5, show_default=True,
               help="With --plot: learning curves of this many best configurations.")
-def report(url: str | None, db: str | None, table: str | None, metric: str, mode: str, phase: int | None,
+def report(database: Database, metric: str, mode: str, phase: int | None,
            top: int | None, fmt: str, group_over: str | None, outer: str | None, where: tuple[str, ...],
            allow_incomplete: bool, plot_dir: str | None, curves: int) -> None:
     """Rank configurations by a metric: mean ± std over folds and seeds, the best one in words.
@@ -105,7 +105,7 @@ def report(url: str | None, db: str | None, table: str | None, metric: str, mode
         from . import plots
 
         plots.require_matplotlib()
-    store = open_store(db, table, url)
+    store = database.open()
     result = run_report(store, metric=metric, mode=mode, phase=phase, group_over=_group_option(group_over),
                         outer=_outer_option(outer), where=where, allow_incomplete=allow_incomplete, fmt=fmt,
                         top=top)

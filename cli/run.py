@@ -20,9 +20,9 @@ from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import RAN_BADLY
-from jobman.jobdb.url import mask_password, parse_db
+from jobman.jobdb.url import mask_password
 
-from .common import db_options, err, open_store, split_db_arg
+from .common import Database, err, with_database
 
 DEFAULT_EXPROOT = "jobman_runs"
 SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
@@ -63,10 +63,10 @@ def process_options(fn):
                              "it, a crash still takes down only its own job.")(wrapper)
 
 
-def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
+def _run_worker(database: Database, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
                 outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> WorkerSummary:
-    store = open_store(db, table, url)
+    store = database.open()
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
@@ -79,7 +79,7 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
 
 @click.command("worker")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @limit_options
 @click.option("--max-jobs", "-n", type=click.IntRange(1), default=None, help="Exit after this many jobs.")
 @click.option("--wait/--no-wait", default=True, show_default=True,
@@ -87,7 +87,7 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
 @click.option("--idle-timeout", type=click.FloatRange(0), default=None, help="Stop waiting after this many seconds.")
 @outage_option
 @process_options
-def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
            processes) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
@@ -98,18 +98,18 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
     queue without counting an attempt, and exits. A database that goes away is
     waited for (--outage-wait); the running job goes on meanwhile.
     """
-    _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+    _run_worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
                 processes)
     return 0
 
 
 @click.command("sql")
 @click.argument("args", nargs=-1, metavar="DB [EXPROOT]")
-@db_options
+@with_database("args")
 @click.option("-n", "count", type=click.IntRange(0), default=1, show_default=True,
               help="Run this many jobs, then exit; 0: until none is ready.")
 @click.option("--timeout", type=click.FloatRange(0.01), default=None, help="Wall-time limit of each job (s).")
-def sql(args, db, table, count, timeout) -> int:
+def sql(args, database, count, timeout) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
     Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
@@ -118,11 +118,10 @@ def sql(args, db, table, count, timeout) -> int:
     Example:
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
     """
-    url, rest = split_db_arg(args)
-    if len(rest) > 1:
+    if len(args) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
-    exproot = rest[0] if rest else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
-    summary = _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    exproot = args[0] if args else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
+    summary = _run_worker(database, exproot, timeout, 10.0, 30.0, count or None, False, None)
     bad = {s: n for s, n in summary.by_status.items() if s in RAN_BADLY}
     if bad:
         click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
@@ -133,7 +132,7 @@ def sql(args, db, table, count, timeout) -> int:
 
 @click.command("dispatch")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @limit_options
 @click.option("-j", "--workers", "workers", type=click.IntRange(1), default=None,
               help="How many workers at once (default: local, the number of cores; slurm, one per ready job "
@@ -161,7 +160,7 @@ def sql(args, db, table, count, timeout) -> int:
               help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
 @outage_option
 @process_options
-def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
+def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
              array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, outage_wait,
              processes) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
@@ -213,11 +212,11 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
         raise UsageError("--sbatch-phase is for --one-job-per-task (pull workers run jobs of every phase)")
     if array_parallelism and one_job_per_task:
         raise UsageError("--array-parallelism is for pull workers; with --one-job-per-task, use -j")
-    if backend == "slurm" and parse_db(url or db, table).dialect == "sqlite" and not allow_sqlite:
+    if backend == "slurm" and database.target.dialect == "sqlite" and not allow_sqlite:
         raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
                          "database (postgresql://user@host/db?table=T), or --allow-sqlite if every job "
                          "runs on this host")
-    store = open_store(db, table, url)
+    store = database.open()
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
@@ -370,11 +369,11 @@ def _follow(store, slurm, show: bool, watch: str, run) -> int:
 
 @click.command("run-job")
 @click.argument("args", nargs=-1, metavar="[DB] JOB_ID")
-@db_options
+@with_database("args")
 @limit_options
 @click.option("--assignment-wait", type=click.FloatRange(0), default=60.0, show_default=True,
               help="Inside Slurm: how long to wait for the dispatch to record this Slurm job on the job.")
-def run_job(args, db, table, exproot, timeout, heartbeat, grace, assignment_wait) -> int:
+def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait) -> int:
     """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
 
     \b
@@ -388,12 +387,11 @@ def run_job(args, db, table, exproot, timeout, heartbeat, grace, assignment_wait
     from jobman.dispatch.runner import RunLimits
     from jobman.dispatch.slurm_dispatch import RunJob
 
-    url, rest = split_db_arg(args)
-    if len(rest) != 1 or not rest[0].isdigit():
+    if len(args) != 1 or not args[0].isdigit():
         raise UsageError("run-job takes a database URL and one job id, like: jobman run-job DB 42")
-    store = open_store(db, table, url)
+    store = database.open()
     options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace))
-    runner = RunJob(store, int(rest[0]), options, assignment_wait=assignment_wait)
+    runner = RunJob(store, int(args[0]), options, assignment_wait=assignment_wait)
     runner.install_signal_handlers()
     status = runner.run()
     return 1 if status in RAN_BADLY else 0

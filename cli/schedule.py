@@ -12,7 +12,7 @@ from jobman.jobdb.halving import PRUNE_MIN_FINISHED, Halving, config_of, parse_h
 from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
                                 parse_sweep)
 
-from .common import db_options, err, open_store, parse_ids, split_db_arg
+from .common import Database, err, parse_ids, with_database
 
 _SEP = "\x00phase\x00"
 
@@ -72,7 +72,7 @@ def _bad_after(sel: str):
 
 @click.command("sqlschedule", cls=SweepCommand, context_settings={"ignore_unknown_options": False})
 @click.argument("sweep", nargs=-1, required=True, metavar="[DB] TARGET [k=v | k={{a,b}}]... [-- [TARGET] k=v...]")
-@db_options
+@with_database("sweep", create=True)
 @click.option("--cmd", "command", metavar="COMMAND",
               help="Run a command instead of a function: 'python train.py' (parameters become --key value "
                    "arguments, or fill {key} placeholders).")
@@ -103,7 +103,7 @@ def _bad_after(sel: str):
                    "jobs of this sweep at that step; it ends DONE with pruned=True.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
-def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
+def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
                 after: tuple[str, ...], priority: int, max_attempts: int, samples: int | None, seed: int,
                 sampler: str, halving: str | None, eta: int, metric: str | None, maximize: bool,
                 asynchronous: bool, prune: str | None, no_check: bool, dry_run: bool) -> None:
@@ -122,8 +122,7 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     Scheduling the same sweep twice adds nothing; a larger --samples adds only
     the new points.
     """
-    url, tokens = split_db_arg(sweep)
-    tokens = [PHASE_SEPARATOR if t == _SEP else t for t in tokens]
+    tokens = [PHASE_SEPARATOR if t == _SEP else t for t in sweep]
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
         raise UsageError("--cmd needs a command line, such as 'python train.py'")
@@ -152,7 +151,7 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
         if rules is not None and rules.rungs:
             click.echo(_rungs_line(rules, specs))
         return
-    store = open_store(db, table, url, create=True)
+    store = database.open()
     after_ids: list[int] = []
     if after:
         sel = parse_after(after)
