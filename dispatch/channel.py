@@ -20,33 +20,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from jobman.jobdb.nested import RESERVED, DD, expand, flatten
+
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"
 
 
-class DD(dict):
-    """A dict whose keys are also attributes: ``state.lr`` is ``state['lr']``."""
+def job_info(job_id: int | None, target: str, experiment: str, priority: float, attempt: int, phase: int,
+             workdir: Path | str) -> dict[str, Any]:
+    """What a job finds in ``state.jobman``, the original jobman's names (flat, dotted)."""
+    import socket
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    return {"id": job_id, "experiment": target, "table": experiment, "status": 1, "attempt": attempt,
+            "phase": phase, "sql.priority": priority, "sql.host_name": socket.gethostname(),
+            "sql.host_workdir": str(workdir)}
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
 
-    def __delattr__(self, name: str) -> None:
-        try:
-            del self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getstate__(self) -> dict:
-        return dict(self)
-
-    def __setstate__(self, data: dict) -> None:
-        self.update(data)
+def job_state(params: Mapping[str, Any], results: Mapping[str, Any] | None,
+              info: Mapping[str, Any] | None = None) -> DD:
+    """The ``state`` a job is called with: its parameters and what it saved before, nested by their
+    dots, and ``state.jobman`` (which is never stored as a parameter or a result)."""
+    state = expand({**params, **(results or {})})
+    if info is not None:
+        state[RESERVED] = expand(info)
+    return state
 
 
 @dataclass(frozen=True)
@@ -75,6 +72,7 @@ class Channel:
     params: Mapping[str, Any]
     parents: list[Parent] = field(default_factory=list)
     deadline: float | None = None  # time.time() after which should_stop() is true
+    save_every: float | None = None  # seconds between the 'save' answers of switch()
 
     COMPLETE = COMPLETE
     INCOMPLETE = INCOMPLETE
@@ -84,6 +82,7 @@ class Channel:
         self._stop_reason: str | None = None
         self._state: DD | None = None
         self._stop_poll: Callable[[], bool] | None = None
+        self._last_save_hint = time.time()
 
     # -- stopping -------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -103,6 +102,20 @@ class Channel:
     def stop_reason(self) -> str | None:
         return self._stop_reason
 
+    def switch(self, message: Any = None) -> str | None:
+        """The original jobman's checkpoint opportunity: ``'stop'`` (cancelled or signalled: save
+        and return INCOMPLETE), ``'finish-up'`` (the wall-time limit: reach a checkpoint, save,
+        return INCOMPLETE), ``'save'`` (``--save-every`` elapsed: save and go on), else None."""
+        if self.should_stop():
+            return "finish-up" if self._stop_reason == "wall-time limit reached" else "stop"
+        if self.save_every is not None and time.time() - self._last_save_hint >= self.save_every:
+            self._last_save_hint = time.time()
+            return "save"
+        return None
+
+    def __call__(self, message: Any = None) -> str | None:
+        return self.switch(message)
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (and SIGUSR1, sent by Slurm before a time limit) turn should_stop() on."""
 
@@ -118,8 +131,10 @@ class Channel:
         self._state = state
 
     def results_of(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """The part of ``state`` that is results: what is not an unchanged parameter."""
-        return {k: v for k, v in state.items() if k not in self.params or self.params[k] != v}
+        """The part of ``state`` that is results, flat with dotted names: what is not an unchanged
+        parameter, nor jobman's own ``state.jobman``."""
+        flat = flatten({k: v for k, v in state.items() if k != RESERVED})
+        return {k: v for k, v in flat.items() if k not in self.params or self.params[k] != v}
 
     def save(self) -> None:
         """Checkpoint the job's state (its results so far) so a relaunch resumes from it."""

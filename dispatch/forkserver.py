@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .channel import DD, Channel, Parent, to_jsonable
+from .channel import Channel, Parent, job_state, to_jsonable
 from .experiment import Outcome, TargetError, call, resolve, takes_state_and_channel
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
@@ -168,9 +168,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         os.dup2(target, fd)
         os.close(target)
     job = request["job"]
-    state = DD(job["params"])
-    if job["results"]:
-        state.update(job["results"])
+    state = job_state(job["params"], job["results"], job.get("jobman"))
     parents = [Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
                for p in request["parents"]]
     channel = WorkerChannel(job["id"], job["phase"], job["attempt"], workdir, dict(job["params"]), parents,

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
+from .channel import job_info
 from .experiment import TargetError
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
 
@@ -250,7 +251,9 @@ class Runner:
         deadline = deadline_of(self.limits.timeout)
         request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
                    "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
-                           "results": job.results},
+                           "results": job.results,
+                           "jobman": job_info(job.id, job.target, self.store.experiment, job.priority,
+                                              job.attempt, job.phase, workdir)},
                    "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
                                 "params": p.params, "results": p.results or {}} for p in parents]}
         try:

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .hot import HotStatements
+from .identity import canonical_specs, duplicate_hashes
 from .schema import experiment as t_exp
 from .schema import job as t_job
 from .schema import job_dep as t_dep
@@ -366,11 +367,14 @@ class Store:
 
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
-                 max_attempts: int = 3, progress: Callable[[int], None] | None = None) -> ScheduleResult:
+                 max_attempts: int = 3, progress: Callable[[int], None] | None = None,
+                 duplicate: bool = False) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
-        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
+        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With
+        ``duplicate`` (jobman's ``force_dup``) every job is added, as a new identity, even if present.
         """
+        specs = canonical_specs(specs)
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
@@ -378,6 +382,8 @@ class Store:
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
         hashes = params_hashes(specs, encoded)
+        if duplicate:
+            hashes = duplicate_hashes(hashes)
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
