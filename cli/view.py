@@ -53,7 +53,7 @@ def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
     name = command[0]
     cmd = group.get_command(ctx.parent, name)
     if cmd is None:
-        raise click.UsageError(f"no command named {name!r}; 'jobman help' lists them")
+        raise UsageError(f"no command named {name!r}; 'jobman help' lists them")
     with click.Context(cmd, info_name=name, parent=ctx.parent) as sub:
         click.echo(cmd.get_help(sub))
 
