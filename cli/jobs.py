@@ -10,6 +10,7 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
+from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
@@ -153,41 +154,111 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
 @db_options
 @click.option("--status", "status", multiple=True, metavar="STATUS",
-              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, CANCELED, a code, or a name).")
+              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, ERR_START, CANCELED, a code, "
+                   "or a name).")
+@click.option("--all", "all_jobs", is_flag=True, help="Every job of the experiment (the default without ids).")
+@click.option("--select", "select", multiple=True, metavar="KEY=VALUE",
+              help="Only jobs whose parameter or result KEY equals VALUE (dotted names; repeat to AND).")
+@click.option("--fselect", "fselect", multiple=True, metavar="KEY=LAMBDA",
+              help="Only jobs where LAMBDA(value of KEY) is true: --fselect 'lr=lambda v: v < 0.1'.")
 @click.option("--set_status", "--set-status", "set_to", metavar="STATUS", help="Set the selected jobs to STATUS.")
-@click.option("--print_keys", "--print-keys", "print_keys", metavar="K1,K2",
-              help="Also print these parameters/results.")
+@click.option("--restart", is_flag=True,
+              help="Set the selected jobs back to START; each resumes from the state it saved.")
+@click.option("--reset_prio", "--reset-prio", "reset_prio", is_flag=True,
+              help="Set the selected jobs' priority back to 0, sqlschedule's default.")
+@click.option("--print", "print_key", multiple=True, metavar="KEY", help="Print KEY's value for each job.")
+@click.option("--print_keys", "--print-keys", "print_keys", is_flag=False, flag_value="*", default=None,
+              metavar="[K1,K2]", help="Print these keys' values; alone, list the keys the jobs have.")
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
-def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...],
-              set_to: str | None, print_keys: str | None, count: bool) -> None:
-    """jobman's status view: jobs with their numeric status codes, and --set_status.
+def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...], all_jobs: bool,
+              select: tuple[str, ...], fselect: tuple[str, ...], set_to: str | None, restart: bool,
+              reset_prio: bool, print_key: tuple[str, ...], print_keys: str | None, count: bool) -> None:
+    """jobman's status view: jobs with their numeric status codes; --restart, --set_status, --reset_prio.
 
     \b
     Example:
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --status START
-      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --set_status START
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --restart
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --select hyper.nhid=20 --print valid_error
     """
     url, rest = split_db_arg(args)
+    if restart and set_to is not None:
+        raise UsageError("--restart is --set_status START: give one of them")
+    tests = [*_select_tests(select), *_fselect_tests(fselect)]
     store = open_store(db, table, url)
-    ids = parse_ids(rest)
+    ids = [] if all_jobs else parse_ids(rest)
     jobs = store.jobs(status=_statuses(status), ids=ids, with_deps=False)
-    if set_to is not None:
-        new = parse_status(set_to)
+    jobs = [j for j in jobs if all(test({**j.params, **(j.results or {})}) for test in tests)]
+    if restart:
+        set_to = "START"
+    if set_to is not None or reset_prio:
         if not jobs:
-            raise click.UsageError("no job matches; nothing was changed")
-        changed = store.set_status([j.id for j in jobs], new)
-        click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
+            raise UsageError("no job matches; nothing was changed")
+        if set_to is not None:
+            new = parse_status(set_to)
+            changed = store.set_status([j.id for j in jobs], new)
+            click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
+        if reset_prio:
+            n = store.set_priority([j.id for j in jobs], 0)
+            click.echo(f"{n} job(s) back to priority 0")
         return
     if count:
         click.echo(str(len(jobs)))
         return
-    keys = [k for k in (print_keys or "").split(",") if k]
+    if print_keys == "*":
+        keys = sorted({k for j in jobs for k in {**j.params, **(j.results or {})}})
+        click.echo(" ".join(keys) if keys else "no job has any key")
+        return
+    keys = [k for k in (print_keys or "").split(",") if k] + list(print_key)
     for j in jobs:
         extra = " ".join(f"{k}={fmt_value({**j.params, **(j.results or {})}.get(k))}" for k in keys)
         click.echo(f"Job {j.id}: status {CODES[j.status]} ({j.status.value}) phase {j.phase}"
                    + (f" {extra}" if extra else ""))
     if not jobs:
         click.echo("no job matches")
+
+
+_MISSING = object()
+
+
+def _select_tests(selects: tuple[str, ...]) -> list:
+    from jobman.jobdb.sweep import parse_value
+
+    tests = []
+    for sel in selects:
+        key, eq, raw = sel.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--select {sel!r}: write KEY=VALUE, such as lr=0.1")
+        try:
+            value = parse_value(raw)
+        except ValueError:
+            value = raw
+        tests.append(lambda state, key=key, value=value: state.get(key, _MISSING) == value)
+    return tests
+
+
+def _fselect_tests(fselects: tuple[str, ...]) -> list:
+    tests = []
+    for sel in fselects:
+        key, eq, source = sel.partition("=")
+        if not eq or not key or not source.strip():
+            raise UsageError(f"--fselect {sel!r}: write KEY=LAMBDA, such as 'lr=lambda v: v < 0.1'")
+        try:
+            fn = eval(compile(source, "--fselect", "eval"), {"__builtins__": __builtins__})  # the user's own code
+        except Exception as exc:  # noqa: BLE001 - any error in the user's expression
+            raise UsageError(f"--fselect {sel!r}: {type(exc).__name__}: {exc}") from None
+        if not callable(fn):
+            raise UsageError(f"--fselect {sel!r}: {source.strip()!r} is not a function (write lambda v: ...)")
+
+        def test(state, key=key, fn=fn, sel=sel):
+            if key not in state:
+                return False
+            try:
+                return bool(fn(state[key]))
+            except Exception as exc:  # noqa: BLE001
+                raise UsageError(f"--fselect {sel!r} raised {type(exc).__name__}: {exc}") from None
+        tests.append(test)
+    return tests
 
 
 COMMANDS = [list_jobs, show, sqlstatus]

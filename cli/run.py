@@ -41,9 +41,10 @@ def limit_options(fn):
 
 
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
-                heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None) -> int:
+                heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
+                save_every: float | None = None) -> int:
     store = open_store(db, table, url)
-    options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace),
+    options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace, save_every),
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout)
     worker = Worker(store, options)
     worker.install_signal_handlers()
@@ -78,18 +79,36 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
 @click.option("-n", "count", type=click.IntRange(0), default=1, show_default=True,
               help="Run this many jobs, then exit; 0: until none is ready.")
 @click.option("--timeout", type=click.FloatRange(0.01), default=None, help="Wall-time limit of each job (s).")
-def sql(args, db, table, count, timeout) -> int:
+@click.option("--finish-up-after", "finish_up_after", type=click.FloatRange(0.01), default=None, metavar="SECONDS",
+              help="After this long a job's channel.switch() says 'finish-up' (should_stop() turns true): it "
+                   "should save and return INCOMPLETE; one still running --grace seconds later is FAILED.")
+@click.option("--save-every", "save_every", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="Every SECONDS, a job's channel.switch() says 'save': checkpoint and go on.")
+@click.option("-w", "--workdir", "workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Where job workdirs go (DIR/EXPERIMENT/JOB_ID); the same as EXPROOT.")
+@click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds between asking a job to stop and killing it.")
+def sql(args, db, table, count, timeout, finish_up_after, save_every, workdir, grace) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
     \b
     Example:
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
+      jobman sql -n0 postgres://me@dbhost/lab/mlp . --finish-up-after 3600 --save-every 600
     """
     url, rest = split_db_arg(args)
     if len(rest) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
-    exproot = rest[0] if rest else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
-    return _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    if rest and workdir and rest[0] != workdir:
+        raise UsageError(f"EXPROOT {rest[0]!r} and --workdir {workdir!r} disagree; give one of them")
+    if rest and rest[0].startswith("ssh://"):
+        raise UsageError("jobman does not copy workdirs over ssh: give a directory every worker can reach "
+                         "(a shared filesystem), or run 'jobman dispatch' where the files should be")
+    exproot = (rest[0] if rest else workdir) or os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
+    if timeout and finish_up_after and timeout != finish_up_after:
+        raise UsageError("--timeout and --finish-up-after are the same limit here; give one of them")
+    return _run_worker(url, db, table, exproot, timeout or finish_up_after, 10.0, grace, count or None, False, None,
+                       save_every)
 
 
 @click.command("dispatch")

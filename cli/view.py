@@ -45,7 +45,12 @@ def sqlview(args: tuple[str, ...], db: str | None, table: str | None, drop: bool
 @click.argument("command", nargs=-1, metavar="[COMMAND]")
 @click.pass_context
 def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
-    """Show help for jobman or one of its commands (``jobman help sqlschedule``)."""
+    """Show help for jobman or for one of its commands, as ``COMMAND --help`` does.
+
+    \b
+    Example:
+      jobman help sqlschedule
+    """
     group = ctx.parent.command if ctx.parent else None
     if not command:
         click.echo(group.get_help(ctx.parent))

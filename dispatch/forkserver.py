@@ -172,7 +172,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     parents = [Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
                for p in request["parents"]]
     channel = WorkerChannel(job["id"], job["phase"], job["attempt"], workdir, dict(job["params"]), parents,
-                            deadline=request["deadline"], sock=sock)
+                            deadline=request["deadline"], save_every=request.get("save_every"), sock=sock)
     channel.install_signal_handlers()
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:

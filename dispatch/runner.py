@@ -43,6 +43,7 @@ class RunLimits:
     timeout: float | None = None  # the job's wall-time limit, seconds
     heartbeat_interval: float = 10.0
     grace: float = 30.0  # between SIGTERM (should_stop) and SIGKILL
+    save_every: float | None = None  # seconds between the job's channel.switch() == 'save' answers
 
 
 def deadline_of(timeout: float | None) -> float | None:
@@ -250,6 +251,7 @@ class Runner:
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
         request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
+                   "save_every": self.limits.save_every,
                    "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
                            "results": job.results,
                            "jobman": job_info(job.id, job.target, self.store.experiment, job.priority,

@@ -36,8 +36,18 @@ def make_engine(target: DbTarget) -> Engine:
     connect_args: dict = {"connect_timeout": 10, "application_name": "jobman"}
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
-    return sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
-                            connect_args=connect_args)
+    engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
+                              connect_args=connect_args)
+
+    @event.listens_for(engine, "connect")
+    def _json_as_text(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+        # jsonb comes back as the text jobman decodes itself (psycopg would make dicts of it).
+        from psycopg.types.string import TextLoader
+
+        for name in ("json", "jsonb"):
+            dbapi_conn.adapters.register_loader(name, TextLoader)
+
+    return engine
 
 
 def _sqlite_engine(target: DbTarget) -> Engine:

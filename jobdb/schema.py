@@ -20,8 +20,28 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
+
+
+class RawJsonb(JSONB):
+    """PostgreSQL's jsonb, passed as text both ways: jobman encodes its canonical JSON itself, and
+    the engine reads jsonb back as text (see ``engine.make_engine``)."""
+
+    cache_ok = True
+
+    def bind_processor(self, dialect):  # noqa: ANN001, ANN201
+        return None
+
+    def result_processor(self, dialect, coltype):  # noqa: ANN001, ANN201
+        return None
+
+
+# A JSON object: text on SQLite; jsonb on PostgreSQL, so SQL can reach into it (params->>'lr').
+JSON_TEXT = Text().with_variant(RawJsonb(), "postgresql")
+# Priorities may be fractional (the original jobman's 1.0); SQLite stores a REAL in an INTEGER column as is.
+PRIORITY = Integer().with_variant(Float(), "postgresql")
 
 experiment = Table(
     "experiment",
@@ -39,17 +59,17 @@ job = Table(
     Column("phase", Integer, nullable=False, server_default=text("0")),
     Column("kind", String(8), nullable=False, server_default=text("'fn'")),  # 'fn' or 'cmd'
     Column("target", Text, nullable=False),
-    Column("params", Text, nullable=False),  # JSON object
+    Column("params", JSON_TEXT, nullable=False),  # JSON object
     Column("params_hash", String(64), nullable=False),
     Column("status", String(16), nullable=False),
-    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("priority", PRIORITY, nullable=False, server_default=text("0")),
     Column("queue_order", Integer, nullable=False, server_default=text("0")),  # < 0: first in line
     Column("attempt", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("lease", Integer, nullable=False, server_default=text("0")),  # fencing token, +1 per claim
     Column("resume", Boolean, nullable=False, server_default=text("false")),  # next claim continues this attempt
     Column("stop_requested", Boolean, nullable=False, server_default=text("false")),
-    Column("results", Text),  # JSON object
+    Column("results", JSON_TEXT),  # JSON object
     Column("host", String(255)),
     Column("pid", Integer),
     Column("pid_started_at", Float),
@@ -106,4 +126,4 @@ Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"
