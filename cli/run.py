@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -14,6 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
+from jobman.dispatch.machine import JobProcesses
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions
 from jobman.jobdb.errors import JobmanError, UsageError
@@ -40,11 +42,26 @@ def limit_options(fn):
     return fn
 
 
+def process_options(fn):
+    """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
+    @functools.wraps(fn)
+    def wrapper(*args, jobs_per_process: int, **kwargs):
+        return fn(*args, processes=JobProcesses(jobs_per_process=jobs_per_process), **kwargs)
+
+    return click.option("--jobs-per-process", type=click.IntRange(1), default=1, show_default=True, metavar="K",
+                        envvar="JOBMAN_JOBS_PER_PROCESS",
+                        help="Function jobs one job process runs in turn before a fresh one replaces it: "
+                             "faster for many tiny jobs; a job then sees the global state of those before "
+                             "it, a crash still takes down only its own job.")(wrapper)
+
+
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                save_every: float | None = None) -> int:
+                processes: JobProcesses = JobProcesses(), save_every: float | None = None) -> int:
     store = open_store(db, table, url)
-    options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace, save_every),
+    limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process,
+                       save_every=save_every)
+    options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout)
     worker = Worker(store, options)
     worker.install_signal_handlers()
@@ -61,7 +78,8 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="When nothing is ready, wait while other jobs run (they may unlock more).")
 @click.option("--idle-timeout", type=click.FloatRange(0), default=None, help="Stop waiting after this many seconds.")
-def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout) -> int:
+@process_options
+def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
     \b
@@ -70,7 +88,7 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
     SIGTERM (or Ctrl-C) lets the running job checkpoint, puts it back in the
     queue without counting an attempt, and exits.
     """
-    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout)
+    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes)
 
 
 @click.command("sql")
@@ -108,7 +126,7 @@ def sql(args, db, table, count, timeout, finish_up_after, save_every, workdir, g
     if timeout and finish_up_after and timeout != finish_up_after:
         raise UsageError("--timeout and --finish-up-after are the same limit here; give one of them")
     return _run_worker(url, db, table, exproot, timeout or finish_up_after, 10.0, grace, count or None, False, None,
-                       save_every)
+                       save_every=save_every)
 
 
 @click.command("dispatch")
@@ -139,8 +157,9 @@ def sql(args, db, table, count, timeout, finish_up_after, save_every, workdir, g
                    "Default: the cluster's setting.")
 @click.option("--allow-sqlite", is_flag=True,
               help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
+@process_options
 def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
-             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite) -> int:
+             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, processes) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
@@ -193,6 +212,7 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
+    worker_args += processes.worker_args()
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
         return _dispatch_local(store, workers, worker_args, exproot, show)
@@ -419,8 +439,8 @@ def cmdline(args, workdir) -> int:
     from jobman.jobdb.sweep import parse_sweep
 
     parsed = parse_sweep(list(args))
-    if len(parsed.phases) > 1 or any(a.grid for a in parsed.phases[0].assignments):
-        raise UsageError("cmdline runs one job: no grids and no '--' phases (schedule a sweep for that)")
+    if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
+        raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
     params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
     try:
         outcome = run_direct(parsed.phases[0].target, params, Path(workdir))

@@ -8,7 +8,7 @@ import click
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.sweep import PHASE_SEPARATOR, count_jobs, expand, parse_sweep
+from jobman.jobdb.sweep import PHASE_SEPARATOR, check_samples, count_jobs, expand, parse_sweep
 
 from .common import db_options, err, open_store, parse_ids, split_db_arg
 
@@ -56,6 +56,8 @@ def parse_after(selectors: tuple[str, ...]) -> dict:
         else:
             try:
                 out["params"][key] = parse_value(value)
+                if not isinstance(out["params"][key], (int, float, str, bool, list, type(None))):
+                    raise ValueError(f"a selector matches one value, not a distribution@{len(value) - len(value.lstrip())}")
             except ValueError as exc:  # 'message@position' in the value
                 message, _, pos = str(exc).rpartition("@")
                 raise UsageError(f"--after {sel!r}: {message} at character {len(key) + 2 + int(pos)}") from None
@@ -84,11 +86,18 @@ def _bad_after(sel: str):
               help="Accepted for old scripts: the k=v and k={{a,b}} syntax is always jobman's own.")
 @click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True,
               help="Runs allowed per job before a crash is final.")
+@click.option("--samples", type=int, default=None, metavar="N",
+              help="Draw N points from the distributions (lr=loguniform(1e-4,1e-1), nhid=choice(64,128), ...); "
+                   "each grid point gets the same N. Point i depends only on --seed and i.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The seed of the --samples draws.")
+@click.option("--sampler", type=click.Choice(["random", "halton"]), default="random", show_default=True,
+              help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
                 after: tuple[str, ...], priority: float, force: bool, repeat: int, parser: str | None,
-                max_attempts: int, no_check: bool, dry_run: bool) -> None:
+                max_attempts: int, samples: int | None, seed: int, sampler: str, no_check: bool,
+                dry_run: bool) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -98,7 +107,11 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     Each '--' starts a phase: its jobs are made once per job of the phase
     before, inherit its parameters, and start when it is DONE. A phase may
     name its own target first: ... -- jobman.models.dbn:finetune lr={{0.1,0.03}}.
-    Scheduling the same sweep twice adds nothing.
+    Values may be distributions, drawn --samples times from --seed:
+      uniform(a,b) loguniform(a,b) randint(a,b) normal(mu,sigma) choice(x,y,...)
+      quniform(a,b,q) qloguniform(a,b,q) qnormal(mu,sigma,q)
+    Scheduling the same sweep twice adds nothing; a larger --samples adds only
+    the new points.
     """
     if parser is not None and parser != "filemerge":
         click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
@@ -108,10 +121,11 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
         raise UsageError("--cmd needs a command line, such as 'python train.py'")
-    total = count_jobs(parsed)
+    check_samples(parsed, samples)
+    total = count_jobs(parsed, samples)
     if total > 5_000_000:
         raise UsageError(f"the sweep makes {total:,} jobs; split it (at most 5,000,000 at once)")
-    specs = expand(parsed)
+    specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])
     if dry_run:
@@ -138,7 +152,7 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs))
             result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n))
+                                    progress=lambda n: bar.update(task, completed=n), duplicate=force)
     else:
         result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
                                 duplicate=force)

@@ -8,6 +8,16 @@ cheap. A child never touches the database: ``channel.save()`` and
 ``channel.log()`` are requests to the worker over the job's socket, written by
 the worker under the job's lease, and the job's outcome is its last message.
 
+By default each job is a fresh fork. With ``jobs_per_process`` K > 1 a job process
+runs up to K jobs in turn, then exits and the next job gets a fresh one (a task
+queue's max-tasks-per-child): a job then sees what the jobs before it in the same
+process left behind (imported modules and their globals, ``os.environ``, threads
+it started), but a crash still takes down only the job that was running, and the
+worker stays apart. Between jobs the process waits on its own socket to the
+server; the server forwards it the next request, and it answers once any stop
+signal meant for the job before has been discarded, so a signal the worker sends
+after the reply reaches the new job's handlers.
+
 Lifetimes are chained: the server dies with its worker and a job with its server
 (``PR_SET_PDEATHSIG``), so no job runs unwatched. The server ignores SIGTERM, SIGINT
 and SIGUSR1: stopping a job is its worker's decision (it signals the job itself),
@@ -23,6 +33,7 @@ import ctypes
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -160,7 +171,6 @@ def die_with_parent(oom_score_adj: int | None = None) -> None:
 
 def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> None:
     """Inside the job's process: run the function and send its outcome to the worker."""
-    die_with_parent(oom_score_adj=500)
     workdir = Path(request["workdir"])
     os.chdir(workdir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
@@ -185,8 +195,38 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
                     "error": outcome.error})
 
 
+def _discard_pending_stops() -> None:
+    """Drop stop signals that came for the job before (they are blocked between jobs)."""
+    while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
+        pass
+
+
+def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket, mask: set,
+                 link: socket.socket | None, jobs: int) -> None:
+    """A job process: the job it was forked for, then up to ``jobs - 1`` more sent over ``link``."""
+    die_with_parent(oom_score_adj=500)
+    for done in range(1, jobs + 1):
+        _job_main(targets[request["target"]], request, sock, mask)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        sock.close()
+        if link is None or done == jobs:
+            return
+        send_msg(link, {"done": done})
+        got = recv_msg(link, with_fds=True)
+        if got is None:  # the server hung up: its worker is stopping
+            return
+        request, fds = got
+        sock = socket.socket(fileno=fds[0])
+        if "path" in request:
+            sys.path[:] = request["path"]
+        if request["target"] not in targets:
+            targets[request["target"]] = resolve(request["target"])  # the server could, so this can
+        _discard_pending_stops()
+        send_msg(link, {"started": done + 1})
+
+
 # -- the server ----------------------------------------------------------------------------
-def serve(fd: int, worker_pid: int) -> None:
+def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
     """The fork server's loop: one request, one job, its exit status; until the worker hangs up."""
     die_with_parent()
     if os.getppid() != worker_pid:  # the worker died before the line above
@@ -195,31 +235,91 @@ def serve(fd: int, worker_pid: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
     try:
-        _serve_requests(ctrl)
+        _serve_requests(ctrl, jobs_per_process)
     except ConnectionError:  # the worker was killed (its end of the socket closes before we are)
         pass
 
 
-def _serve_requests(ctrl: socket.socket) -> None:
-    targets: dict[str, Callable[..., Any]] = {}
-    while True:
-        got = recv_msg(ctrl, with_fds=True)
-        if got is None:
-            return
-        request, fds = got
-        if "path" in request:
-            sys.path[:] = request["path"]
-        job_sock = socket.socket(fileno=fds[0])
-        target = request["target"]
+class _Reused:
+    """The server's side of a job process that runs several jobs."""
+
+    def __init__(self, pid: int, link: socket.socket) -> None:
+        self.pid = pid
+        self.link = link
+        try:  # readable when the process exits, even if a process it forked holds the link open
+            self.exit_fd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self.exit_fd = None
+
+    def hand_over(self, request: dict[str, Any], job_fd: int) -> bool:
+        """Send it the next job; False if it died since its last one."""
         try:
-            if target not in targets:
-                fn = resolve(target)
-                takes_state_and_channel(fn)  # worked out once here, so each child finds it done
-                targets[target] = fn
-        except TargetError as exc:
-            job_sock.close()
-            send_msg(ctrl, {"error": str(exc)})
-            continue
+            send_msg(self.link, request, [job_fd])
+        except OSError:
+            return False
+        return self._next_message() is not None
+
+    def wait_job(self) -> int | None:
+        """Until its job ends: None if it is ready for another, else its exit status."""
+        return None if self._next_message() is not None else self.reap()
+
+    def _next_message(self) -> Any:
+        """Its next message, or None once it has exited (a process it forked may hold the link open)."""
+        if self.exit_fd is not None:
+            ready, _, _ = select.select([self.link, self.exit_fd], [], [])
+            if self.link not in ready:
+                return None
+        try:
+            got = recv_msg(self.link)
+        except OSError:
+            return None
+        return got[0] if got is not None else None
+
+    def reap(self) -> int:
+        self.link.close()
+        if self.exit_fd is not None:
+            os.close(self.exit_fd)
+        return os.waitpid(self.pid, 0)[1]
+
+
+def _serve_requests(ctrl: socket.socket, jobs_per_process: int = 1) -> None:
+    targets: dict[str, Callable[..., Any]] = {}
+    reused: list[_Reused] = []  # the job process waiting for its next job, if any
+    try:
+        while True:
+            got = recv_msg(ctrl, with_fds=True)
+            if got is None:
+                return
+            _serve_one(ctrl, targets, reused, jobs_per_process, *got)
+    finally:
+        for process in reused:  # it exits at the end of its link
+            process.reap()
+
+
+def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reused: list[_Reused],
+               jobs_per_process: int, request: dict[str, Any], fds: list[int]) -> None:
+    """One request: its job started (or handed to the waiting job process), its pid and exit sent back."""
+    if "path" in request:
+        sys.path[:] = request["path"]
+    job_sock = socket.socket(fileno=fds[0])
+    target = request["target"]
+    try:
+        if target not in targets:
+            fn = resolve(target)
+            takes_state_and_channel(fn)  # worked out once here, so each child finds it done
+            targets[target] = fn
+    except TargetError as exc:
+        job_sock.close()
+        send_msg(ctrl, {"error": str(exc)})
+        return
+    process = reused.pop() if reused else None
+    if process is not None and not process.hand_over(request, job_sock.fileno()):
+        process.reap()  # it died between two jobs: a fresh one takes this job
+        process = None
+    if process is None:
+        link = None
+        if jobs_per_process > 1:
+            link, their_link = socket.socketpair()
         sys.stdout.flush()
         sys.stderr.flush()
         # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
@@ -231,17 +331,29 @@ def _serve_requests(ctrl: socket.socket) -> None:
             code = 0
             try:
                 ctrl.close()
-                _job_main(targets[target], request, job_sock, mask)
+                if link is not None:
+                    link.close()
+                _job_process(targets, request, job_sock, mask, their_link if link else None, jobs_per_process)
             except BaseException:  # noqa: BLE001 - nothing may escape into the server's loop
                 code = 70
             finally:
                 os._exit(code)
         gc.unfreeze()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        job_sock.close()
-        send_msg(ctrl, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        send_msg(ctrl, {"exit": pid, "status": status})
+        if link is not None:
+            their_link.close()
+            process = _Reused(pid, link)
+    job_sock.close()
+    pid = process.pid if process is not None else pid
+    send_msg(ctrl, {"pid": pid})
+    if process is None:
+        status = os.waitpid(pid, 0)[1]
+    else:
+        status = process.wait_job()
+        if status is None:
+            reused.append(process)
+            status = 0
+    send_msg(ctrl, {"exit": pid, "status": status})
 
 
 class ForkServerGone(Exception):
@@ -251,7 +363,8 @@ class ForkServerGone(Exception):
 class ForkServer:
     """The worker's handle on its fork server, started on the first function job."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs_per_process: int = 1) -> None:
+        self.jobs_per_process = jobs_per_process
         self.proc: subprocess.Popen | None = None
         self.ctrl: socket.socket | None = None
         self._path_sent: list[str] | None = None
@@ -259,7 +372,7 @@ class ForkServer:
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
         code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                f"from jobman.dispatch.forkserver import serve; serve({theirs.fileno()}, {os.getpid()})")
+                f"from jobman.dispatch.forkserver import serve; serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL)

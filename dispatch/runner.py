@@ -43,6 +43,7 @@ class RunLimits:
     timeout: float | None = None  # the job's wall-time limit, seconds
     heartbeat_interval: float = 10.0
     grace: float = 30.0  # between SIGTERM (should_stop) and SIGKILL
+    jobs_per_process: int = 1  # function jobs one job process runs in turn before it is replaced
     save_every: float | None = None  # seconds between the job's channel.switch() == 'save' answers
 
 
@@ -214,7 +215,7 @@ class Runner:
         self.limits = limits
         self.stopping = stopping
         self.log = log
-        self.server = ForkServer()
+        self.server = ForkServer(limits.jobs_per_process)
         weakref.finalize(self, self.server.close)
 
     def close(self) -> None:

@@ -16,7 +16,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
+from . import distributions
 from .canonical import encode_value
+from .distributions import Distribution
 from .errors import SweepError
 from .nested import check_names
 
@@ -26,13 +28,21 @@ _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$")
 _SPECIAL = set(",{}[]\"'")
+_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\((.*)\)$", re.S)
+_CALL_START = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\(")
 
 
 @dataclass(frozen=True)
 class Assignment:
     key: str
-    values: tuple[Any, ...]
+    values: tuple[Any, ...]  # one Distribution when the value is drawn
     grid: bool  # written as {{...}}
+    where: tuple[int, str] | None = field(default=None, compare=False)  # (argument index, token), for errors
+
+    @property
+    def distribution(self) -> Distribution | None:
+        value = self.values[0]
+        return value if not self.grid and isinstance(value, Distribution) else None
 
 
 @dataclass
@@ -129,7 +139,10 @@ def parse_value(text: str, offset: int = 0) -> Any:
         inner = s[1:-1]
         if not inner.strip():
             return []
-        return [parse_value(piece, pos) for piece, pos in split_top_level(inner, lead + 1)]
+        return [_plain(piece, pos, "a list") for piece, pos in split_top_level(inner, lead + 1)]
+    call = _CALL.match(s)
+    if call:
+        return _distribution(call, lead)
     if len(s) >= 2 and s[0] == s[-1] == '"':
         try:
             return json.loads(s)
@@ -145,8 +158,31 @@ def parse_value(text: str, offset: int = 0) -> Any:
     return s
 
 
+def _distribution(call: re.Match, lead: int) -> Distribution:
+    name = call.group(1)
+    if name not in distributions.NAMES:
+        raise ValueError(f"{name}(...) is not a distribution (they are {', '.join(distributions.NAMES)}); "
+                         f"quote the value to pass it as text@{lead}")
+    inner, start = call.group(2), lead + len(name) + 1
+    args = [] if not inner.strip() else [_plain(p, pos, "a distribution") for p, pos in split_top_level(inner, start)]
+    why = distributions.check(name, args)
+    if why:
+        raise ValueError(f"{why}@{start}")
+    return Distribution(name, tuple(args))
+
+
+def _plain(piece: str, pos: int, where: str) -> Any:
+    """A value inside a list, grid or distribution: a distribution there is refused."""
+    head = _CALL_START.match(piece)
+    if head and head.group(1) in distributions.NAMES:
+        raise ValueError(f"a distribution cannot be inside {where}@{pos + piece.index(head.group(1))}")
+    return parse_value(piece, pos)
+
+
 def format_value(value: Any) -> str:
     """The printed form of a value, such that ``parse_value(format_value(v)) == v``."""
+    if isinstance(value, Distribution):
+        return f"{value.name}({','.join(format_value(v) for v in value.args)})"
     if value is True or value is False or value is None:
         return repr(value)
     if isinstance(value, int):
@@ -190,12 +226,12 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
             for piece, pos in split_top_level(inner, start + 2):
                 if not piece.strip():
                     raise ValueError(f"the grid has an empty value@{pos}")
-                values.append(parse_value(piece, pos))
-            return Assignment(key, tuple(values), True)
+                values.append(_plain(piece, pos, "a grid"))
+            return Assignment(key, tuple(values), True, (arg_index, token))
         bad = _find_unquoted(raw, ("}}",))
         if bad >= 0:
             raise ValueError(f"'}}}}' without '{{{{'@{start + bad}")
-        return Assignment(key, (parse_value(raw, start),), False)
+        return Assignment(key, (parse_value(raw, start),), False, (arg_index, token))
     except ValueError as exc:
         message, _, pos = str(exc).rpartition("@")
         raise _fail(arg_index, token, message, int(pos)) from None
@@ -309,6 +345,37 @@ def _grid(phase: Phase) -> Iterator[dict[str, Any]]:
     return map(dict, map(zip, itertools.repeat(keys), itertools.product(*(a.values for a in phase.assignments))))
 
 
+def _drawn(phase: Phase) -> dict[str, Distribution]:
+    return {a.key: a.distribution for a in phase.assignments if a.distribution is not None}
+
+
+def _combos(phase: Phase, number: int, samples: int | None, seed: int, sampler: str) -> list[dict[str, Any]]:
+    """Every point of a phase: its grid, times ``samples`` draws when it has distributions
+    (each grid point gets the same draws, so that grid values are compared on equal terms)."""
+    drawn = _drawn(phase)
+    if not drawn:
+        return list(_grid(phase))
+    fixed = Phase(phase.target, [a for a in phase.assignments if a.key not in drawn])
+    points = distributions.draws(drawn, samples or 0, seed=seed, phase=number, sampler=sampler)
+    order = [a.key for a in phase.assignments]
+    return [{k: ({**g, **d})[k] for k in order} for g in _grid(fixed) for d in points]
+
+
+def check_samples(sweep: Sweep, samples: int | None) -> None:
+    """Refuse distributions without ``samples``, and ``samples`` without distributions."""
+    drawn = [a for phase in sweep.phases for a in phase.assignments if a.distribution is not None]
+    if drawn and samples is None:
+        first = drawn[0]
+        arg, token = first.where or (0, f"{first.key}={format_value(first.values[0])}")
+        raise _fail(arg, token, "a distribution needs --samples N, the number of points to draw",
+                    len(first.key) + 1)
+    if samples is not None and not drawn:
+        raise SweepError("--samples draws from distributions such as lr=loguniform(1e-4,1e-1), "
+                         "and no parameter of this sweep is one")
+    if samples is not None and samples < 1:
+        raise SweepError(f"--samples must be at least 1, not {samples}")
+
+
 def _grid_json(phase: Phase) -> list[str] | None:
     """The canonical JSON of each combination of ``_grid``, in its order, joined from each value's
     encoding made once; None when a key repeats or a value is not JSON (the store says why)."""
@@ -325,8 +392,13 @@ def _grid_json(phase: Phase) -> list[str] | None:
     return ["{" + ", ".join(in_key_order(c)) + "}" for c in itertools.product(*pieces)]
 
 
-def expand(sweep: Sweep) -> list[JobSpec]:
-    """Every job of the sweep, parents before children."""
+def expand(sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random") -> list[JobSpec]:
+    """Every job of the sweep, parents before children.
+
+    Distributions are drawn ``samples`` times from ``seed`` (see :mod:`.distributions`):
+    the same arguments give the same jobs, and a larger ``samples`` only adds to them.
+    """
+    check_samples(sweep, samples)
     targets = sweep.targets()
     jobs: list[JobSpec] = []
     previous: list[int] = [-1]
@@ -335,11 +407,11 @@ def expand(sweep: Sweep) -> list[JobSpec]:
         kinds.append(sweep.kind if number == 0 else ("fn" if phase.target else kinds[-1]))
         kind = kinds[-1]
         current = []
-        combos = list(_grid(phase))
+        combos = _combos(phase, number, samples, seed, sampler)
         target = targets[number]
         if previous == [-1]:  # roots: each combination is used once, as it is
             current = list(range(len(jobs), len(jobs) + len(combos)))
-            encoded = _grid_json(phase) or [None] * len(combos)
+            encoded = (None if _drawn(phase) else _grid_json(phase)) or [None] * len(combos)
             new = tuple.__new__  # the named tuple's own __new__ is a Python function: 100,000 calls
             jobs += [new(JobSpec, (number, kind, target, combo, None, text)) for combo, text in zip(combos, encoded)]
         else:
@@ -352,13 +424,15 @@ def expand(sweep: Sweep) -> list[JobSpec]:
     return jobs
 
 
-def count_jobs(sweep: Sweep) -> int:
+def count_jobs(sweep: Sweep, samples: int | None = None) -> int:
     """How many jobs ``expand`` makes, without making them."""
     total, per_parent = 0, 1
     for phase in sweep.phases:
         size = 1
         for a in phase.assignments:
-            size *= len(a.values)
+            size *= 1 if a.distribution is not None else len(a.values)
+        if _drawn(phase):
+            size *= samples or 0
         per_parent *= size
         total += per_parent
     return total

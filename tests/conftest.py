@@ -69,6 +69,24 @@ def engine_name(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=[1, 4], ids=["fresh-process", "reused-process"])
+def jobs_per_process(request) -> int:
+    """Function jobs per job process: worker tests run with a fresh process per job, and with reuse."""
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Process reuse is tried on SQLite only: how jobs are run does not change with the store."""
+    def reused_on_postgresql(item) -> bool:
+        params = getattr(item, "callspec", None) and item.callspec.params
+        return bool(params) and params.get("jobs_per_process", 1) > 1 and params.get("engine_name") == "postgresql"
+
+    dropped = [item for item in items if reused_on_postgresql(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not reused_on_postgresql(item)]
+
+
 @pytest.fixture
 def db_url(engine_name: str, tmp_path: Path, request) -> str:
     """A database URL naming a fresh experiment, on each engine in turn."""
@@ -108,3 +126,23 @@ def run_jobman(*args: str, cwd: str | Path | None = None, env: dict | None = Non
 def jobman():
     """Call the jobman CLI as a user would (a real process)."""
     return run_jobman
+
+
+def signal_once_started(argv: list[str], env: dict, marker: Path, sig: int = signal.SIGTERM) -> tuple[int, str]:
+    """Start a process, send it ``sig`` once ``marker`` exists (its job started): its exit code and stderr."""
+    import time
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the job never started"
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err

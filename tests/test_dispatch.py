@@ -65,7 +65,7 @@ EXPERIMENTS = textwrap.dedent('''
 
 
 @pytest.fixture
-def exp(tmp_path: Path):
+def exp(tmp_path: Path, jobs_per_process: int):
     moddir = tmp_path / "mods"
     moddir.mkdir()
     (moddir / f"{MODULE}.py").write_text(EXPERIMENTS)
@@ -74,7 +74,8 @@ def exp(tmp_path: Path):
     started = tmp_path / "started"
     started.mkdir()
     pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace), "JM_STARTED": str(started)}
+    env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace), "JM_STARTED": str(started),
+           "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
     return type("Exp", (), {"trace": trace, "env": env, "runs": tmp_path / "runs", "started": started})
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import signal_once_started
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
@@ -193,7 +194,7 @@ FAST = ("--heartbeat", "0.2", "--grace", "2")
 
 
 @pytest.fixture
-def exp(tmp_path: Path):
+def exp(tmp_path: Path, jobs_per_process: int):
     """The experiment module on disk, the trace file, and the environment a worker needs."""
     moddir = tmp_path / "mods"
     moddir.mkdir()
@@ -201,8 +202,9 @@ def exp(tmp_path: Path):
     trace = tmp_path / "trace.txt"
     trace.touch()
     pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace)}
-    return type("Exp", (), {"dir": moddir, "trace": trace, "env": env, "runs": tmp_path / "runs"})
+    env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace), "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
+    return type("Exp", (), {"dir": moddir, "trace": trace, "env": env, "runs": tmp_path / "runs",
+                            "jobs_per_process": jobs_per_process})
 
 
 def fn(name: str) -> str:
@@ -259,9 +261,11 @@ def test_two_phase_sweep_children_read_their_parents_results_and_workdirs(jobman
         assert child.results["in_workdir"] is True
         assert Path(child.workdir) == exp.runs.resolve() / store.experiment / str(child.id)
         assert (Path(child.workdir) / "stdout.txt").exists()
-    # each job ran in a process of its own, none in the worker
-    pids = {j.results["pid"] for j in jobs.values()}
-    assert len(pids) == 6
+    # each job ran in a process of its own (or, reused, in turns of up to K jobs), none in the worker
+    pids = [jobs[job_id].results["pid"] for job_id, _attempt in traced(exp)]
+    k = exp.jobs_per_process
+    assert len(set(pids)) == -(-6 // k)
+    assert all(len(set(pids[i:i + k])) == 1 for i in range(0, 6, k))
     # the learning curves are in job_metric
     curves = store.metrics([p.id for p in parents])
     assert sorted((job_id, step) for job_id, step, name, _v in curves if name == "loss") == \
@@ -343,7 +347,8 @@ def test_a_stop_that_comes_as_the_job_starts_still_reaches_should_stop(store, ex
     monkeypatch.setenv("JM_TRACE", str(exp.trace))
     [job_id] = schedule(store, ("until_stopped", {}))
     claimed = store.claim(WorkerInfo.here(), str(exp.runs))
-    runner = Runner(store, RunLimits(timeout=None, heartbeat_interval=0.001, grace=20.0),
+    runner = Runner(store, RunLimits(timeout=None, heartbeat_interval=0.001, grace=20.0,
+                              jobs_per_process=exp.jobs_per_process),
                     stopping=lambda: True)
     started = time.time()
     assert runner.run(claimed) == "QUEUED"
@@ -361,7 +366,8 @@ def test_the_worker_sleeps_while_a_job_past_its_time_limit_is_given_its_grace(st
     monkeypatch.setenv("JM_TRACE", str(exp.trace))
     [job_id] = schedule(store, ("ignores_stop", {}))
     claimed = store.claim(WorkerInfo.here(), str(exp.runs))
-    runner = Runner(store, RunLimits(timeout=0.2, heartbeat_interval=0.2, grace=2.0))
+    runner = Runner(store, RunLimits(timeout=0.2, heartbeat_interval=0.2, grace=2.0,
+                                     jobs_per_process=exp.jobs_per_process))
     cpu, wall = time.process_time(), time.time()
     assert runner.run(claimed) == "FAILED"
     cpu, wall = time.process_time() - cpu, time.time() - wall
@@ -446,21 +452,9 @@ def test_sigterm_puts_the_running_job_back_and_the_worker_exits_cleanly(db_url, 
     [job_id] = schedule(store, ("until_stopped", {"resumable": True}))
     marker = tmp_path / "started"
     env = {**os.environ, **exp.env, "JM_STARTED": str(marker)}
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(exp.runs),
-                             *FAST], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 60
-        while not marker.exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), "the job never started"
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    code, err = signal_once_started([sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot",
+                                     str(exp.runs), *FAST], env, marker)
+    assert code == 0, err
     job = store.job(job_id)
     assert job.status is Status.QUEUED
     assert job.attempt == 1
