@@ -101,15 +101,13 @@ def canonical_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_names(names: Any) -> None:
-    """Refuse parameter names that cannot nest: reserved ones, empty parts, a value that is also a group."""
+    """Refuse parameter names that cannot nest: jobman's own, and a value that is also a group."""
     names = list(names)
     present = set(names)
     for name in names:
         parts = name.split(".")
         if parts[0] == RESERVED:
             raise UsageError(f"parameter {name!r}: the name {RESERVED!r} is jobman's own (state.{RESERVED}.id, ...)")
-        if "" in parts:
-            raise UsageError(f"parameter {name!r} has an empty part between its dots")
         for i in range(1, len(parts)):
             if ".".join(parts[:i]) in present:
                 raise UsageError(f"parameter {'.'.join(parts[:i])!r} is both a value and a group of values "

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,8 @@ from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import parse_db
 
-from conftest import PG_ADMIN_URL, need_service, run_jobman
+from conftest import run_jobman
+from test_migrations import fresh_url  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,25 +61,11 @@ DOC_ROWS = [(16, 2, 1, 6, 1, 7), (21, 2, 1, 8, 1, 9), (17, 2, 1, 6, 3, 9), (22, 
             (28, 2, 1, 10, 5, 15)]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def fresh_db(request, tmp_path):
-    """A database with nothing in it (views are per database), named without a table."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'tutorial.db'}"
-        return
-    import psycopg
-
-    admin = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
-    name = f"jobman_orig_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    try:
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except Exception as exc:  # noqa: BLE001
-        need_service(f"PostgreSQL is not reachable at {admin}: {exc}".splitlines()[0])
-    # The original form: postgres://user[:pass]@host/dbname (the table comes after it).
-    yield admin.replace("postgresql://", "postgres://", 1).rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+@pytest.fixture
+def fresh_db(fresh_url):  # noqa: F811
+    """A database with nothing in it (views are per database), in the original form: no table, and
+    postgres:// for PostgreSQL."""
+    return fresh_url.replace("postgresql://", "postgres://", 1)
 
 
 def query(url: str, sql: str) -> list[tuple]:
@@ -310,3 +296,60 @@ def test_jobman_help(jobman):
     r = jobman("help", "sqlschedule")
     assert r.code == 0 and "Usage: jobman sqlschedule" in r.out
     assert "no command named 'nope'" in one_sentence(jobman("help", "nope"))
+
+
+COUNTER = textwrap.dedent('''
+    import time
+
+    def counts(state, channel):
+        state.runs = state.get("runs", 0) + 1
+        answers = []
+        deadline = time.time() + 30
+        while "save" not in answers and time.time() < deadline:
+            answers.append(channel.switch())
+            time.sleep(0.05)
+        state.answers = sorted({a for a in answers if a})
+        return channel.COMPLETE
+    ''')
+
+
+def test_original_options_kept_or_explained(tmp_path, jobman):
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / "jm_counter_exp.py").write_text(COUNTER)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
+    url = f"sqlite:///{tmp_path / 'opts.db'}/t"
+    # sqlschedule: -p is explained, -r repeats, -f forces copies, a fractional priority is kept.
+    r = jobman("sqlschedule", url, "jm_counter_exp.counts", "x={{1,2}}", "-r", "2", "-p", "filemerge", env=env)
+    assert r.code == 0 and "added 4 jobs" in r.out, r.out + r.err
+    r = jobman("sqlschedule", url, "jm_counter_exp.counts", "x={{1,2}}", "-r", "2", "-p", "mine", env=env)
+    assert "nothing added" in r.out and "not repeated (use -f" in r.err and "--parser mine is not used" in r.err
+    r = jobman("sqlschedules", url, "jm_counter_exp.counts", "x=1", "-f", "--priority", "2.5", env=env)
+    assert r.code == 0 and "added 1 jobs" in r.out, r.out + r.err
+    r = jobman("sqlstatus", url, "--select", "x=1", "--print", "x", "--ret_nb_jobs")
+    assert r.out.strip() == "3", r.out
+    # sql: -w is the exproot, --save-every reaches channel.switch(), an ssh:// exproot is explained.
+    assert "ssh" in one_sentence(jobman("sql", url, "ssh://host:/runs", env=env))
+    r = jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0.2", "--finish-up-after", "60",
+               env=env)
+    assert r.code == 0, r.err
+    r = jobman("sqlstatus", url, "--status", "DONE", "--print", "answers", "--print", "runs")
+    assert r.out.splitlines() == ['Job 5: status 2 (DONE) phase 0 answers=["save"] runs=1'], r.out
+    assert (tmp_path / "runs" / "t" / "5").is_dir()
+    # sqlstatus --restart hands the job back what it saved; reset starts it afresh.
+    r = jobman("sqlstatus", url, "5", "--restart", "--reset_prio")
+    assert "1 job(s) set to QUEUED (0)" in r.out and "back to priority 0" in r.out, r.out
+    assert jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0", env=env).code == 0
+    assert "runs=2" in jobman("sqlstatus", url, "5", "--print", "runs").out
+    assert jobman("reset", url, "5", "--yes").code == 0
+    assert jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0", env=env).code == 0
+    assert "runs=1" in jobman("sqlstatus", url, "5", "--print", "runs").out
+    # The selection options, and what they refuse.
+    r = jobman("sqlstatus", url, "--all", "--fselect", "x=lambda v: v > 1", "--status", "START")
+    assert [line.split(":")[0] for line in r.out.splitlines()] == ["Job 2", "Job 4"], r.out
+    assert jobman("sqlstatus", url, "--print-keys").out.split() == ["answers", "runs", "x"]
+    assert jobman("sqlstatus", url, "--status", "ERR_START").out.strip() == "no job matches"
+    assert "write KEY=LAMBDA" in one_sentence(jobman("sqlstatus", url, "--fselect", "lambda v: v"))
+    assert "SyntaxError" in one_sentence(jobman("sqlstatus", url, "--fselect", "x=lambda v v"))
+    assert "--restart is --set_status START" in one_sentence(
+        jobman("sqlstatus", url, "1", "--restart", "--set_status", "DONE"))
