@@ -337,13 +337,19 @@ def test_original_options_kept_or_explained(tmp_path, jobman):
     assert r.out.splitlines() == ['Job 5: status 2 (DONE) phase 0 answers=["save"] runs=1'], r.out
     assert (tmp_path / "runs" / "t" / "5").is_dir()
     # sqlstatus --restart hands the job back what it saved; reset starts it afresh.
-    r = jobman("sqlstatus", url, "5", "--restart", "--reset_prio")
-    assert "1 job(s) set to QUEUED (0)" in r.out and "back to priority 0" in r.out, r.out
+    r = jobman("sqlstatus", url, "5", "--restart")
+    assert "1 job(s) set to QUEUED (0)" in r.out, r.out
     assert jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0", env=env).code == 0
     assert "runs=2" in jobman("sqlstatus", url, "5", "--print", "runs").out
     assert jobman("reset", url, "5", "--yes").code == 0
     assert jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0", env=env).code == 0
     assert "runs=1" in jobman("sqlstatus", url, "5", "--print", "runs").out
+    assert "1 job(s) back to priority 0" in jobman("sqlstatus", url, "5", "--reset_prio").out
+    store = Store.open(url)
+    try:
+        assert {j.id: j.priority for j in store.jobs()} == {1: 0, 2: 0, 3: 0, 4: 0, 5: 0}
+    finally:
+        store.dispose()
     # The selection options, and what they refuse.
     r = jobman("sqlstatus", url, "--all", "--fselect", "x=lambda v: v > 1", "--status", "START")
     assert [line.split(":")[0] for line in r.out.splitlines()] == ["Job 2", "Job 4"], r.out
