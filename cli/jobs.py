@@ -15,7 +15,7 @@ from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
 from .common import (db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out, parse_ids,
-                     print_json, split_db_arg, styled_status)
+                     plain_number, print_json, split_db_arg, styled_status)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -121,7 +121,7 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
         return
     lines = [
         f"[bold]job {job.id}[/]  phase {job.phase}  {styled_status(job.status)}  attempt {job.attempt}/"
-        f"{job.max_attempts}  priority {job.priority}",
+        f"{job.max_attempts}  priority {plain_number(job.priority)}",
         f"target    {job.kind} {job.target}",
         f"params    {fmt_params(job.params) or '-'}",
         f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -42,14 +42,31 @@ def make_engine(target: DbTarget) -> Engine:
 
     @event.listens_for(engine, "connect")
     def _json_as_text(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
-        # jsonb comes back as the text jobman decodes itself (psycopg would make dicts of it).
-        from psycopg.types.string import TextLoader
-
         for name in ("json", "jsonb"):
-            dbapi_conn.adapters.register_loader(name, TextLoader)
+            dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))
     return engine
+
+
+_LOADER: type | None = None
+
+
+def _canonical_json_loader() -> type:
+    """A psycopg loader giving jsonb back as jobman's canonical JSON text (keys sorted), the text
+    it stored: psycopg would make dicts of it, and jsonb's own text orders keys by length."""
+    global _LOADER
+    if _LOADER is None:
+        from psycopg.adapt import Loader
+
+        from .canonical import dump_json, load_json
+
+        class CanonicalJson(Loader):
+            def load(self, data: Any) -> str:
+                return dump_json(load_json(bytes(data).decode()))
+
+        _LOADER = CanonicalJson
+    return _LOADER
 
 
 class _OneLine(logging.Filter):
