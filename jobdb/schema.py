@@ -31,6 +31,10 @@ class RawJsonb(JSONB):
 
     cache_ok = True
 
+    def adapt(self, cls, **kw):  # noqa: ANN001, ANN003, ANN201
+        # Not the driver's own jsonb type: that one would encode jobman's JSON text a second time.
+        return self
+
     def bind_processor(self, dialect):  # noqa: ANN001, ANN201
         return None
 
