@@ -1,4 +1,12 @@
-"""jobman: a job database and experiment scheduler for machine-learning research."""
+"""jobman: a job database and experiment scheduler for machine-learning research.
+
+From Python (imported on first use, so ``import jobman`` stays cheap for the CLI and workers)::
+
+    exp = jobman.Experiment("sqlite:///runs.db?table=mlp", backend="local", workers=4)
+    futures = exp.map(train, jobman.grid(lr=[0.1, 0.01], nhid=[64, 256]))
+    for f in jobman.as_completed(futures):
+        print(f.result())
+"""
 
 from __future__ import annotations
 
@@ -7,24 +15,35 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Public names, imported on first use: `import jobman` stays cheap for a worker and a job.
-_LAZY: dict[str, tuple[str, str | None]] = {
-    "DD": ("jobman.tools", "DD"),
-    "flatten": ("jobman.tools", "flatten"),
-    "expand": ("jobman.tools", "expand"),
-    "sql": ("jobman.sql", None),
-    "tools": ("jobman.tools", None),
+# Public name -> the module that holds it.
+_LAZY = {
+    "Experiment": "jobman.dispatch.client",
+    "JobFuture": "jobman.dispatch.client",
+    "call": "jobman.dispatch.client",
+    "map": "jobman.dispatch.client",
+    "grid": "jobman.dispatch.client",
+    "as_completed": "jobman.dispatch.client",
+    "wait": "jobman.dispatch.client",
+    "cached": "jobman.dispatch.client",
+    "DD": "jobman.tools",
+    "flatten": "jobman.tools",
+    "expand": "jobman.tools",
 }
+_MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools"}
+
+__all__ = [*_LAZY, *_MODULES, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'jobman' has no attribute {name!r}") from None
-    value = importlib.import_module(module)
-    return value if attr is None else getattr(value, attr)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'jobman' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted(__all__)

@@ -14,8 +14,8 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
-from .common import (db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out, parse_ids,
-                     plain_number, print_json, split_db_arg, styled_status)
+from .common import (confirm, db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out,
+                     parse_ids, plain_number, print_json, split_db_arg, styled_status)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -156,7 +156,6 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 @click.option("--status", "status", multiple=True, metavar="STATUS",
               help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, ERR_START, CANCELED, a code, "
                    "or a name).")
-@click.option("--all", "all_jobs", is_flag=True, help="Every job of the experiment (the default without ids).")
 @click.option("--select", "select", multiple=True, metavar="KEY=VALUE",
               help="Only jobs whose parameter or result KEY equals VALUE (dotted names; repeat to AND).")
 @click.option("--fselect", "fselect", multiple=True, metavar="KEY=LAMBDA",
@@ -170,9 +169,13 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 @click.option("--print_keys", "--print-keys", "print_keys", is_flag=False, flag_value="*", default=None,
               metavar="[K1,K2]", help="Print these keys' values; alone, list the keys the jobs have.")
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
-def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...], all_jobs: bool,
+@click.option("--all", "everything", is_flag=True,
+              help="Every job of the experiment (to change them all, it asks first).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts).")
+def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...],
               select: tuple[str, ...], fselect: tuple[str, ...], set_to: str | None, restart: bool,
-              reset_prio: bool, print_key: tuple[str, ...], print_keys: str | None, count: bool) -> None:
+              reset_prio: bool, print_key: tuple[str, ...], print_keys: str | None, count: bool, everything: bool,
+              yes: bool) -> None:
     """jobman's status view: jobs with their numeric status codes; --restart, --set_status, --reset_prio.
 
     \b
@@ -180,22 +183,32 @@ def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: 
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --status START
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --restart
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --select hyper.nhid=20 --print valid_error
+    --set_status, --restart and --reset_prio change the jobs named by ids, --status, --select or
+    --fselect; every job only with --all.
     """
     url, rest = split_db_arg(args)
     if restart and set_to is not None:
         raise UsageError("--restart is --set_status START: give one of them")
-    tests = [*_select_tests(select), *_fselect_tests(fselect)]
-    store = open_store(db, table, url)
-    ids = [] if all_jobs else parse_ids(rest)
-    jobs = store.jobs(status=_statuses(status), ids=ids, with_deps=False)
-    jobs = [j for j in jobs if all(test({**j.params, **(j.results or {})}) for test in tests)]
     if restart:
         set_to = "START"
-    if set_to is not None or reset_prio:
+    ids = parse_ids(rest)
+    statuses = _statuses(status)
+    tests = [*_select_tests(select), *_fselect_tests(fselect)]
+    named = bool(ids or statuses or tests)
+    changing = set_to is not None or reset_prio
+    new = parse_status(set_to) if set_to is not None else None
+    if changing and not (named or everything):
+        raise UsageError("name the jobs to change: ids (12, 12,13 or 10-20), --status, --select, or --all")
+    store = open_store(db, table, url)
+    jobs = store.jobs(status=statuses, ids=ids, with_deps=False)
+    jobs = [j for j in jobs if all(test({**j.params, **(j.results or {})}) for test in tests)]
+    if changing:
         if not jobs:
             raise UsageError("no job matches; nothing was changed")
-        if set_to is not None:
-            new = parse_status(set_to)
+        if everything and not named:
+            what = f"set to {new.value}" if new is not None else "back to priority 0"
+            confirm(f"every job of experiment {store.experiment!r} ({len(jobs)}) {what}?", yes)
+        if new is not None:
             changed = store.set_status([j.id for j in jobs], new)
             click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
         if reset_prio:

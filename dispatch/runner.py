@@ -11,6 +11,7 @@ forwards stop requests, and is the only writer of the job's final status.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -28,7 +29,7 @@ from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError,
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .channel import job_info
-from .experiment import TargetError
+from .experiment import TargetError, by_value
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
 from .outage import Outage
 
@@ -262,11 +263,20 @@ class Runner:
                                               job.attempt, job.phase, workdir)},
                    "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
                                 "params": p.params, "results": p.results or {}} for p in parents]}
+        if by_value(job.target):
+            request["code"] = self._code_of(job.target)
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
         return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message))
+
+    def _code_of(self, target: str) -> str:
+        """The stored code of a function run by value, as text for the fork server's JSON request."""
+        code = self.store.function_code(target)
+        if code is None:
+            raise TargetError(f"{target!r} is run by value, but no code of it is stored in this experiment")
+        return base64.b64encode(code).decode()
 
     def _answer(self, job: Job, lease: int, message: dict[str, Any]) -> dict[str, Any]:
         """Write a job's checkpoint or metrics under its lease; the answer it waits for."""
@@ -356,7 +366,9 @@ class Runner:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
+        exit_code = child.exit_code
         if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
+            exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
             report = child.report
             outcome, results, error = report["status"], report["results"], report["error"]
         elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
@@ -387,8 +399,7 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=child.exit_code,
-                            why=why)
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code, why=why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:

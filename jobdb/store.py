@@ -22,16 +22,17 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
-from .hot import HotStatements
+from .hot import HotStatements, Prepared
 from .identity import canonical_specs, duplicate_hashes
 from .schema import experiment as t_exp
+from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
 from .canonical import dump_json, load_json
 from .status import BLOCKING, Status
-from .sweep import JobSpec
+from .sweep import JobSpec, canonical_target
 from .url import DbTarget, parse_db
 
 T = TypeVar("T")
@@ -56,6 +57,7 @@ def source_tag() -> str:
 def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str) -> str:
     """A job's identity within its experiment: the same sweep twice adds nothing."""
     encoded = params if isinstance(params, str) else dump_json(params, "parameters")
+    target = canonical_target(target) if kind == "fn" else target
     return params_hashes([JobSpec(phase, kind, target, {}, None)], [encoded])[0]
 
 
@@ -275,6 +277,7 @@ class Store:
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
+        self._by_hash: Prepared | None = None  # find()'s statement, compiled on first use
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)
@@ -345,8 +348,15 @@ class Store:
                 known = ", ".join(names) if names else "none yet"
                 raise NoSuchExperiment(f"no experiment {self.experiment!r} in {self.target.display} "
                                        f"(experiments: {known})")
-            found = conn.execute(sa.insert(t_exp).values(name=self.experiment, created_at=time.time())
-                                 .returning(t_exp.c.id)).scalar_one()
+            # Two processes may make the same new experiment at once (PostgreSQL lets both try):
+            # the second waits for the first's commit, inserts nothing, and reads its row.
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            found = conn.execute(dialect.insert(t_exp).values(name=self.experiment, created_at=time.time())
+                                 .on_conflict_do_nothing(index_elements=["name"]).returning(t_exp.c.id)).scalar()
+            if found is None:
+                found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == self.experiment)).scalar_one()
         self._experiment_id = found
         return found
 
@@ -379,11 +389,12 @@ class Store:
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
                                  "a parent must come before its children")
+        specs = _canonical_targets(specs)
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
-        hashes = params_hashes(specs, encoded)
+        canonical_hashes = params_hashes(specs, encoded)
         if duplicate:
-            hashes = duplicate_hashes(hashes)
+            canonical_hashes = duplicate_hashes(canonical_hashes)
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
@@ -397,6 +408,8 @@ class Store:
                 if missing:
                     raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
             ids: dict[str, int] = dict(self.hot.ids_by_hash.rows(conn, exp=exp, after=0))
+            hashes = (_older_spellings(conn, exp, specs, encoded, canonical_hashes, ids) if ids and not duplicate
+                      else canonical_hashes)
             unique = len(set(hashes)) == len(hashes)
             if not ids and unique:  # a new sweep in a new experiment: every job is new
                 existing, fresh = 0, range(len(specs))
@@ -1125,7 +1138,13 @@ class Store:
         return self._write(run)
 
     def set_status(self, job_ids: Sequence[int], status: Status, why: str = "status set by hand") -> list[int]:
-        """Force a status (jobman's --set_status), keeping the graph consistent around it."""
+        """Force a status (jobman's --set_status), keeping the graph consistent around it.
+
+        RUNNING is refused: a job becomes RUNNING only when a worker claims it (a RUNNING job with
+        no worker, pid or heartbeat would never end, and the monitor could not find it)."""
+        if status is Status.RUNNING:
+            raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
+
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
             changed = []
@@ -1300,17 +1319,99 @@ class Store:
                    params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
         """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
         jobs = self.jobs(status=status, phase=phase, with_deps=False)
+        spelled = canonical_target(target) if target is not None else None
         out = []
         for j in jobs:
-            if target is not None and j.target != target:
+            if target is not None and j.target != target and (j.kind != "fn" or canonical_target(j.target) != spelled):
                 continue
             if params and any(j.params.get(k, _MISSING) != v for k, v in params.items()):
                 continue
             out.append(j.id)
         return out
 
+    # -- calls from Python: jobs found by identity, functions stored by value ------------------
+    def find(self, hashes: Sequence[str]) -> dict[str, Job]:
+        """The jobs of the experiment whose identity (``params_hash``) is one of ``hashes``.
+
+        What a call from Python looks up first: a DONE call is answered without a write.
+        """
+        def run(conn: Connection) -> dict[str, Job]:
+            try:
+                exp = self._experiment(conn)
+            except NoSuchExperiment:
+                return {}
+            out: dict[str, Job] = {}
+            if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
+                if self._by_hash is None:
+                    self._by_hash = Prepared(sa.select(t_job).where(t_job.c.experiment_id == sa.bindparam("exp"),
+                                                                    t_job.c.params_hash == sa.bindparam("h")),
+                                             conn.dialect)
+                names = t_job.c.keys()
+                return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
+                        for r in self._by_hash.rows(conn, exp=exp, h=hashes[0])}
+            for chunk in _chunks(list(hashes)):
+                rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
+                                                           t_job.c.params_hash.in_(chunk))).all()
+                out.update((r.params_hash, Job.from_row(r)) for r in rows)
+            return out
+        return self._read(run)
+
+    def put_function(self, target: str, code: bytes) -> None:
+        """Store the code of a function run by value under its target name (the newest wins)."""
+        digest = hashlib.sha256(code).hexdigest()
+
+        def run(conn: Connection) -> None:
+            exp = self._experiment(conn, create=True)
+            key = (t_code.c.experiment_id == exp) & (t_code.c.target == target)
+            old = conn.execute(sa.select(t_code.c.digest).where(key)).scalar()
+            if old is None:
+                conn.execute(sa.insert(t_code).values(experiment_id=exp, target=target, digest=digest, code=code,
+                                                      stored_at=time.time()))
+            elif old != digest:
+                conn.execute(sa.update(t_code).where(key).values(digest=digest, code=code, stored_at=time.time()))
+
+        self._write(run)
+
+    def function_code(self, target: str) -> bytes | None:
+        """The stored code of a function run by value, or None."""
+        def run(conn: Connection) -> bytes | None:
+            exp = self._experiment(conn)
+            code = conn.execute(sa.select(t_code.c.code).where(t_code.c.experiment_id == exp,
+                                                                  t_code.c.target == target)).scalar()
+            return bytes(code) if code is not None else None
+        return self._read(run)
+
 
 _MISSING = object()
+
+
+def _canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
+    """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
+    if all(s.kind != "fn" or ":" in s.target for s in specs):
+        return specs
+    return [s._replace(target=canonical_target(s.target)) if s.kind == "fn" else s for s in specs]
+
+
+def _older_spellings(conn: Connection, exp: int, specs: Sequence[JobSpec], encoded: Sequence[str],
+                     hashes: list[str], ids: dict[str, int]) -> list[str]:
+    """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
+    is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
+    dotted = {s.target: s.target.replace(":", ".") for s in specs if s.kind == "fn"}
+    if not dotted:
+        return hashes
+    stored = set(conn.execute(sa.select(t_job.c.target).distinct().where(
+        t_job.c.experiment_id == exp, t_job.c.kind == "fn", t_job.c.target.in_(sorted(set(dotted.values())))))
+        .scalars())
+    if not stored:
+        return hashes
+    older = [i for i, s in enumerate(specs) if s.kind == "fn" and dotted[s.target] in stored]
+    legacy = params_hashes([specs[i]._replace(target=dotted[specs[i].target]) for i in older],
+                           [encoded[i] for i in older])
+    out = list(hashes)
+    for i, h in zip(older, legacy):
+        if h in ids and hashes[i] not in ids:
+            out[i] = h
+    return out
 
 
 class _Retry(Exception):

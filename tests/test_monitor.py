@@ -367,16 +367,23 @@ def test_a_finish_racing_the_monitors_crash_is_not_overwritten(db_url, store):
     claimed = store.claim(ELSEWHERE)
     worker_side, monitor_side = Store.open(db_url), Store.open(db_url)
 
-    def slow_update(conn, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith("UPDATE JOB"):
-            time.sleep(0.8)  # the worker read the row as its own; the monitor comes in now
+    worker_inside, monitor_started = threading.Event(), threading.Event()
 
-    sa.event.listen(worker_side.engine, "before_cursor_execute", slow_update)
+    def held_update(conn, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE JOB"):
+            worker_inside.set()  # the worker read the row as its own; the monitor comes in now
+            assert monitor_started.wait(30), "the monitor never started its crash"
+
+    def monitor_connects(dbapi_connection, connection_record, connection_proxy):
+        monitor_started.set()  # its write transaction begins next (on SQLite, waiting for the worker's lock)
+
+    sa.event.listen(worker_side.engine, "before_cursor_execute", held_update)
+    sa.event.listen(monitor_side.engine, "checkout", monitor_connects)
     finished = {}
     t = threading.Thread(target=lambda: finished.update(
         status=worker_side.finish(job_id, claimed.lease, "FAILED", error="boom")))
     t.start()
-    time.sleep(0.3)
+    assert worker_inside.wait(30), "the worker never reached its update"
     crashed = monitor_side.crash_many([(job_id, claimed.lease, "found dead")], relaunch=True)
     t.join()
     worker_side.dispose()
