@@ -28,10 +28,11 @@ INCOMPLETE = "incomplete"
 
 def job_info(job_id: int | None, target: str, experiment: str, priority: float, attempt: int, phase: int,
              workdir: Path | str) -> dict[str, Any]:
-    """What a job finds in ``state.jobman``, the original jobman's names (flat, dotted)."""
+    """What a job finds in ``state.jobman``, the original jobman's names (flat, dotted); ``target``
+    is a function's path."""
     import socket
 
-    return {"id": job_id, "experiment": target, "table": experiment, "status": 1, "attempt": attempt,
+    return {"id": job_id, "experiment": target.replace(":", "."),  # the original's module.function "table": experiment, "status": 1, "attempt": attempt,
             "phase": phase, "sql.priority": priority, "sql.host_name": socket.gethostname(),
             "sql.host_workdir": str(workdir)}
 

@@ -105,7 +105,8 @@ def view_sql(dialect: str, name: str, experiment_id: int, columns: list[ViewColu
     status = " ".join(f"WHEN '{s.value}' THEN {code}" for s, code in CODES.items())
     parts = ["job.id AS id", f"CASE job.status {status} END AS jobman_status",
              "job.priority AS jobman_sql_priority", "job.params_hash AS jobman_hash",
-             "job.target AS jobman_experiment", "job.host AS jobman_sql_hostname",
+             # the original named a function module.function
+             "CASE job.kind WHEN 'fn' THEN replace(job.target, ':', '.') ELSE job.target END AS jobman_experiment", "job.host AS jobman_sql_hostname",
              "job.workdir AS jobman_sql_hostworkdir"]
     for col in columns:
         sources = [_value_sql(dialect, s, col) for s, present in (("results", col.in_results),
