@@ -32,7 +32,8 @@ def job_info(job_id: int | None, target: str, experiment: str, priority: float, 
     is a function's path."""
     import socket
 
-    return {"id": job_id, "experiment": target.replace(":", "."),  # the original's module.function "table": experiment, "status": 1, "attempt": attempt,
+    # The original named a function module.function.
+    return {"id": job_id, "experiment": target.replace(":", "."), "table": experiment, "status": 1, "attempt": attempt,
             "phase": phase, "sql.priority": priority, "sql.host_name": socket.gethostname(),
             "sql.host_workdir": str(workdir)}
 
