@@ -85,6 +85,7 @@ class Channel:
         self._state: DD | None = None
         self._stop_poll: Callable[[], bool] | None = None
         self._last_save_hint = time.time()
+        self._param_groups: set[str] | None = None
 
     # -- stopping -------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -133,10 +134,24 @@ class Channel:
         self._state = state
 
     def results_of(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """The part of ``state`` that is results, flat with dotted names: what is not an unchanged
-        parameter, nor jobman's own ``state.jobman``."""
-        flat = flatten({k: v for k, v in state.items() if k != RESERVED})
-        return {k: v for k, v in flat.items() if k not in self.params or self.params[k] != v}
+        """The part of ``state`` that is results: what is not an unchanged parameter, nor jobman's
+        own ``state.jobman``. Inside a group of parameters (``state.hyper``) results are named by
+        their dotted path, as the parameters are; any other dict a job writes is kept whole."""
+        groups = self._groups()
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if key == RESERVED:
+                continue
+            items = flatten(value, key + ".").items() if key in groups and isinstance(value, Mapping) else (
+                (key, value),)
+            out.update((k, v) for k, v in items if k not in self.params or self.params[k] != v)
+        return out
+
+    def _groups(self) -> set[str]:
+        """The top-level names of dotted parameters (``hyper`` of ``hyper.lr``)."""
+        if self._param_groups is None:
+            self._param_groups = {k.split(".", 1)[0] for k in self.params if "." in k}
+        return self._param_groups
 
     def save(self) -> None:
         """Checkpoint the job's state (its results so far) so a relaunch resumes from it."""

@@ -1,4 +1,4 @@
-"""Revision 0002 upgrades a database made by revision 0001, with jobs, results and a view in it:
+"""Revision 0003 upgrades a database made by revision 0002 (the one before), with jobs, results and a view in it:
 PostgreSQL gets jsonb parameters and results and fractional priorities; nothing is lost."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ PARAMS = [{"hyper.lr": 0.1, "hyper.nhid": 10, "name": "a"}, {"hyper.lr": 0.01, "
 RESULTS = [{"valid_error": 0.25, "curve": [1, 2.5]}, None]
 
 
-def make_at_0001(url: str) -> None:
-    """The schema of revision 0001, and two jobs written as that revision's jobman wrote them."""
+def make_at_previous(url: str) -> None:
+    """The schema of revision 0002, and two jobs written as that revision's jobman wrote them."""
     engine = make_engine(parse_db(url))
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(conn), "0001")
+            command.upgrade(alembic_config(conn), "0002")
         with engine.begin() as conn:
             exp = conn.execute(sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
                                ).scalar_one()
@@ -43,12 +43,12 @@ def make_at_0001(url: str) -> None:
         engine.dispose()
 
 
-def test_0002_upgrades_a_0001_database_with_data(fresh_url, jobman):  # noqa: F811
-    make_at_0001(fresh_url)
+def test_0003_upgrades_a_0002_database_with_data(fresh_url, jobman):  # noqa: F811
+    make_at_previous(fresh_url)
     r = jobman("list", fresh_url + "?table=old")
     assert r.code != 0 and "jobman db upgrade" in r.err, r.err
     r = jobman("db", "upgrade", fresh_url)
-    assert r.code == 0 and "from 0001 to 0002" in r.out, r.out + r.err
+    assert r.code == 0 and "from 0002 to 0003" in r.out, r.out + r.err
     assert differences(fresh_url) == []  # exactly the declared schema, jsonb included on PostgreSQL
     store = Store.open(fresh_url + "?table=old")
     try:
@@ -73,20 +73,20 @@ def test_0002_upgrades_a_0001_database_with_data(fresh_url, jobman):  # noqa: F8
                                   ).scalar_one()
                 assert lr == "0.1"
             rev = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-            assert rev == "0002"
+            assert rev == "0003"
     finally:
         store.dispose()
 
 
-@pytest.mark.parametrize("fresh_url", ["postgresql"], indirect=True)  # SQLite's 0002 changes nothing to undo
-def test_0002_downgrades_back_to_text(fresh_url):  # noqa: F811
-    make_at_0001(fresh_url)
+@pytest.mark.parametrize("fresh_url", ["postgresql"], indirect=True)  # SQLite's 0003 changes nothing to undo
+def test_0003_downgrades_back_to_text(fresh_url):  # noqa: F811
+    make_at_previous(fresh_url)
     engine = make_engine(parse_db(fresh_url))
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(conn), "0002")
+            command.upgrade(alembic_config(conn), "0003")
         with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "0001")
+            command.downgrade(alembic_config(conn), "0002")
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT data_type FROM information_schema.columns WHERE table_name = 'job' "
                                         "AND column_name = 'params'")).scalar() == "text"

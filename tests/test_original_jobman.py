@@ -192,6 +192,7 @@ NESTED = textwrap.dedent('''
     def nested(state, channel):
         assert channel() is None and channel.switch() is None
         state.score = state.hyper.lr * state.hyper.nhid
+        state.hyper.seen = True
         state.seen = dict(id=state.jobman.id, experiment=state.jobman.experiment, status=state.jobman.status,
                           host=state.jobman.sql.host_name, workdir=state.jobman.sql.host_workdir,
                           lr_type=type(state.hyper).__name__)
@@ -221,10 +222,10 @@ def test_nested_state_through_dispatch_and_report(db_url, tmp_path, nested_modul
         for j in jobs:
             assert j.params == {"hyper.lr": 0.1, "hyper.nhid": j.params["hyper.nhid"]}
             assert j.results["score"] == pytest.approx(0.1 * j.params["hyper.nhid"])
-            assert j.results["seen.id"] == j.id and j.results["seen.status"] == 1
-            assert j.results["seen.experiment"] == "jm_nested_exp.nested"
-            assert j.results["seen.host"] == os.uname().nodename
-            assert j.results["seen.workdir"] == j.workdir and j.results["seen.lr_type"] == "DD"
+            seen = j.results["seen"]  # a dict the job wrote, outside any group of parameters: kept whole
+            assert seen["id"] == j.id and seen["status"] == 1 and seen["experiment"] == "jm_nested_exp.nested"
+            assert seen["host"] == os.uname().nodename and seen["workdir"] == j.workdir
+            assert seen["lr_type"] == "DD" and j.results["hyper.seen"] is True  # inside the group: by its path
             assert not any(k.startswith("jobman") for k in {**j.params, **j.results})
         # The nested spelling of the same parameters is the same job; so is the sweep again.
         spec = JobSpec(0, "fn", "jm_nested_exp.nested", {"hyper": {"lr": 0.1, "nhid": 10}}, None)

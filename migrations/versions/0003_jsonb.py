@@ -6,8 +6,8 @@ sqlview``) are dropped for the change and made again from their own definitions 
 way up; on the way down they are dropped (their jsonb operators would not apply to text):
 make them again with ``jobman sqlview``.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-24
 """
 
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0002"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
