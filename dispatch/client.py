@@ -30,7 +30,7 @@ from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
-from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, expand, parse_sweep
+from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
 from .channel import DD, Channel, job_info, job_state
 from .experiment import TargetError, by_value, call as call_function, resolve
@@ -82,7 +82,8 @@ def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
     """The job target naming ``fn``: ``module:qualname`` (``__main__:name`` for a script's own
     function, which is then run by value), with ``@version`` when one is given."""
     if isinstance(fn, str):
-        target = fn
+        name, at, given = fn.partition("@")
+        target = canonical_target(name) + at + given  # pkg.mod.fn and pkg.mod:fn are one call
         try:
             resolve(target.partition("@")[0])
         except TargetError as exc:
@@ -312,8 +313,14 @@ class Experiment:
         if self.backend == "inline" and fn is not None:
             for job_id, future in futures.items():
                 if not future.done():
-                    self._run_inline(job_id, fn)
-                    self._settle_now([future])
+                    results = self._run_inline(job_id, fn)
+                    if results is not None:  # DONE here: settled without reading the job back
+                        with self._lock:
+                            entry = self._pending.pop(job_id, None)
+                        if entry is not None and not future.done():
+                            future.set_result(entry[1](results) if entry[1] else results)
+                    else:
+                        self._settle_now([future])
         if any(not f.done() for f in futures.values()):
             self._follow()
         return out
@@ -377,14 +384,15 @@ class Experiment:
         done.add(target)
 
     # -- inline ----------------------------------------------------------------------------
-    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> None:
-        """Run the job here if it is QUEUED (claimed, as a worker would); else someone else has it."""
+    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> dict[str, Any] | None:
+        """Run the job here if it is QUEUED (claimed, as a worker would), else leave it to whoever has it;
+        the results it was recorded DONE with, if it was here."""
         root = str(self.exproot / self.name)
         worker = WorkerInfo.here(backend="inline", backend_id=str(os.getpid()))
         while True:
             claimed = self.store.claim_job(job_id, worker, root)
             if claimed is None:
-                return
+                return None
             job, lease = claimed.job, claimed.lease
             workdir = Path(job.workdir or root)
             workdir.mkdir(parents=True, exist_ok=True)
@@ -409,8 +417,10 @@ class Experiment:
             why = ((outcome.error or "").strip().splitlines() or ["failed"])[-1][:300] if outcome.status == "FAILED" else None
             status = self.store.finish(job.id, lease, outcome.status, results=outcome.results, error=outcome.error,
                                        why=why)
-            if status is not Status.QUEUED:  # INCOMPLETE: resume it here at once
-                return
+            if status is Status.DONE:
+                return outcome.results
+            if status is not Status.QUEUED:  # QUEUED: it returned INCOMPLETE, resume it here at once
+                return None
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
@@ -578,12 +588,16 @@ class _Pump(threading.Thread):
                     self._wake.clear()
                     delay = 0.02
                 delay = min(delay * 1.5, exp.poll_interval)
-        except JobmanError as exc:  # the database went away: the futures say so
+        except Exception as exc:  # the database went away, sbatch refused: every pending future says so
+            if not isinstance(exc, JobmanError):
+                exc = JobmanError(f"following the jobs of {exp.name!r} failed: {type(exc).__name__}: {exc}")
             with exp._lock:
                 pending, exp._pending = exp._pending, {}
             for future, _unwrap in pending.values():
-                if not future.done():
+                try:
                     future.set_exception(exc)
+                except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                    pass
         finally:
             self._stopping = True
             if self.backend is not None:

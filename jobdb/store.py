@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .clock import ServerClock
 from .hot import HotStatements, Prepared
 from .identity import canonical_specs, duplicate_hashes
 from .schema import experiment as t_exp
@@ -274,6 +275,7 @@ class Store:
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
+        self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
@@ -567,7 +569,7 @@ class Store:
         """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
         write), for :func:`_to_claimed` once the lock is released."""
         root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
-        now = time.time()
+        now = self.clock.now(conn)
         rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
                                    pid_started_at=worker.pid_started_at, backend=worker.backend,
                                    backend_id=worker.backend_id, log_path=worker.log_path, now=now, root=root)
@@ -632,7 +634,7 @@ class Store:
             where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value]
             if assigned_to is not None:
                 where.append(t_job.c.backend_id == assigned_to)
-            now = time.time()
+            now = self.clock.now(conn)
             values: dict[str, Any] = dict(
                 status=Status.RUNNING.value, lease=t_job.c.lease + 1,
                 attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
@@ -703,7 +705,7 @@ class Store:
     def heartbeat(self, job_id: int, lease: int) -> bool:
         """Prove the job alive; returns True when a stop was requested (cancel --running)."""
         def run(conn: Connection) -> bool | None:
-            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=time.time())
+            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn))
             return bool(rows[0][0]) if rows else None
 
         answer = self._write(run)
@@ -718,7 +720,7 @@ class Store:
             raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                 "limit: keep large arrays in files in the job's workdir")
         ok = self._write(lambda c: c.execute(sa.update(t_job).where(self._owned(job_id, lease))
-                                             .values(results=blob, heartbeat_at=time.time())).rowcount)
+                                             .values(results=blob, heartbeat_at=self.clock.now(c))).rowcount)
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
 
@@ -794,7 +796,7 @@ class Store:
                            .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
         if row is None:
             return None
-        now = time.time()
+        now = self.clock.now(conn)
         values: dict[str, Any] = {"heartbeat_at": now}
         if blob is not None:
             values["results"] = blob
@@ -835,7 +837,7 @@ class Store:
     def _finish_done(self, conn: Connection, job_id: int, lease: int, blob: str | None, exit_code: int | None,
                      why: str | None, log: list[dict[str, Any]] | None = None) -> Status | None:
         """The common end: mark DONE, log it (or leave its event in ``log``), queue ready dependents."""
-        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=time.time(), results=blob,
+        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn), results=blob,
                                          exit_code=exit_code)
         if not rows:
             return None
@@ -895,6 +897,10 @@ class Store:
 
         return self._write(run)
 
+    def server_time(self) -> float:
+        """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""
+        return self._read(self.clock.now)
+
     def running_brief(self) -> list[RunningJob]:
         """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
         cols = [t_job.c.id, t_job.c.phase, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.host,
@@ -931,7 +937,7 @@ class Store:
                     .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk),
                            t_job.c.status == Status.RUNNING.value)
                     .with_for_update()).all())
-            now = time.time()
+            now = self.clock.now(conn)
             groups: dict[Status, list[dict[str, Any]]] = {Status.QUEUED: [], Status.CRASHED: [], Status.CANCELED: []}
             events: list[dict[str, Any]] = []
             out: dict[int, Status] = {}

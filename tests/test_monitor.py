@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -182,7 +183,7 @@ def test_a_lost_heartbeat_is_crashed_and_a_fresh_one_is_not(store):
     assert report.checked == 2
     [found] = report.crashed
     assert (found.job_id, found.sign, found.status) == (lost, "heartbeat", "CRASHED")
-    assert found.reason.startswith("no heartbeat for 120 s (grace 60 s)")
+    assert re.match(r"no heartbeat for 12[0-2] s \(grace 60 s\)", found.reason), found.reason  # a loaded host is slow
     assert store.job(lost).status is S.CRASHED and store.job(alive).status is S.RUNNING
     json.dumps(report.to_dict())  # the report is JSON-able as it is
 
@@ -436,8 +437,9 @@ def test_monitor_once_prints_counts_running_jobs_and_recent_crashes(store, db_ur
     assert main(["monitor", db_url, "--once", "--no-relaunch", "--heartbeat-grace", "60"]) == 0
     shown = capsys.readouterr().out
     for words in ("phase", "CRASHED", "running (1)", "node-elsewhere:4242", "recent crashes",
-                  "no heartbeat for 90 s", "declared 1 crashed"):
+                  "no heartbeat for 9", "declared 1 crashed"):
         assert words in shown, (words, shown)
+    assert re.search(r"no heartbeat for 9[0-2] s", shown), shown  # a second or two more on a loaded host
     assert store.job(lost).status is S.CRASHED and store.job(alive).status is S.RUNNING
 
 
