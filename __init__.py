@@ -28,6 +28,9 @@ _LAZY = {
     "DD": "jobman.tools",
     "flatten": "jobman.tools",
     "expand": "jobman.tools",
+    "sample": "jobman.dispatch.client",
+    **{name: "jobman.jobdb.distributions" for name in (
+        "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }
 _MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools"}
 

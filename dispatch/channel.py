@@ -86,6 +86,7 @@ class Channel:
         self._stop_poll: Callable[[], bool] | None = None
         self._last_save_hint = time.time()
         self._param_groups: set[str] | None = None
+        self.pruned = False
 
     # -- stopping -------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -100,6 +101,11 @@ class Channel:
         if self._stop_reason is None and self._stop_poll is not None and self._stop_poll():
             self._stop_reason = "cancel requested"
         return self._stop_reason is not None
+
+    def prune(self, reason: str) -> None:
+        """The search gave up on this job (its curve is worse than the finished jobs'): stop, end DONE."""
+        self.pruned = True
+        self.request_stop(reason)
 
     @property
     def stop_reason(self) -> str | None:

@@ -30,6 +30,7 @@ from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
+from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
 from .channel import DD, Channel, job_info, job_state
@@ -115,7 +116,27 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
 
     A list or tuple is an axis (``lr=[0.1, 0.01]``); any other value is fixed (``epochs=10``).
     ``grid(lr=[0.1, 0.01], nhid=[64, 256])`` is the sweep ``lr={{0.1,0.01}} nhid={{64,256}}``.
+    Distributions are drawn by :func:`sample`, which says how many points.
     """
+    drawn = [key for key, value in axes.items() if isinstance(value, Distribution)]
+    if drawn:
+        raise UsageError(f"{drawn[0]!r} is a distribution: draw points with jobman.sample(n, axes, seed=...)")
+    return [spec.params for spec in expand(Sweep([Phase("grid", _assignments(axes))]))]
+
+
+def sample(n: int, axes: Mapping[str, Any], *, seed: int = 0, sampler: str = "random") -> list[dict[str, Any]]:
+    """``n`` points drawn from the distributions of ``axes`` (``jobman.loguniform(1e-4, 1e-1)``, ...),
+    as ``sqlschedule --samples n --seed seed`` draws them; lists are grid axes, each point of which
+    gets the same draws. The first n points are the same whatever n is.
+
+    ``jobman.sample(32, {"lr": jobman.loguniform(1e-4, 1e-1), "nhid": [64, 256]}, seed=7)``.
+    """
+    return [spec.params for spec in expand(Sweep([Phase("sample", _assignments(axes))]), samples=n, seed=seed,
+                                           sampler=sampler)]
+
+
+def _assignments(axes: Mapping[str, Any]) -> list[Assignment]:
+    """A list or tuple is a grid axis, a distribution is drawn, anything else is fixed."""
     assignments = []
     for key, value in axes.items():
         if isinstance(value, (list, tuple)):
@@ -124,7 +145,7 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
             assignments.append(Assignment(key, tuple(value), True))
         else:
             assignments.append(Assignment(key, (value,), False))
-    return [spec.params for spec in expand(Sweep([Phase("grid", assignments)]))]
+    return assignments
 
 
 # -- futures --------------------------------------------------------------------------------
@@ -457,14 +478,16 @@ class Experiment:
         return report.best
 
     def schedule(self, sweep: str | Sequence[str], *, priority: int = 0, command: str | None = None,
-                 check: bool = True) -> list[JobFuture]:
+                 check: bool = True, samples: int | None = None, seed: int = 0,
+                 sampler: str = "random") -> list[JobFuture]:
         """Schedule a sweep in ``jobman sqlschedule``'s grammar (phases included); a future per job.
 
-        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``.
+        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``; with distributions,
+        ``exp.schedule("mypkg.train:main lr=loguniform(1e-4,1e-1)", samples=32, seed=7)``.
         """
         tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
         parsed = parse_sweep(tokens, command=command)
-        specs = expand(parsed)
+        specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
         if check:
             for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
                 try:
