@@ -136,7 +136,8 @@ class HotStatements:
             sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
             dialect)
         self.save = Prepared(
-            sa.update(t_job).where(owned()).values(results=b("results", type_=t_job.c.results.type), heartbeat_at=b("now"))
+            sa.update(t_job).where(owned()).values(results=b("results", type_=t_job.c.results.type),
+                                                   heartbeat_at=b("now"))
             .returning(t_job.c.id), dialect)
         self.finish_done = Prepared(
             sa.update(t_job).where(owned())
