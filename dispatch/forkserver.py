@@ -172,6 +172,7 @@ def die_with_parent(oom_score_adj: int | None = None) -> None:
 def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> None:
     """Inside the job's process: run the function and send its outcome to the worker."""
     workdir = Path(request["workdir"])
+    os.environ.update(request.get("env", {}))
     os.chdir(workdir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

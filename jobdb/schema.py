@@ -64,6 +64,7 @@ job = Table(
     Column("finished_at", Float),
     Column("error", Text),
     Column("exit_code", Integer),
+    Column("gpus", String(255)),  # the devices given to its last run (CUDA_VISIBLE_DEVICES)
     UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
 )
 # The claim: the first QUEUED job of an experiment by priority and order.
@@ -106,4 +107,4 @@ Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"

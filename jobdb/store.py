@@ -125,6 +125,7 @@ class Job:
     stop_requested: bool = False
     resume: bool = False
     depends_on: list[int] = field(default_factory=list)
+    gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
 
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
@@ -141,7 +142,7 @@ class Job:
             log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
             started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
             error=m["error"], exit_code=m["exit_code"], stop_requested=bool(m["stop_requested"]),
-            resume=bool(m["resume"]), depends_on=deps or [],
+            resume=bool(m["resume"]), depends_on=deps or [], gpus=m.get("gpus"),
         )
 
     @classmethod
@@ -702,6 +703,18 @@ class Store:
                                              .values(results=blob, heartbeat_at=time.time())).rowcount)
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
+
+    def set_gpus(self, job_id: int, lease: int, gpus: str) -> None:
+        """Record the devices a running job was given (``CUDA_VISIBLE_DEVICES``), on the job and in its log."""
+        def run(conn: Connection) -> bool:
+            if not conn.execute(sa.update(t_job).where(self._owned(job_id, lease)).values(gpus=gpus)).rowcount:
+                return False
+            self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                                 "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
+            return True
+
+        if not self._write(run):
+            raise self._refuse_logged(job_id, lease, "GPU assignment")
 
     def log_metrics(self, job_id: int, lease: int, points: Iterable[tuple[int, str, float]]) -> None:
         """Append learning-curve points (step, name, value) of a job the caller owns."""

@@ -17,11 +17,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import signal_once_started
+from conftest import experiment_module, sqlite_only, signal_once_started
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
+
+engine_name = pytest.fixture(sqlite_only, name="engine_name")
 
 MODULE = "jm_reuse_exp"
 
@@ -75,19 +77,10 @@ EXPERIMENTS = textwrap.dedent('''
 
 
 @pytest.fixture
-def engine_name() -> str:
-    """SQLite only: how job processes are reused does not depend on the store."""
-    return "sqlite"
-
-
-@pytest.fixture
 def exp(tmp_path: Path):
-    moddir = tmp_path / "mods"
-    moddir.mkdir()
-    (moddir / f"{MODULE}.py").write_text(EXPERIMENTS)
+    pythonpath = experiment_module(tmp_path, MODULE, EXPERIMENTS)
     started = tmp_path / "started"
     started.mkdir()
-    pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
     return type("Exp", (), {"env": {"PYTHONPATH": pythonpath, "JM_STARTED": str(started)},
                             "runs": tmp_path / "runs", "started": started})
 
