@@ -42,6 +42,14 @@ def limit_options(fn):
     return fn
 
 
+def outage_option(fn):
+    """How long a database outage is waited out (worker and dispatch)."""
+    return click.option("--outage-wait", type=click.FloatRange(0), envvar="JOBMAN_OUTAGE_WAIT", default=None,
+                        metavar="SECONDS",
+                        help="Wait this long for a database that went away (a server restart, a failover) "
+                             "before giving up; a running job goes on meanwhile. Default: 600.")(fn)
+
+
 def process_options(fn):
     """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
     @functools.wraps(fn)
@@ -71,11 +79,11 @@ def process_options(fn):
 
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                processes: JobProcesses = JobProcesses()) -> int:
+                outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> int:
     store = open_store(db, table, url)
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
-                            max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout)
+                            max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
     processes.set_threads()
     worker = Worker(store, options)
     if processes.gpus:
@@ -94,17 +102,21 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="When nothing is ready, wait while other jobs run (they may unlock more).")
 @click.option("--idle-timeout", type=click.FloatRange(0), default=None, help="Stop waiting after this many seconds.")
+@outage_option
 @process_options
-def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes) -> int:
+def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+           processes) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
     \b
     Example:
       jobman worker 'sqlite:///sweeps.db?table=mlp' --timeout 3600
     SIGTERM (or Ctrl-C) lets the running job checkpoint, puts it back in the
-    queue without counting an attempt, and exits.
+    queue without counting an attempt, and exits. A database that goes away is
+    waited for (--outage-wait); the running job goes on meanwhile.
     """
-    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, processes)
+    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+                       processes)
 
 
 @click.command("sql")
@@ -155,9 +167,11 @@ def sql(args, db, table, count, timeout) -> int:
                    "Default: the cluster's setting.")
 @click.option("--allow-sqlite", is_flag=True,
               help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
+@outage_option
 @process_options
 def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
-             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, processes) -> int:
+             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, outage_wait,
+             processes) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
@@ -170,6 +184,11 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
 
     Local: exits 0 when every job is DONE, 1 when some FAILED, CRASHED or are
     BLOCKED. Ctrl-C stops the workers cleanly: their jobs go back to the queue.
+    A database that goes away (a server restart) is waited for, up to
+    --outage-wait. Workers that fail at once (a full disk, a read-only
+    database) are started again with backoff, 5 in a row at most; then
+    dispatch stops with their error. However dispatch ends, its workers
+    stop with it and put their jobs back.
 
     \b
     Slurm, pull workers (the default): one job array whose tasks each run
@@ -213,10 +232,13 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
+    if outage_wait is not None:
+        worker_args += ["--outage-wait", str(outage_wait)]
     worker_args += processes.worker_args()
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
-        return _dispatch_local(store, workers or processes.gpu_workers or None, worker_args, exproot, show)
+        return _dispatch_local(store, workers or processes.gpu_workers or None, worker_args, exproot, show,
+                               outage_wait)
     try:
         return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
                                one_job_per_task, sbatch_phase, bool(follow), requeue)
@@ -228,7 +250,7 @@ class SlurmError(JobmanError):
     """Slurm could not do what was asked."""
 
 
-def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
+def _dispatch_local(store, workers, worker_args, exproot, show, outage_wait=None) -> int:
     from jobman.dispatch.backends.local import LocalBackend
     from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
 
@@ -237,10 +259,32 @@ def _dispatch_local(store, workers, worker_args, exproot, show) -> int:
     log_dir = Path(exproot).resolve() / store.experiment / "_workers"
     local = LocalBackend(log_dir)
     watcher = _watcher(store, {"local": local})
-    with _ProgressView(show) as view:
-        tally = Dispatcher(store, local, DispatchOptions(n, tuple(worker_args)), watcher=watcher,
-                           on_tick=view.update).run()
+    options = DispatchOptions(n, tuple(worker_args), outage_wait=outage_wait)
+    with _ProgressView(show) as view, _terminate_as_interrupt():
+        tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update, log=_log_line).run()
     return _report_end(store, tally, view)
+
+
+def _log_line(message: str) -> None:
+    err.print(f"jobman dispatch: {message}", markup=False, highlight=False)
+
+
+class _terminate_as_interrupt:
+    """SIGTERM and SIGHUP end a dispatch as Ctrl-C does: its workers are stopped and put their jobs back."""
+
+    def __enter__(self) -> None:
+        import signal
+
+        def interrupt(_signum, _frame):
+            raise KeyboardInterrupt
+
+        self.saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
 
 
 def _password_to_environment(store) -> dict[str, str]:

@@ -6,10 +6,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
+from .outage import Outage
 
 
 @dataclass
@@ -60,38 +62,91 @@ class DispatchOptions:
     worker_args: tuple[str, ...] = ()
     poll_interval: float = 0.5
     scan_interval: float = 5.0
-    stop_on_interrupt: bool = True  # Ctrl-C stops the workers (False: they go on, e.g. on Slurm)
+    stop_on_interrupt: bool = True  # Ctrl-C or giving up stops the workers (False: they go on, e.g. on Slurm)
+    outage_wait: float | None = None  # how long to wait out a database outage (None: the default)
+    max_failed_starts: int = 5  # workers failing in a row before dispatch gives up
+    respawn_delay: float = 0.5  # before starting a worker after one failed; doubles each time
+
+
+class DispatchError(JobmanError):
+    """Dispatch stopped: its workers could not run."""
+
+
+class ExitedWorkers(Protocol):
+    def exited(self) -> list[tuple[str, int, str]]: ...
 
 
 class Dispatcher:
     """Starts workers as jobs become ready, tops them up as phases unlock, returns when all is done."""
 
     def __init__(self, store: Store, backend: Backend, options: DispatchOptions,
-                 watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None) -> None:
+                 watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.backend = backend
         self.options = options
         self.watcher = watcher
         self.on_tick = on_tick or (lambda _t, _w: None)
+        self.log = log or (lambda _m: None)
+        self.outage = Outage(self.log, options.outage_wait)
         self.spec = WorkerSpec(store.target.with_table(), tuple(options.worker_args))
+        self.failed_in_a_row = 0
+        self.worker_starts = 0
+        self._hold_until = 0.0  # no new worker before this (time.monotonic), after failed ones
+        self._scan_error: str | None = None
 
     def run(self) -> Tally:
+        """Until the experiment is finished; on any other way out (Ctrl-C, giving up) the workers are
+        stopped first, and they put their jobs back."""
         last_scan = 0.0
         try:
             while True:
-                tally = Tally.of(self.store)
+                tally = self.outage.call(lambda: Tally.of(self.store), "reading progress")
+                self._count_exits()
                 alive = self.backend.running_workers()
                 self.on_tick(tally, alive)
                 if not tally.active and alive == 0:
                     return tally
                 wanted = min(self.options.workers, tally["QUEUED"] + tally["RUNNING"])
-                if tally["QUEUED"] and alive < wanted:
+                if tally["QUEUED"] and alive < wanted and time.monotonic() >= self._hold_until:
                     self.backend.start_workers(self.spec, wanted - alive)
+                    self.worker_starts += wanted - alive
                 if self.watcher is not None and time.time() - last_scan >= self.options.scan_interval:
-                    self.watcher.scan()
+                    self._scan()
                     last_scan = time.time()
                 self.backend.wait(self.options.poll_interval)
-        except KeyboardInterrupt:
+        except BaseException:
             if self.options.stop_on_interrupt:
                 self.backend.stop_workers()
             raise
+
+    def _count_exits(self) -> None:
+        """Workers that exited with an error, counted in a row; too many, and dispatch gives up."""
+        exited = getattr(self.backend, "exited", None)
+        if exited is None:
+            return
+        for backend_id, code, last_line in exited():
+            if code <= 0:  # done, or killed by a signal (that is the monitor's business)
+                self.failed_in_a_row = 0
+                continue
+            self.failed_in_a_row += 1
+            cause = last_line or f"worker {backend_id} exited with code {code}"
+            if self.failed_in_a_row >= self.options.max_failed_starts:
+                raise DispatchError(f"{self.failed_in_a_row} workers in a row failed, the last one with: "
+                                    f"{cause.removeprefix('jobman: ')}")
+            delay = self.options.respawn_delay * 2 ** (self.failed_in_a_row - 1)
+            self.log(f"worker {backend_id} failed ({cause.removeprefix('jobman: ')}); "
+                     f"starting another in {delay:g} s")
+            self._hold_until = time.monotonic() + delay
+
+    def _scan(self) -> None:
+        """Look for crashed jobs; a database that refuses the scan's writes is said once, not fatal here
+        (the workers meet it too, and their failures stop dispatch)."""
+        try:
+            self.outage.call(self.watcher.scan, "looking for crashed jobs")
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError as exc:
+            if str(exc) != self._scan_error:
+                self.log(f"looking for crashed jobs failed: {exc}")
+            self._scan_error = str(exc)

@@ -152,6 +152,12 @@ def _prctl() -> Callable[..., int] | None:
     return _PRCTL
 
 
+def signal_on_parent_death(sig: int) -> bool:
+    """Linux: send ``sig`` to this process when its parent dies; False where that cannot be asked."""
+    prctl = _prctl()
+    return prctl is not None and prctl(1, sig) == 0  # PR_SET_PDEATHSIG
+
+
 def die_with_parent(oom_score_adj: int | None = None) -> None:
     """Linux: SIGKILL this process when its parent dies; optionally raise its OOM score."""
     prctl = _prctl()

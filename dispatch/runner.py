@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from jobman.jobdb.errors import DatabaseError, JobmanError, LeaseLost, UsageError
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .experiment import TargetError
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
 from .machine import GpuPool, gpus_asked
+from .outage import Outage
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
@@ -209,11 +210,12 @@ class Runner:
     """Runs claimed jobs for one worker, keeping resolved targets warm between jobs."""
 
     def __init__(self, store: Store, limits: RunLimits, stopping: Callable[[], bool] = lambda: False,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, outage: Outage | None = None) -> None:
         self.store = store
         self.limits = limits
         self.stopping = stopping
         self.log = log
+        self.outage = outage or Outage(log)
         self.server = ForkServer(limits.jobs_per_process)
         weakref.finalize(self, self.server.close)
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
@@ -271,7 +273,8 @@ class Runner:
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            parents = self.store.parents(job.id) if job.depends_on else []
+            parents = self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents") \
+                if job.depends_on else []
             if job.kind == "fn":
                 child: _Command = self._start_function(job, lease, parents, workdir)
             else:
@@ -342,6 +345,7 @@ class Runner:
         reason: str | None = None
         term_at: float | None = None
         killed = False
+        beat_failing = False
         while not child.reap():
             now = time.time()
             wake = [next_beat, now + 0.5]
@@ -356,13 +360,18 @@ class Runner:
                 try:
                     if self.store.heartbeat(job.id, lease) and reason is None:
                         reason = "cancel"
+                    if beat_failing:
+                        self.log(f"heartbeats of job {job.id} go through again")
+                        beat_failing = False
                 except LeaseLost:
                     child.send(signal.SIGKILL)
                     while not child.reap():
                         time.sleep(0.01)
                     raise
                 except DatabaseError as exc:  # the database may come back; the job goes on meanwhile
-                    self.log(f"heartbeat of job {job.id} failed: {exc}")
+                    if not beat_failing:
+                        self.log(f"heartbeat of job {job.id} failed ({exc}); the job goes on, heartbeats are retried")
+                    beat_failing = True
             if reason is None and deadline is not None and now >= deadline:
                 reason = "timeout"
             if reason is None and self.stopping():
@@ -420,11 +429,14 @@ class Runner:
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:
         delay = 1.0
-        for attempt in range(8):  # a result computed must not be dropped for a passing database outage
-            try:
+        for attempt in range(4):
+            try:  # a result computed must not be dropped for a database outage: it is waited out
                 if then is None or outcome == "REQUEUE":  # a stopping worker claims nothing more
-                    return self.store.finish(job.id, lease, outcome, **kwargs).value, None
-                status, claimed = self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs)
+                    return self.outage.call(lambda: self.store.finish(job.id, lease, outcome, **kwargs).value,
+                                            f"recording job {job.id}"), None
+                status, claimed = self.outage.call(
+                    lambda: self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs),
+                    f"recording job {job.id}")
                 return status.value, claimed
             except LeaseLost as exc:
                 self.log(str(exc))
@@ -434,8 +446,10 @@ class Runner:
                     raise
                 error = "\n".join(e for e in (kwargs.get("error"), str(exc)) if e)
                 outcome, kwargs = "FAILED", {**kwargs, "results": None, "error": error, "why": str(exc)}
-            except DatabaseError as exc:
-                if attempt == 7:
+            except DatabaseUnavailable:
+                raise
+            except DatabaseError as exc:  # not an outage (a full disk, a read-only file): a few tries only
+                if attempt == 3:
                     raise
                 self.log(f"recording job {job.id} failed ({exc}); retrying in {delay:.0f} s")
                 time.sleep(delay)

@@ -20,6 +20,7 @@ from typing import Callable
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
+from .outage import Outage
 from .runner import LOST, Runner, RunLimits
 
 
@@ -31,6 +32,7 @@ class WorkerOptions:
     wait: bool = True  # while other jobs run, wait for the ones they unlock
     poll_interval: float = 1.0
     idle_timeout: float | None = None  # give up waiting after this long without a claim
+    outage_wait: float | None = None  # how long to wait out a database outage (None: the default)
 
 
 @dataclass
@@ -69,7 +71,9 @@ class Worker:
         self.options = options
         self.log = log or (lambda m: print(f"[jobman worker {os.getpid()}] {m}", file=sys.stderr, flush=True))
         self._stop_signal: int | None = None
-        self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log)
+        self.outage = Outage(self.log, options.outage_wait, stopping=lambda: self._stop_signal is not None)
+        self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log,
+                             outage=self.outage)
 
     def _on_signal(self, signum: int, _frame) -> None:
         self._stop_signal = signum
@@ -77,6 +81,7 @@ class Worker:
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
+        stop_with_dispatcher(self._on_signal)
 
     def run(self) -> WorkerSummary:
         summary = WorkerSummary()
@@ -90,7 +95,7 @@ class Worker:
                 if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
                     break
                 if claimed is None:
-                    claimed = self.store.claim(identity, root)
+                    claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job")
                 if claimed is None:
                     if not self._should_wait(idle_since):
                         break
@@ -117,8 +122,9 @@ class Worker:
 
     def _put_back(self, claimed: Claimed) -> None:
         try:
-            self.store.finish(claimed.job.id, claimed.lease, "REQUEUE",
-                              why="its worker was stopped before starting it; put back")
+            self.outage.call(lambda: self.store.finish(claimed.job.id, claimed.lease, "REQUEUE",
+                                                       why="its worker was stopped before starting it; put back"),
+                             f"putting job {claimed.job.id} back")
         except JobmanError as exc:  # the monitor will find it: its worker is gone
             self.log(f"could not put job {claimed.job.id} back: {exc}")
 
@@ -128,5 +134,16 @@ class Worker:
             return False
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
-        left = self.store.outstanding()
+        left = self.outage.call(self.store.outstanding, "looking for jobs left")
         return left["QUEUED"] > 0 or left["RUNNING"] > 0
+
+
+def stop_with_dispatcher(on_signal: Callable[[int, object], None]) -> None:
+    """A worker started by a local dispatch gets SIGTERM when that dispatch ends, however it ends
+    (even SIGKILL), and so stops, putting its job back: no worker outlives its dispatcher."""
+    from .backends.local import DIE_WITH_VARIABLE
+    from .forkserver import signal_on_parent_death
+
+    pid = os.environ.pop(DIE_WITH_VARIABLE, None)
+    if pid and signal_on_parent_death(signal.SIGTERM) and os.getppid() != int(pid):  # it ended already
+        on_signal(signal.SIGTERM, None)

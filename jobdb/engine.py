@@ -7,6 +7,7 @@ with "database is locked" half-way through.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import DatabaseError, SchemaError, UsageError
+from .errors import DatabaseError, DatabaseUnavailable, SchemaError, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
@@ -36,8 +37,26 @@ def make_engine(target: DbTarget) -> Engine:
     connect_args: dict = {"connect_timeout": 10, "application_name": "jobman"}
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
-    return sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
-                            connect_args=connect_args)
+    engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
+                              connect_args=connect_args)
+    _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))
+    return engine
+
+
+class _OneLine(logging.Filter):
+    """The pool's own messages (a dead connection that could not be reset) as one line, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            cause = str(record.exc_info[1]).strip().splitlines()
+            record.msg = f"{record.getMessage()}: {mask_password(cause[0] if cause else '')}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+def _one_line_errors(logger: logging.Logger) -> None:
+    if not any(isinstance(f, _OneLine) for f in logger.filters):
+        logger.addFilter(_OneLine())
 
 
 def _sqlite_engine(target: DbTarget) -> Engine:
@@ -274,9 +293,48 @@ class translated_errors:
 
     def __exit__(self, kind: type | None, exc: BaseException | None, _tb: object) -> None:
         if isinstance(exc, sa.exc.DBAPIError):
-            raise DatabaseError(describe_db_error(exc, self.target)) from exc
+            kind = DatabaseUnavailable if is_outage(exc) else DatabaseError
+            raise kind(describe_db_error(exc, self.target)) from exc
         if isinstance(exc, OverflowError):  # SQLite's driver refuses an integer past 64 bits first
             raise UsageError(f"a number is too large for {self.target.display}: {exc}") from exc
+
+
+# What a server that is down, restarting or failing over says; not a bad URL, password or database.
+_OUTAGE = ("connection refused", "server closed the connection", "terminating connection", "connection reset",
+           "the database system is starting up", "the database system is shutting down",
+           "the database system is in recovery mode", "the database system is not yet accepting",
+           "connection timed out", "timeout expired", "no connection to the server", "connection is closed",
+           "consuming input failed", "ssl connection has been closed", "broken pipe", "connection to server",
+           "network is unreachable", "no route to host", "cannot connect now")
+_NOT_OUTAGE = ("password", "does not exist", "no pg_hba.conf entry", "could not translate host name",
+               "name or service not known")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a driver error is the server being away for now, to be waited out rather than reported."""
+    if not isinstance(exc, sa.exc.DBAPIError) or isinstance(exc.orig, _sqlite_errors()):
+        return False
+    low = str(getattr(exc, "orig", exc) or "").lower()
+    if any(t in low for t in _NOT_OUTAGE):
+        return False
+    return bool(exc.connection_invalidated) or any(t in low for t in _OUTAGE)
+
+
+def _sqlite_errors() -> tuple[type, ...]:
+    import sqlite3
+
+    return (sqlite3.Error,)
+
+
+def _no_space_beside(path: str | None) -> bool:
+    """SQLite reports a write refused for want of space as a "disk I/O error": tell it apart."""
+    if not path or path == ":memory:":
+        return False
+    try:
+        fs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < 64 * 1024
 
 
 def describe_db_error(exc: BaseException, target: DbTarget) -> str:
@@ -286,7 +344,8 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
     where = target.display
     if "readonly database" in low or "read-only" in low:
         return f"cannot write to {where}: the database file or its directory is read-only"
-    if "disk is full" in low or "no space left" in low or "disk full" in low:
+    if "disk is full" in low or "no space left" in low or "disk full" in low or (
+            "disk i/o error" in low and _no_space_beside(target.sqlite_path)):
         return f"cannot write to {where}: the disk is full"
     if "unable to open database file" in low:
         path = target.sqlite_path
@@ -306,6 +365,8 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
     if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \
             or "could not translate host name" in low or "name or service not known" in low:
         return f"cannot connect to {where}: the server is unreachable ({mask_password(text)})"
+    if is_outage(exc):
+        return f"lost the connection to {where}: the server went away ({mask_password(text)})"
     if "permission denied" in low:
         return f"{where}: permission denied ({mask_password(text)})"
     return f"database error on {where}: {mask_password(text)}"

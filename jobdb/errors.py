@@ -26,6 +26,10 @@ class DatabaseError(JobmanError):
     """The database cannot be used."""
 
 
+class DatabaseUnavailable(DatabaseError):
+    """The database server cannot be reached right now (down, restarting, or the network is)."""
+
+
 class SchemaError(DatabaseError):
     """The database schema is not the one this jobman expects."""
 

@@ -320,7 +320,7 @@ class Store:
                     try:
                         return _engine.in_write_transaction(conn, fn)
                     except sa.exc.DBAPIError as exc:
-                        self._drop_writer(invalidate=exc.connection_invalidated)
+                        self._drop_writer(invalidate=exc.connection_invalidated or _engine.is_outage(exc))
                         if attempt < retries and _is_transient(exc):
                             raise _Retry() from exc
                         raise

@@ -4,8 +4,8 @@ A sweep of 200 function jobs runs under ``jobman dispatch -j 4`` while the test 
 1 s during a bounded window (a seeded ``random.Random``, so a failure can be replayed), one process
 of the dispatch's tree with SIGKILL: a job's own process, a worker, now and then whatever else runs
 below a worker (the helper that forks its jobs), and three times the dispatcher. A killed
-dispatcher leaves its workers running on their own (they are in sessions of their own); a new
-``jobman dispatch`` is started at once, as a user would. After the window every process of the
+dispatcher's workers get SIGTERM (no worker outlives its dispatcher): each lets its job finish or
+puts it back, and exits; a new ``jobman dispatch`` is started at once, as a user would. After the window every process of the
 test is SIGKILLed, ``jobman monitor --once --relaunch`` must find every job left RUNNING and queue
 it again (by its dead worker's pid: the heartbeat grace is ten minutes), and a fresh ``jobman
 dispatch`` must finish the sweep.
@@ -13,20 +13,23 @@ dispatch`` must finish the sweep.
 Processes are told apart in the live tree: dispatchers and workers carry the experiment's URL on
 their command line (``dispatch`` or ``worker``); a job's process is a descendant of a worker that
 has moved into its workdir under ``runs/``. The test process makes itself a child subreaper while
-it runs, so workers orphaned by a killed dispatcher stay in its tree, to be found, killed and reaped.
+it runs, so workers orphaned by a killed dispatcher stay in its tree while they stop, to be found,
+killed and reaped.
 
 Each job takes 10 steps of 100 ms; after each it writes the step and a running value (an integer
 recurrence seeded by its parameters) into ``state`` and calls ``channel.save()``; a relaunch
 resumes from what was saved. It appends ``job_id attempt begin|saved step`` to one side file opened
 with O_APPEND (one write per line, so lines never interleave) when it starts and after each save.
-The test never sends SIGTERM, so no attempt is resumed without being counted: every claim is a new
-attempt, and the attempt number names one claim. What is asserted, and what each catches:
+The only SIGTERMs are those a killed dispatcher's workers get: a job they put back is resumed without
+spending an attempt, so an attempt number names one claim, or several when it was put back in between.
+What is asserted, and what each catches:
 
 * every job is DONE with exactly the value of an undisturbed run (the recurrence computed here):
   a checkpoint lost, applied twice or taken from the wrong run changes the value;
-* each job became DONE once and never left DONE; its claims in ``job_event`` equal its attempt and
-  lease counters, every claim but the last ended CRASHED, and there are more claims than jobs;
-* in the side file each attempt logged one start and then consecutive steps; each started at or
+* each job became DONE once and never left DONE; its claims in ``job_event`` equal its lease counter and
+  its attempt plus the times it was put back, every claim but the last ended CRASHED or was put back,
+  and there are more claims than jobs;
+* in the side file each run (a start and what follows) logged consecutive steps; each started at or
   after the last step an earlier attempt logged, and at most one step beyond it (a SIGKILL may fall
   between a save and its log line), so progress was resumed, never restarted; the attempt that
   ended DONE logged every step; and some attempt resumed from a step other than 0, so this check
@@ -35,8 +38,7 @@ attempt, and the attempt number names one claim. What is asserted, and what each
 * no dispatch or worker log shows a traceback or a lock error, and no process outlives the sweep.
 
 Why these numbers: 200 jobs of about 1.1 s each are some 55 s of work for four workers, more than
-the 30 s window; but every killed dispatcher leaves its workers running beside the new one's (up to
-16 at once), so the window also ends once 180 jobs are DONE, leaving work for the monitor and the
+the 30 s window; but a killed dispatcher's workers finish their jobs beside the new one's, so the window also ends once 180 jobs are DONE, leaving work for the monitor and the
 last dispatch. Observed on two cores: 140 to 185 jobs DONE when the window closes, about 40 kills
 (some 20 workers, 15 jobs, 5 helpers, 3 dispatchers), about ten jobs left RUNNING, each engine done
 in 38 to 50 s. No job needed more than 4 attempts; the sweep is scheduled with ``max_attempts=100``
@@ -210,6 +212,16 @@ class Tree:
         self.reap()
 
 
+def _runs_of(lines: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """One attempt's lines cut into runs, each from a "begin" (an attempt put back runs twice)."""
+    runs: list[list[tuple[str, int]]] = []
+    for line in lines:
+        if line[0] == "begin" or not runs:
+            runs.append([])
+        runs[-1].append(line)
+    return runs
+
+
 def read_side_file(path: Path) -> dict[int, dict[int, list[tuple[str, int]]]]:
     """job id -> attempt -> [(begin|saved, step)] in the order written."""
     runs: dict[int, dict[int, list[tuple[str, int]]]] = defaultdict(lambda: defaultdict(list))
@@ -285,7 +297,7 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
             except ProcessLookupError:
                 continue
             kills[kind] += 1
-            if kind == "dispatcher":  # its workers go on alone; a user starts dispatch again
+            if kind == "dispatcher":  # its workers stop (SIGTERM); a user starts dispatch again
                 current.wait(timeout=30)
                 current = start_dispatch(str(kills["dispatcher"]))
         chaos_seconds = time.monotonic() - started
@@ -345,10 +357,13 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
     dones = Counter(e.job_id for e in events if e.to_status == Status.DONE.value)
     assert dones == Counter({i: 1 for i in ids}), "a job became DONE more than once, or never"
     assert [e for e in events if e.from_status == Status.DONE.value] == [], "a DONE job was moved again"
-    off = [(j.id, claims[j.id], j.attempt, j.lease) for j in jobs if not claims[j.id] == j.attempt == j.lease]
-    assert off == [], f"claims, attempts and leases disagree (job, claims, attempt, lease): {off[:10]}"
-    off = [(i, claims[i], crashes[i]) for i in ids if claims[i] != crashes[i] + 1]
-    assert off == [], f"every attempt but the last must end CRASHED (job, claims, crashes): {off[:10]}"
+    put_back = Counter(e.job_id for e in events
+                       if e.from_status == Status.RUNNING.value and e.to_status == Status.QUEUED.value)
+    off = [(j.id, claims[j.id], j.attempt, put_back[j.id], j.lease) for j in jobs
+           if not claims[j.id] == j.attempt + put_back[j.id] == j.lease]
+    assert off == [], f"claims, attempts and leases disagree (job, claims, attempt, put back, lease): {off[:10]}"
+    off = [(i, claims[i], crashes[i], put_back[i]) for i in ids if claims[i] != crashes[i] + put_back[i] + 1]
+    assert off == [], f"every claim but the last must end CRASHED or put back (job, claims, crashes, put back): {off[:10]}"
     assert sum(claims.values()) > JOBS, "no job needed a second attempt: the kills did nothing"
 
     # -- the side file: each attempt resumed from the last checkpoint, never from before it -------------
@@ -360,17 +375,17 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
         final_attempt = by_id[job_id].attempt
         assert final_attempt in attempts, f"job {job_id}: the attempt that ended DONE left no trace"
         assert max(attempts) <= final_attempt, f"job {job_id}: an attempt was logged that was never claimed"
-        high = 0  # the highest step earlier attempts logged, as their start or as saved
+        high = 0  # the highest step earlier runs logged, as their start or as saved
         for attempt in sorted(attempts):
-            lines = attempts[attempt]
-            (what, begin), rest = lines[0], lines[1:]
-            assert what == "begin" and rest == [("saved", s) for s in range(begin + 1, begin + 1 + len(rest))], \
-                f"job {job_id} attempt {attempt} did not log one start and then consecutive steps: {lines}"
-            assert high <= begin <= high + 1, (f"job {job_id} attempt {attempt} started at step {begin}, but earlier "
-                                               f"attempts had saved step {high}: {dict(attempts)}")
-            resumed += begin > 0
-            high = begin + len(rest)
-        last = attempts[final_attempt]
+            for lines in _runs_of(attempts[attempt]):  # more than one when the attempt was put back
+                (what, begin), rest = lines[0], lines[1:]
+                assert what == "begin" and rest == [("saved", s) for s in range(begin + 1, begin + 1 + len(rest))], \
+                    f"job {job_id} attempt {attempt} did not log one start and then consecutive steps: {lines}"
+                assert high <= begin <= high + 1, (f"job {job_id} attempt {attempt} started at step {begin}, but "
+                                                   f"earlier runs had saved step {high}: {dict(attempts)}")
+                resumed += begin > 0
+                high = begin + len(rest)
+        last = _runs_of(attempts[final_attempt])[-1]
         assert last[-1] == (("saved", STEPS) if len(last) > 1 else ("begin", STEPS)), \
             f"job {job_id}: the attempt that ended DONE did not log every step: {last}"
     assert resumed > 0, "no attempt resumed from a checkpoint: the resume check proved nothing"

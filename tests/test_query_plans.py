@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobman.jobdb.schema import job as t_job
+from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import expand, parse_sweep
 
@@ -136,3 +137,24 @@ def test_without_the_index_the_check_fails(busy_store):
         with pytest.raises(AssertionError):
             assert_uses_claim_index(text, busy_store.engine.dialect.name, ordered=True)
         assert "ix_job_claim" in plan(busy_store, stmt, conn)
+
+
+def test_a_page_of_the_dashboards_job_table_reads_an_index_not_every_row(busy_store):
+    """The first page, by id, whole or of some statuses: read in id order and stopped at the page's end.
+
+    Neither sorts the experiment's jobs first (a temporary B-tree, a Sort node over a table scan);
+    SQLite may walk the table in id order, which stops after the page's rows.
+    """
+    from jobman.jobdb.browse import page_query
+
+    exp = busy_store.jobs(limit=1)[0].experiment_id
+    dialect = busy_store.engine.dialect.name
+    with busy_store.engine.connect() as conn:
+        first = plan(busy_store, page_query(exp), conn)
+        running = plan(busy_store, page_query(exp, status=[Status.RUNNING, Status.QUEUED]), conn)
+    for text in (first, running):
+        if dialect == "sqlite":
+            assert "TEMP B-TREE" not in text, text
+        else:
+            assert not ("Sort" in text and "Seq Scan" in text), text
+            assert "Limit" in text.splitlines()[0], text

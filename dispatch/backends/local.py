@@ -16,6 +16,22 @@ import psutil
 from .base import AllocationState, WorkerSpec
 
 
+# Set for each worker: the pid of the dispatch it must not outlive (SIGTERM when that process ends).
+DIE_WITH_VARIABLE = "JOBMAN_DIE_WITH"
+
+
+def last_line(path: Path, tail: int = 2000) -> str:
+    """The last non-empty line of a log file ("" if none)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - tail))
+            lines = fh.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
 def worker_command(spec: WorkerSpec) -> list[str]:
     """The argv that starts one ``jobman worker`` with this interpreter."""
     return [sys.executable, "-m", "jobman.cli.main", "worker", spec.db_url, *spec.worker_args]
@@ -29,6 +45,8 @@ class LocalBackend:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = Path(log_dir)
         self.procs: list[subprocess.Popen] = []
+        self.logs: dict[int, Path] = {}
+        self._seen_exits: set[int] = set()
 
     def start_workers(self, spec: WorkerSpec, count: int) -> list[str]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -39,13 +57,24 @@ class LocalBackend:
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, "JOBMAN_WORKER_LOG": str(log_path)})
+                                        env={**os.environ, "JOBMAN_WORKER_LOG": str(log_path),
+                                             DIE_WITH_VARIABLE: str(os.getpid())})
             self.procs.append(proc)
+            self.logs[proc.pid] = log_path
             ids.append(str(proc.pid))
         return ids
 
     def running_workers(self) -> int:
         return sum(p.poll() is None for p in self.procs)
+
+    def exited(self) -> list[tuple[str, int, str]]:
+        """Workers that exited since the last call: pid, exit code (negative: a signal), last log line."""
+        out = []
+        for p in self.procs:
+            if p.poll() is not None and p.pid not in self._seen_exits:
+                self._seen_exits.add(p.pid)
+                out.append((str(p.pid), p.returncode, last_line(self.logs[p.pid])))
+        return out
 
     def wait(self, seconds: float) -> None:
         """Sleep, waking the moment one of our workers exits (the end of a dispatch is seen at once)."""

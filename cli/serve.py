@@ -1,0 +1,98 @@
+"""``jobman serve``: the web dashboard of a database, on 127.0.0.1 behind a token by default."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import socket
+import sys
+
+import click
+
+from jobman.jobdb.errors import UsageError
+
+from .common import db_options, split_db_arg, target_of
+
+INSTALL_HINT = "jobman serve needs the web extra: pip install 'jobman-sql[web]'"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the server starts so that a taken port is one sentence."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == 98:
+            raise UsageError(f"port {port} on {host} is taken: choose another with --port") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
+@click.command("serve")
+@click.argument("url", required=False, metavar="[DB]")
+@db_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8787, show_default=True,
+              help="Port to listen on (0: any free port).")
+@click.option("--token", envvar="JOBMAN_TOKEN", default=None,
+              help="The token every request needs (default: a new random one, printed in the link).")
+@click.option("--no-token", is_flag=True, help="Serve without a token (only on 127.0.0.1).")
+@click.option("--allow-actions", is_flag=True, help="Offer reset, retry, cancel and priority on job pages.")
+def serve(url: str | None, db: str | None, table: str | None, host: str, port: int, token: str | None,
+          no_token: bool, allow_actions: bool) -> int:
+    """Serve a live web dashboard of the database: experiments, jobs, reports, learning curves.
+
+    \b
+    Example:
+      jobman serve 'sqlite:///sweeps.db'        # prints http://127.0.0.1:8787/?token=...
+      jobman serve 'postgresql://me@dbhost/lab' --allow-actions --port 9000
+    Open the printed link; every request needs its token. Actions (with --allow-actions)
+    go through the same store verbs as `jobman reset`, `retry`, `cancel` and `set-priority`.
+    """
+    try:
+        import uvicorn
+
+        from jobman.web.app import create_app
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    if no_token and not is_loopback(host):
+        raise UsageError(f"serving {host} without a token would open the database to the network: "
+                         "drop --no-token (or serve 127.0.0.1)")
+    if no_token and token:
+        raise UsageError("--token and --no-token contradict each other: give one")
+    if token is not None and len(token) < 8:
+        raise UsageError("a token needs at least 8 characters")
+    token = None if no_token else (token or secrets.token_urlsafe(24))
+    url_arg, _ = split_db_arg([url] if url else [])
+    if url and not url_arg:
+        raise UsageError(f"{url!r} is not a database URL (sqlite:///file.db, postgresql://user@host/db)")
+    target = target_of(db, table, url_arg)
+    raw_url = url_arg or db
+    sock = listening_socket(host, port)
+    port = sock.getsockname()[1]
+    app = create_app(raw_url or "", token=token, allow_actions=allow_actions, host=host, port=port)
+    shown = f"[{host}]" if ":" in host else host
+    path = f"/e/{target.experiment}" if table or (raw_url and "table=" in raw_url) else "/"
+    link = f"http://{shown}:{port}{path}" + (f"?token={token}" if token else "")
+    click.echo(f"jobman serve: {link}")
+    click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))
+    sys.stdout.flush()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+COMMANDS = [serve]

@@ -1,0 +1,60 @@
+"""Riding out a database outage: a server restart or failover is waited for, not reported as a failure.
+
+A call that meets :class:`DatabaseUnavailable` (connection refused, the server
+terminated the connection, it is starting up) is tried again with backoff for up
+to ``patience`` seconds, with one line when the outage begins and one when it
+ends. Any other database error (a read-only file, a full disk, a refused
+password) is not an outage and goes up at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, TypeVar
+
+from jobman.jobdb.errors import DatabaseUnavailable
+
+T = TypeVar("T")
+
+# Long enough for a server restart or a failover; JOBMAN_OUTAGE_WAIT or --outage-wait change it.
+DEFAULT_OUTAGE_WAIT = 600.0
+FIRST_DELAY, MAX_DELAY = 0.5, 10.0
+
+
+def default_patience() -> float:
+    try:
+        return float(os.environ.get("JOBMAN_OUTAGE_WAIT", DEFAULT_OUTAGE_WAIT))
+    except ValueError:
+        return DEFAULT_OUTAGE_WAIT
+
+
+class Outage:
+    """Calls that wait out a database outage of up to ``patience`` seconds."""
+
+    def __init__(self, log: Callable[[str], None], patience: float | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.log = log
+        self.patience = default_patience() if patience is None else patience
+        self.stopping = stopping  # asked to stop: an outage is not waited out any longer
+
+    def call(self, fn: Callable[[], T], doing: str) -> T:
+        """``fn()``, tried again while the database is unreachable; ``doing`` names it in the log."""
+        began: float | None = None
+        delay = FIRST_DELAY
+        while True:
+            try:
+                result = fn()
+            except DatabaseUnavailable as exc:
+                now = time.monotonic()
+                if began is None:
+                    began = now
+                    self.log(f"{exc}; {doing}: trying again for up to {self.patience:g} s")
+                if now - began >= self.patience or self.stopping():
+                    raise DatabaseUnavailable(f"{exc}; gave up {doing} after {now - began:.0f} s") from None
+                time.sleep(min(delay, began + self.patience - now))
+                delay = min(delay * 2, MAX_DELAY)
+                continue
+            if began is not None:
+                self.log(f"the database is back after {time.monotonic() - began:.0f} s; {doing} again")
+            return result

@@ -1,0 +1,54 @@
+"""A small experiment in every state, made through the store's verbs, for the dashboard's tests."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.sweep import JobSpec
+
+HOSTILE = "<script>alert(1)</script>"
+WORKER = WorkerInfo(host="node-1", pid=4242)
+
+
+def valid_error(lr: float, nhid: int, fold: int) -> float:
+    """A made-up result with a clear winner: lr=0.01, nhid=64."""
+    return round(0.1 + abs(math.log10(lr) + 2) * 0.05 + (64 - nhid) / 1000 + fold * 0.001, 6)
+
+
+def fill(store: Store, *, running: int = 1, failed: int = 1) -> dict[str, Any]:
+    """Schedule 12 phase-0 jobs (lr x nhid x 2 folds) each with a phase-1 child, and one job whose
+    parameter, result and error are hostile markup; finish most of phase 0, fail some, leave some running.
+    Returns the ids by role."""
+    specs = []
+    for lr in (0.1, 0.01, 0.001):
+        for nhid in (32, 64):
+            for fold in (0, 1):
+                specs.append(JobSpec(0, "fn", "pkg.train:fit", {"lr": lr, "nhid": nhid, "id_cross_fold": fold}, None))
+                specs.append(JobSpec(1, "fn", "pkg.train:tune", {"lr": lr, "nhid": nhid, "id_cross_fold": fold},
+                                     len(specs) - 1))
+    specs.append(JobSpec(0, "fn", "pkg.train:fit", {"lr": 0.5, "nhid": 8, "id_cross_fold": 0, "note": HOSTILE}, None))
+    ids = store.schedule(specs).job_ids
+    first = ids[0:-1:2]  # the phase-0 jobs, in sweep order
+    roles: dict[str, Any] = {"all": ids, "done": [], "failed": [], "running": [], "hostile": ids[-1],
+                             "phase0": first, "phase1": ids[1:-1:2]}
+    for n, job_id in enumerate(first + [ids[-1]]):
+        claimed = store.claim_job(job_id, WORKER)
+        assert claimed is not None, job_id
+        p = claimed.job.params
+        if job_id == roles["hostile"]:
+            store.finish(job_id, claimed.lease, "FAILED", error=f"RuntimeError: {HOSTILE}")
+            roles["failed"].append(job_id)
+        elif n >= len(first) - running - failed and len(roles["running"]) < running:
+            store.log_metrics(job_id, claimed.lease, [(s, "train_loss", 1.0 / (s + 1)) for s in range(4)])
+            roles["running"].append(job_id)
+        elif n >= len(first) - failed:
+            store.finish(job_id, claimed.lease, "FAILED", error="ValueError: loss is nan\n  at step 17")
+            roles["failed"].append(job_id)
+        else:
+            err = valid_error(p["lr"], p["nhid"], p["id_cross_fold"])
+            store.log_metrics(job_id, claimed.lease, [(s, "train_loss", err + 1.0 / (s + 1)) for s in range(5)])
+            store.finish(job_id, claimed.lease, "DONE", results={"valid_error": err, "train_error": err / 2})
+            roles["done"].append(job_id)
+    return roles

@@ -1,0 +1,1 @@
+"""``jobman serve``: a live web dashboard of a job database (the optional ``web`` extra)."""

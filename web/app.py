@@ -1,0 +1,193 @@
+"""The ASGI application of ``jobman serve``: routes, the token, and the guard on actions.
+
+Every request needs the token printed at start (a ``?token=`` link sets a same-site cookie,
+as Jupyter does); a request whose Host is not the address served is refused, so a page
+elsewhere cannot reach the dashboard through a rebound name. Actions are POSTs that carry
+the token in the form, are refused from another origin, and exist only with ``allow_actions``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from jobman.jobdb.errors import JobmanError, NoSuchExperiment, NoSuchJob, UsageError
+from jobman.jobdb.store import Store
+from jobman.jobdb.url import mask_password
+
+from . import actions, pages
+from .format import FILTERS
+
+HERE = Path(__file__).parent
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+class Settings:
+    """What one server was started with."""
+
+    def __init__(self, url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",
+                 port: int = 8787) -> None:
+        self.db = pages.Database.open(url)
+        self.token = token
+        # Without a token (only allowed on a loopback address) a form still needs a secret of this server.
+        self.form_secret = token or secrets.token_urlsafe(24)
+        self.allow_actions = allow_actions
+        self.host, self.port = host, port
+        self.cookie = f"jobman-token-{port}"
+        self.best = pages.BestCache()
+        self.action_lock = threading.Lock()
+        self._action_stores: dict[str, Store] = {}
+
+    def action_store(self, experiment: str) -> Store:
+        """The store actions on ``experiment`` write through (call with ``action_lock`` held)."""
+        if experiment not in self._action_stores:
+            self._action_stores[experiment] = self.db.store(experiment)
+        return self._action_stores[experiment]
+
+
+def create_app(url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",
+               port: int = 8787) -> Starlette:
+    settings = Settings(url, token=token, allow_actions=allow_actions, host=host, port=port)
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+    env.filters.update(FILTERS)
+    env.globals.update(urlencode=urlencode, allow_actions=allow_actions, form_secret=settings.form_secret,
+                       database=mask_password(settings.db.target.display))
+    macros = env.get_template("_macros.html").module  # shared by whole pages and the parts a live update asks for
+    env.globals.update(bar=macros.bar, status=macros.status)
+
+    def render(page_name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
+        part = request.query_params.get("part")
+        template = env.get_template(f"{page_name}.html")
+        if part:  # a live update asks for one block of the page
+            if part not in template.blocks:
+                return PlainTextResponse(f"the page has no part {part!r}", status_code=404)
+            ctx = template.new_context({"request": request, **context})
+            return HTMLResponse("".join(template.blocks[part](ctx)), status_code=status_code)
+        return HTMLResponse(template.render(request=request, **context), status_code=status_code)
+
+    def page(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        """An endpoint whose user errors become a page with one sentence."""
+        def endpoint(request: Request) -> Response:
+            try:
+                return fn(request)
+            except (NoSuchExperiment, NoSuchJob) as exc:
+                return render("error", request, 404, message=mask_password(str(exc)))
+            except JobmanError as exc:
+                return render("error", request, 400 if isinstance(exc, UsageError) else 500,
+                              message=mask_password(str(exc)))
+        return endpoint
+
+    @page
+    def home(request: Request) -> Response:
+        return render("experiments", request, **pages.experiments(settings.db, settings.best))
+
+    @page
+    def experiment(request: Request) -> Response:
+        store = settings.db.store(request.path_params["name"])
+        q = dict(request.query_params)
+        part = q.get("part")
+        listing = pages.Listing.from_query(q)
+        chosen = [pages._int(v, "job id") for value in request.query_params.getlist("curves")
+                  for v in value.split(",") if v.strip()]
+        ctx: dict[str, Any] = {"name": store.experiment, "q": q, "curve_ids": chosen}
+        if part in (None, "jobs"):
+            ctx.update(pages.job_table(store, listing))
+        if part in (None, "progress"):
+            ctx.update(pages.progress(store))
+        if part in (None, "report"):
+            ctx.update(pages.report_view(store, q.get("metric") or None, q.get("mode") or None))
+        if part in (None, "curves"):
+            ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
+        return render("experiment", request, **ctx)
+
+    @page
+    def job(request: Request) -> Response:
+        store = settings.db.store(request.path_params["name"])
+        return render("job", request, name=store.experiment, message=request.query_params.get("message"),
+                      **pages.job_view(store, request.path_params["job_id"]))
+
+    async def act(request: Request) -> Response:
+        return await actions.handle(request, settings)
+
+    def api_experiments(request: Request) -> Response:
+        rows = pages.experiments(settings.db, settings.best)["experiments"]
+        return JSONResponse([{"name": r["s"].name, "counts": r["s"].counts, "rate": r["s"].rate, "eta": r["s"].eta,
+                              "best": r["best"]} for r in rows])
+
+    routes = [
+        Route("/", home),
+        Route("/api/experiments", api_experiments),
+        Route("/e/{name}", experiment),
+        Route("/e/{name}/job/{job_id:int}", job),
+        Route("/e/{name}/job/{job_id:int}/action", act, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(Guard, settings=settings)])
+
+
+class Guard:
+    """Refuses a request without the token, or addressed to a host name this server does not serve."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.refusal(request)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        given = request.query_params.get("token")
+        if given is not None and request.method == "GET":  # the printed link: keep the token in a cookie
+            rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            target = request.url.path + ("?" + urlencode(rest) if rest else "")
+            response = RedirectResponse(target, status_code=303)
+            response.set_cookie(self.settings.cookie, given, httponly=True, samesite="strict")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, request: Request) -> Response | None:
+        s = self.settings
+        host = _hostname(request.headers.get("host", ""))
+        if s.host in LOOPBACK and host not in LOOPBACK:
+            return PlainTextResponse(f"this server answers to {s.host} only, not to {host or 'no host'}",
+                                     status_code=403)
+        if s.token is None:
+            return None
+        offered = (request.query_params.get("token") or request.cookies.get(s.cookie)
+                   or _header_token(request.headers.get("authorization", "")))
+        if not offered:
+            return PlainTextResponse("this page needs the token printed by `jobman serve`: open the link it printed",
+                                     status_code=403)
+        if not hmac.compare_digest(offered.encode(), s.token.encode()):
+            return PlainTextResponse("wrong token: open the link `jobman serve` printed", status_code=403)
+        return None
+
+
+def _hostname(header: str) -> str:
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def _header_token(value: str) -> str | None:
+    scheme, _, rest = value.partition(" ")
+    return rest.strip() if scheme.lower() in ("token", "bearer") and rest.strip() else None
