@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,49 @@ class TargetError(Exception):
     """The target cannot be imported or is not callable."""
 
 
+def by_value(target: str) -> bool:
+    """True for a function no worker can import by name, stored with its jobs by value instead:
+    one defined in a script's or a notebook's ``__main__``, or inside another function."""
+    return target.startswith("__main__:") or "<" in target
+
+
+def load_function(code: bytes, target: str) -> Callable[..., Any]:
+    """A function stored by value (``cloudpickle``), ready to call."""
+    import pickle
+
+    try:
+        fn = pickle.loads(code)
+    except Exception as exc:  # a module it needs is missing here, or another Python made it
+        raise TargetError(f"the stored code of {target!r} cannot be loaded here: {type(exc).__name__}: {exc}") from None
+    if not callable(fn):
+        raise TargetError(f"the stored code of {target!r} is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def _import(module_name: str) -> Any:
+    """Import a module; one next to the caller (the current directory) is found as ``python -m`` would,
+    but after installed packages, so a file there never shadows a library."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = module_name.partition(".")[0]
+        if exc.name != top or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        try:
+            return importlib.import_module(module_name)
+        except ImportError:
+            sys.path.remove(here)
+            raise
+
+
 def resolve(target: str) -> Callable[..., Any]:
     """Import ``pkg.module:fn`` or ``pkg.module.fn`` and return the callable."""
+    if by_value(target):
+        raise TargetError(f"{target!r} is defined in a script or notebook (or inside a function): "
+                          "only its stored code can run it")
+    target = target.partition("@")[0]  # a call's version (``mod:fn@v2``) is part of its identity, not its name
     if ":" in target:
         module_name, _, attr = target.partition(":")
     else:
@@ -30,7 +73,7 @@ def resolve(target: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise TargetError(f"target {target!r} is not of the form 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as exc:
         raise TargetError(f"cannot import module {module_name!r} of target {target!r}: {exc}") from None
     except Exception as exc:  # a module that raises on import

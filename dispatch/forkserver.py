@@ -29,6 +29,7 @@ Messages on both sockets are JSON, each preceded by its length (4 bytes, network
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import gc
 import json
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .channel import DD, Channel, Parent, to_jsonable
-from .experiment import Outcome, TargetError, call, resolve, takes_state_and_channel
+from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 _HEADER = struct.Struct("!I")
@@ -204,6 +205,19 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
                     "error": outcome.error})
 
 
+def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:
+    """The request's function: imported by name, or loaded from the code sent with it (a function run
+    by value), each once; a changed function's code is loaded again."""
+    target, code = request["target"], request.get("code")
+    key = target if code is None else f"{target}\x1f{code}"
+    fn = targets.get(key)
+    if fn is None:
+        fn = resolve(target) if code is None else load_function(base64.b64decode(code), target)
+        takes_state_and_channel(fn)  # worked out once here, so each child finds it done
+        targets[key] = fn
+    return fn
+
+
 def _discard_pending_stops() -> None:
     """Drop stop signals that came for the job before (they are blocked between jobs)."""
     while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
@@ -215,7 +229,7 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
     """A job process: the job it was forked for, then up to ``jobs - 1`` more sent over ``link``."""
     die_with_parent(oom_score_adj=500)
     for done in range(1, jobs + 1):
-        _job_main(targets[request["target"]], request, sock, mask)
+        _job_main(function_of(targets, request), request, sock, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         sock.close()
         if link is None or done == jobs:
@@ -228,8 +242,7 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
         sock = socket.socket(fileno=fds[0])
         if "path" in request:
             sys.path[:] = request["path"]
-        if request["target"] not in targets:
-            targets[request["target"]] = resolve(request["target"])  # the server could, so this can
+        function_of(targets, request)  # the server could, so this can
         _discard_pending_stops()
         send_msg(link, {"started": done + 1})
 
@@ -311,12 +324,8 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
     if "path" in request:
         sys.path[:] = request["path"]
     job_sock = socket.socket(fileno=fds[0])
-    target = request["target"]
     try:
-        if target not in targets:
-            fn = resolve(target)
-            takes_state_and_channel(fn)  # worked out once here, so each child finds it done
-            targets[target] = fn
+        function_of(targets, request)
     except TargetError as exc:
         job_sock.close()
         send_msg(ctrl, {"error": str(exc)})

@@ -11,6 +11,7 @@ forwards stop requests, and is the only writer of the job's final status.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -27,7 +28,7 @@ from typing import Any, Callable
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
-from .experiment import TargetError
+from .experiment import TargetError, by_value
 from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
 from .machine import GpuPool, gpus_asked
 from .outage import Outage
@@ -298,11 +299,20 @@ class Runner:
                                 "params": p.params, "results": p.results or {}} for p in parents]}
         if self.job_env:
             request["env"] = self.job_env
+        if by_value(job.target):
+            request["code"] = self._code_of(job.target)
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
         return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message))
+
+    def _code_of(self, target: str) -> str:
+        """The stored code of a function run by value, as text for the fork server's JSON request."""
+        code = self.store.function_code(target)
+        if code is None:
+            raise TargetError(f"{target!r} is run by value, but no code of it is stored in this experiment")
+        return base64.b64encode(code).decode()
 
     def _answer(self, job: Job, lease: int, message: dict[str, Any]) -> dict[str, Any]:
         """Write a job's checkpoint or metrics under its lease; the answer it waits for."""

@@ -48,3 +48,23 @@ class LeaseLost(JobmanError):
 
 class StateTooLarge(JobmanError):
     """The job's state is larger than the database accepts."""
+
+
+class JobFailed(JobmanError):
+    """The job ended FAILED (or CRASHED past its attempts): its stored error says why.
+
+    ``job_id``, ``status`` and ``error`` (the job's traceback or reason, as stored) are attributes.
+    """
+
+    def __init__(self, message: str | None = None, *, job_id: int | None = None, status: str | None = None,
+                 error: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id, self.status, self.error = job_id, status, error
+
+
+class JobNotRun(JobFailed):
+    """The job will not run: it was CANCELED, or is BLOCKED by a dependency that did not finish."""
+
+
+class CallTimeout(JobmanError, TimeoutError):
+    """The job did not finish in the time given."""

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -105,6 +106,19 @@ job_metric = Table(
 )
 Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.step)
 
+# Functions stored by value (``cloudpickle``): one defined in a script's or a notebook's
+# ``__main__`` cannot be imported by a worker, so its code is kept here under its target name.
+# Like a module on disk, the newest definition is the one workers run.
+function_code = Table(
+    "function_code",
+    metadata,
+    Column("experiment_id", Integer, ForeignKey("experiment.id", ondelete="CASCADE"), primary_key=True),
+    Column("target", Text, primary_key=True),
+    Column("digest", String(64), nullable=False),  # sha256 of ``code``: a worker reloads only what changed
+    Column("code", LargeBinary, nullable=False),
+    Column("stored_at", Float, nullable=False),
+)
+
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"

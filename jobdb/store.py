@@ -22,8 +22,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
-from .hot import HotStatements
+from .hot import HotStatements, Prepared
 from .schema import experiment as t_exp
+from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
@@ -275,6 +276,7 @@ class Store:
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
+        self._by_hash: Prepared | None = None  # find()'s statement, compiled on first use
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)
@@ -345,8 +347,15 @@ class Store:
                 known = ", ".join(names) if names else "none yet"
                 raise NoSuchExperiment(f"no experiment {self.experiment!r} in {self.target.display} "
                                        f"(experiments: {known})")
-            found = conn.execute(sa.insert(t_exp).values(name=self.experiment, created_at=time.time())
-                                 .returning(t_exp.c.id)).scalar_one()
+            # Two processes may make the same new experiment at once (PostgreSQL lets both try):
+            # the second waits for the first's commit, inserts nothing, and reads its row.
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            found = conn.execute(dialect.insert(t_exp).values(name=self.experiment, created_at=time.time())
+                                 .on_conflict_do_nothing(index_elements=["name"]).returning(t_exp.c.id)).scalar()
+            if found is None:
+                found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == self.experiment)).scalar_one()
         self._experiment_id = found
         return found
 
@@ -1315,6 +1324,58 @@ class Store:
                 continue
             out.append(j.id)
         return out
+
+    # -- calls from Python: jobs found by identity, functions stored by value ------------------
+    def find(self, hashes: Sequence[str]) -> dict[str, Job]:
+        """The jobs of the experiment whose identity (``params_hash``) is one of ``hashes``.
+
+        What a call from Python looks up first: a DONE call is answered without a write.
+        """
+        def run(conn: Connection) -> dict[str, Job]:
+            try:
+                exp = self._experiment(conn)
+            except NoSuchExperiment:
+                return {}
+            out: dict[str, Job] = {}
+            if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
+                if self._by_hash is None:
+                    self._by_hash = Prepared(sa.select(t_job).where(t_job.c.experiment_id == sa.bindparam("exp"),
+                                                                    t_job.c.params_hash == sa.bindparam("h")),
+                                             conn.dialect)
+                names = t_job.c.keys()
+                return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
+                        for r in self._by_hash.rows(conn, exp=exp, h=hashes[0])}
+            for chunk in _chunks(list(hashes)):
+                rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
+                                                           t_job.c.params_hash.in_(chunk))).all()
+                out.update((r.params_hash, Job.from_row(r)) for r in rows)
+            return out
+        return self._read(run)
+
+    def put_function(self, target: str, code: bytes) -> None:
+        """Store the code of a function run by value under its target name (the newest wins)."""
+        digest = hashlib.sha256(code).hexdigest()
+
+        def run(conn: Connection) -> None:
+            exp = self._experiment(conn, create=True)
+            key = (t_code.c.experiment_id == exp) & (t_code.c.target == target)
+            old = conn.execute(sa.select(t_code.c.digest).where(key)).scalar()
+            if old is None:
+                conn.execute(sa.insert(t_code).values(experiment_id=exp, target=target, digest=digest, code=code,
+                                                      stored_at=time.time()))
+            elif old != digest:
+                conn.execute(sa.update(t_code).where(key).values(digest=digest, code=code, stored_at=time.time()))
+
+        self._write(run)
+
+    def function_code(self, target: str) -> bytes | None:
+        """The stored code of a function run by value, or None."""
+        def run(conn: Connection) -> bytes | None:
+            exp = self._experiment(conn)
+            code = conn.execute(sa.select(t_code.c.code).where(t_code.c.experiment_id == exp,
+                                                                  t_code.c.target == target)).scalar()
+            return bytes(code) if code is not None else None
+        return self._read(run)
 
 
 _MISSING = object()

@@ -42,8 +42,9 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, environment: dict[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
+        self.environment = dict(environment or {})  # set for the workers, over this process's own
         self.procs: list[subprocess.Popen] = []
         self.logs: dict[int, Path] = {}
         self._seen_exits: set[int] = set()
@@ -57,7 +58,7 @@ class LocalBackend:
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, "JOBMAN_WORKER_LOG": str(log_path),
+                                        env={**os.environ, **self.environment, "JOBMAN_WORKER_LOG": str(log_path),
                                              DIE_WITH_VARIABLE: str(os.getpid())})
             self.procs.append(proc)
             self.logs[proc.pid] = log_path

@@ -1,0 +1,734 @@
+"""jobman from Python: every call is a job row, and the database answers a call made before.
+
+An :class:`Experiment` is one experiment of one database. ``call(fn, **params)`` and
+``map(fn, params)`` return :class:`concurrent.futures.Future` objects; a call's identity is
+the job's (target and canonical parameters), so a call whose job is DONE is answered from
+the database without running, a FAILED one raises its stored error, and one QUEUED or
+RUNNING is waited for, never duplicated. Where the job runs is the backend's choice:
+``"inline"`` (here, now), ``"local"`` (worker processes started on this host and stopped
+when the futures are done), ``"slurm"`` (a job array of workers) or ``None`` (workers started
+elsewhere pick the jobs up). A background thread reads the pending jobs' statuses and
+settles their futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import inspect
+import json
+import os
+import shlex
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from jobman.jobdb.canonical import dump_json
+from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
+from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, expand, parse_sweep
+
+from .channel import DD, Channel
+from .experiment import TargetError, by_value, call as call_function, resolve
+
+BACKENDS = ("inline", "local", "slurm", None)
+DEFAULT_EXPROOT = "jobman_runs"
+_FINAL = {Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED}
+_AGAIN = {Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED}  # what retry=True runs again
+
+
+# -- what a call is: a target and JSON parameters ---------------------------------------------
+
+def json_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` as JSON values (NumPy scalars become numbers); a UsageError naming the first
+    parameter that is not one."""
+    if not isinstance(params, Mapping):
+        raise UsageError(f"parameters are given as a dict of name to value, not a {type(params).__name__}")
+    out = {}
+    for key, value in params.items():
+        if not isinstance(key, str) or not key:
+            raise UsageError(f"parameter names are non-empty strings, not {key!r}")
+        out[key] = _json_value(value, key)
+    return out
+
+
+def _json_value(value: Any, name: str) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UsageError(f"parameter {name!r} is {value}, which the database cannot store")
+        return float(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return _json_value(value.item(), name)  # a NumPy scalar
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise UsageError(f"parameter {name!r} is a dict whose keys are not all strings")
+        return {k: _json_value(v, f"{name}.{k}") for k, v in value.items()}
+    hint = " (pass arr.tolist())" if type(value).__module__ == "numpy" else ""
+    raise UsageError(f"parameter {name!r} is a {type(value).__name__}, not a JSON value "
+                     f"(a number, string, bool, None, list or dict){hint}")
+
+
+def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
+    """The job target naming ``fn``: ``module:qualname`` (``__main__:name`` for a script's own
+    function, which is then run by value), with ``@version`` when one is given."""
+    if isinstance(fn, str):
+        target = fn
+        try:
+            resolve(target.partition("@")[0])
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+        if not callable(fn) or not module or not qualname:
+            raise UsageError(f"{fn!r} is not a function: call a function, or give its path as 'package.module:fn'")
+        target = f"{module}:{qualname}"
+    if version is not None:
+        if not str(version) or "@" in str(version):
+            raise UsageError(f"version {version!r} must be a non-empty string without '@'")
+        target = f"{target.partition('@')[0]}@{version}"
+    return target
+
+
+def source_version(fn: Callable[..., Any]) -> str:
+    """A version made of the function's source text: a changed function is a new call."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        raise UsageError(f"the source of {getattr(fn, '__qualname__', fn)!r} cannot be read; "
+                         "give version= instead of cache='source'") from None
+    return "src-" + hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def grid(**axes: Any) -> list[dict[str, Any]]:
+    """The product of the axes, as one params dict per point, in the order ``sqlschedule`` makes them.
+
+    A list or tuple is an axis (``lr=[0.1, 0.01]``); any other value is fixed (``epochs=10``).
+    ``grid(lr=[0.1, 0.01], nhid=[64, 256])`` is the sweep ``lr={{0.1,0.01}} nhid={{64,256}}``.
+    """
+    assignments = []
+    for key, value in axes.items():
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise UsageError(f"grid axis {key!r} is empty")
+            assignments.append(Assignment(key, tuple(value), True))
+        else:
+            assignments.append(Assignment(key, (value,), False))
+    return [spec.params for spec in expand(Sweep([Phase("grid", assignments)]))]
+
+
+# -- futures --------------------------------------------------------------------------------
+
+class JobFuture(concurrent.futures.Future):
+    """The future of one job: its result is the job's results dict.
+
+    ``result()`` raises :class:`~jobman.jobdb.errors.JobFailed` (with the job's stored error) for
+    a FAILED or CRASHED job, :class:`~jobman.jobdb.errors.JobNotRun` for a CANCELED or BLOCKED
+    one, and :class:`~jobman.jobdb.errors.CallTimeout` when ``timeout`` passes first.
+    ``cancel()`` cancels the job (a running one is asked to stop).
+    """
+
+    def __init__(self, experiment: "Experiment", job_id: int, target: str) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.target = target
+        self._experiment = weakref.ref(experiment)
+
+    def __repr__(self) -> str:
+        return f"<JobFuture job {self.job_id} {self.target} {self._state}>"
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        exp = self._experiment()
+        if exp is not None:
+            exp.store.cancel([self.job_id], running=True, why="cancelled from Python")
+        return super().cancel()
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            if isinstance(exc, JobmanError):
+                raise
+            raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except concurrent.futures.TimeoutError:
+            raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
+
+    def _settle(self, job: Job, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> bool:
+        """Resolve from the job's row if it is final; True if it was."""
+        if job.status not in _FINAL:
+            return False
+        try:
+            if job.status is Status.DONE:
+                results = job.results or {}
+                self.set_result(unwrap(results) if unwrap else results)
+            else:
+                self.set_exception(_failure(job))
+        except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+            pass
+        return True
+
+
+def _failure(job: Job) -> JobFailed:
+    where = f"job {job.id} ({job.target})"
+    error = (job.error or "").strip()
+    if job.status is Status.CANCELED:
+        return JobNotRun(f"{where} was cancelled", job_id=job.id, status=job.status.value, error=job.error)
+    if job.status is Status.BLOCKED:
+        return JobNotRun(f"{where} is BLOCKED: a job it depends on did not finish", job_id=job.id,
+                         status=job.status.value, error=job.error)
+    last = error.splitlines()[-1] if error else "no error was recorded"
+    exc = JobFailed(f"{where} {job.status.value}: {last}", job_id=job.id, status=job.status.value, error=job.error)
+    if error and hasattr(exc, "add_note"):  # shown under the exception's own traceback
+        exc.add_note(f"the job's error, as stored:\n{error}")
+    return exc
+
+
+# -- the experiment -------------------------------------------------------------------------
+
+class Experiment:
+    """One experiment of a jobman database, from Python.
+
+    ``url`` is a jobman URL (``sqlite:///runs.db?table=mlp``, ``postgresql://u@host/db?table=mlp``;
+    default ``$JOBMAN_DB``). ``backend`` says where jobs run: ``"inline"``, ``"local"`` (``workers``
+    processes on this host), ``"slurm"`` (``sbatch`` options as for ``jobman dispatch``) or
+    ``None`` (only enqueue). ``exproot`` is where job workdirs go; ``timeout`` a job's wall-time
+    limit in seconds; ``max_attempts`` how often a crashed job runs before its crash is final.
+    """
+
+    def __init__(self, url: str | None = None, *, backend: str | None = "local", workers: int | None = None,
+                 exproot: str | os.PathLike | None = None, timeout: float | None = None, max_attempts: int = 3,
+                 poll_interval: float = 0.5, sbatch: str = "", allow_sqlite: bool = False) -> None:
+        if backend not in BACKENDS:
+            raise UsageError(f"backend {backend!r} is not one of 'inline', 'local', 'slurm' or None")
+        if workers is not None and workers < 1:
+            raise UsageError(f"workers must be at least 1, not {workers}")
+        self.store = Store.open(url, create=True)
+        if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
+            self.store.dispose()
+            raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
+                             "database, or allow_sqlite=True if every job runs on this host")
+        self.backend = backend
+        self.workers = workers or os.cpu_count() or 1
+        self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.poll_interval = poll_interval
+        self.sbatch = sbatch
+        self._pending: dict[int, tuple[JobFuture, Callable | None]] = {}
+        self._lock = threading.RLock()  # a future's callbacks may call again
+        self._pump: _Pump | None = None
+        self._heartbeats: _Heartbeats | None = None
+        self._code_stored: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+    @property
+    def name(self) -> str:
+        """The experiment's name (jobman's table)."""
+        return self.store.experiment
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.store.target.with_table()!r}, backend={self.backend!r})"
+
+    def __enter__(self) -> "Experiment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop following the pending jobs and stop the workers this experiment started."""
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.stop()
+        self.store.dispose()
+
+    # -- calls ---------------------------------------------------------------------------
+    def call(self, fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, /, *,
+             retry: bool = False, version: str | None = None, cache: str | None = None, **kwargs: Any) -> JobFuture:
+        """Call ``fn(**params)`` as a job; a future of its results dict.
+
+        Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
+        answered from the database; a FAILED one raises its error unless ``retry``. ``version``
+        (or ``cache="source"``: a hash of the function's source) makes a changed function a new call.
+        """
+        merged = {**(params or {}), **kwargs}
+        return self.map(fn, [merged], retry=retry, version=version, cache=cache)[0]
+
+    def map(self, fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], *, retry: bool = False,
+            version: str | None = None, cache: str | None = None) -> list[JobFuture]:
+        """One :meth:`call` per params dict (``jobman.grid(...)`` makes them), scheduled in one transaction."""
+        if cache not in (None, "source"):
+            raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
+        if cache == "source" and not isinstance(fn, str):
+            version = source_version(fn)
+        target = target_of(fn, version)
+        if isinstance(fn, str):
+            runnable = resolve(target) if self.backend == "inline" else None
+            return self._submit(target, list(params), runnable, retry=retry, code_of=None)
+        return self._submit(target, list(params), fn, retry=retry, code_of=fn)
+
+    def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
+                code_of: Callable | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
+        clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
+        encoded = [dump_json(p, "parameters") for p in clean]
+        hashes = [params_hash(0, "fn", target, e) for e in encoded]
+        if by_value(target) and fn is None:
+            raise UsageError(f"{target!r} cannot be imported by name: pass the function itself")
+        found = self.store.find(hashes)
+        missing = [i for i, h in enumerate(hashes) if h not in found]
+        if missing:
+            if by_value(target) and code_of is not None:
+                self._store_code(target, code_of)
+            specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
+            scheduled = self.store.schedule(specs, max_attempts=self.max_attempts)
+            new_ids = dict(zip(dict.fromkeys(hashes[i] for i in missing), scheduled.job_ids))
+        else:
+            new_ids = {}
+        again = [job for job in found.values() if job.status in _AGAIN] if retry else []
+        self._again(again)
+        again_ids = {job.id for job in again}
+        futures: dict[int, JobFuture] = {}
+        out = []
+        for h in hashes:
+            job = found.get(h)
+            job_id = job.id if job is not None else new_ids[h]
+            if job_id not in futures:
+                futures[job_id] = self._future(job_id, target, None if job_id in again_ids else job, unwrap)
+            out.append(futures[job_id])
+        if self.backend == "inline" and fn is not None:
+            for job_id, future in futures.items():
+                if not future.done():
+                    self._run_inline(job_id, fn)
+                    self._settle_now([future])
+        if any(not f.done() for f in futures.values()):
+            self._follow()
+        return out
+
+    def _again(self, jobs: list[Job]) -> None:
+        """``retry=True``: failed and crashed calls resume from their checkpoint, cancelled ones start over."""
+        failed = [j.id for j in jobs if j.status in (Status.FAILED, Status.CRASHED)]
+        other = [j.id for j in jobs if j.status in (Status.CANCELED, Status.BLOCKED)]
+        if failed:
+            self.store.relaunch(failed, "called again with retry=True", include_failed=True, ignore_limit=True)
+        if other:
+            self.store.reset(other, why="called again with retry=True")
+
+    def _future(self, job_id: int, target: str, job: Job | None, unwrap: Callable | None) -> JobFuture:
+        with self._lock:
+            pending = self._pending.get(job_id)
+            if pending is not None and not pending[0].done():
+                return pending[0]
+            self._pending.pop(job_id, None)
+            future = JobFuture(self, job_id, target)
+            if job is None or not future._settle(job, unwrap):
+                self._pending[job_id] = (future, unwrap)
+            return future
+
+    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> None:
+        """Settle the futures whose jobs are final (read on ``store``: the calling thread's)."""
+        ids = [f.job_id for f in futures]
+        for start in range(0, len(ids), 900):
+            for job in (store or self.store).jobs(ids=ids[start:start + 900], with_deps=False):
+                with self._lock:
+                    entry = self._pending.get(job.id)
+                    if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1])):
+                        del self._pending[job.id]
+
+    def _follow(self) -> None:
+        """Make sure the background thread follows the pending jobs (and runs workers for them)."""
+        with self._lock:
+            if self._pump is None or not self._pump.alive():
+                self._pump = _Pump(self)
+                self._pump.start()
+            else:
+                self._pump.wake()
+
+    def _store_code(self, target: str, fn: Callable[..., Any]) -> None:
+        """Store a function a worker cannot import, by value, once per function object and target."""
+        try:
+            done = self._code_stored.setdefault(fn, set())
+        except TypeError:  # not weakly referable: store it each time
+            done = set()
+        if target in done:
+            return
+        try:
+            import cloudpickle
+        except ImportError:
+            raise UsageError(f"{target!r} is run by value, which needs cloudpickle: pip install cloudpickle") from None
+        try:
+            code = cloudpickle.dumps(fn)
+        except Exception as exc:
+            raise UsageError(f"{target!r} cannot be stored by value: {type(exc).__name__}: {exc}") from None
+        self.store.put_function(target, code)
+        done.add(target)
+
+    # -- inline ----------------------------------------------------------------------------
+    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> None:
+        """Run the job here if it is QUEUED (claimed, as a worker would); else someone else has it."""
+        root = str(self.exproot / self.name)
+        worker = WorkerInfo.here(backend="inline", backend_id=str(os.getpid()))
+        while True:
+            claimed = self.store.claim_job(job_id, worker, root)
+            if claimed is None:
+                return
+            job, lease = claimed.job, claimed.lease
+            workdir = Path(job.workdir or root)
+            workdir.mkdir(parents=True, exist_ok=True)
+            parents = self.store.parents(job.id) if job.depends_on else []
+            channel = _InlineChannel(job.id, job.phase, job.attempt, workdir, dict(job.params),
+                                     deadline=time.time() + self.timeout if self.timeout else None,
+                                     store=self.store, lease=lease)
+            channel.parents = [_parent(p) for p in parents]
+            state = DD(job.params)
+            if job.results:
+                state.update(job.results)
+            if self._heartbeats is None:
+                self._heartbeats = _Heartbeats(self.store.target)
+                self._heartbeats.start()
+            self._heartbeats.running[job.id] = lease
+            try:
+                outcome = call_function(fn, state, channel)
+            except BaseException:  # Ctrl-C: the job goes back to the queue, to resume
+                self.store.finish(job.id, lease, "REQUEUE", why="interrupted in the calling process; put back")
+                raise
+            finally:
+                self._heartbeats.running.pop(job.id, None)
+            why = ((outcome.error or "").strip().splitlines() or ["failed"])[-1][:300] if outcome.status == "FAILED" else None
+            status = self.store.finish(job.id, lease, outcome.status, results=outcome.results, error=outcome.error,
+                                       why=why)
+            if status is not Status.QUEUED:  # INCOMPLETE: resume it here at once
+                return
+
+    # -- reading ----------------------------------------------------------------------------
+    def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
+        """Every job's id, phase, status, target, parameters and results, one dict per job (by id).
+
+        A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
+        """
+        rows = []
+        for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
+            rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
+                         **json.loads(params), **(json.loads(results) if results else {})})
+        if as_frame is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if as_frame:
+                raise UsageError("as_frame=True needs pandas: pip install pandas") from None
+            return rows
+        return pandas.DataFrame(rows)
+
+    def best(self, metric: str, mode: str = "min", *, phase: int | None = None,
+             group_over: Sequence[str] | None = None, allow_incomplete: bool = False) -> Any:
+        """The best configuration by ``metric``, chosen as ``jobman report`` does (folds and seeds
+        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
+        from jobman.jobdb.report import NothingEligible, from_store
+
+        if mode not in ("min", "max"):
+            raise UsageError(f"mode {mode!r} is 'min' or 'max'")
+        report = from_store(self.store, metric, mode, group_over, phase=phase, outer=None,
+                            allow_incomplete=allow_incomplete)
+        if report.best is None:
+            raise NothingEligible(report.why_none().replace("--allow-incomplete", "allow_incomplete=True"))
+        return report.best
+
+    def schedule(self, sweep: str | Sequence[str], *, priority: int = 0, command: str | None = None,
+                 check: bool = True) -> list[JobFuture]:
+        """Schedule a sweep in ``jobman sqlschedule``'s grammar (phases included); a future per job.
+
+        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``.
+        """
+        tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
+        parsed = parse_sweep(tokens, command=command)
+        specs = expand(parsed)
+        if check:
+            for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
+                try:
+                    resolve(target)
+                except TargetError as exc:
+                    raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
+        scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts)
+        targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
+        futures = [self._future(job_id, targets.get(job_id, ""), None, None) for job_id in scheduled.job_ids]
+        if any(not f.done() for f in futures):
+            self._follow()
+        return futures
+
+
+def _unique(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """Specs in the order the store returns their ids: one per identity."""
+    seen, out = set(), []
+    for s in specs:
+        key = (s.phase, s.kind, s.target, dump_json(s.params, "parameters"))
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def _parent(job: Job) -> Any:
+    from .channel import Parent
+
+    return Parent(job.id, job.phase, job.target, Path(job.workdir or "."), job.params, job.results or {})
+
+
+class _InlineChannel(Channel):
+    """The channel of a job run in the calling process: ``save`` and ``log`` write under its lease."""
+
+    def __init__(self, *args: Any, store: Store, lease: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._store, self._lease = store, lease
+
+    def _save(self, results: dict[str, Any]) -> None:
+        from .channel import to_jsonable
+
+        self._store.save(self.job_id, self._lease, to_jsonable(results))
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        self._store.log_metrics(self.job_id, self._lease, [(step, k, v) for k, v in metrics.items()])
+
+
+class _Heartbeats(threading.Thread):
+    """Heartbeats of the jobs an experiment runs inline: one thread, with its own connection (a
+    store's writer belongs to one thread), started on the first inline job."""
+
+    INTERVAL = 10.0
+
+    def __init__(self, target: Any) -> None:
+        super().__init__(daemon=True, name="jobman-heartbeats")
+        self.target = target
+        self.running: dict[int, int] = {}  # job id -> lease
+
+    def run(self) -> None:
+        store = None
+        while True:
+            time.sleep(self.INTERVAL)
+            for job_id, lease in list(self.running.items()):
+                store = store or Store(self.target, check_schema=False)
+                try:
+                    store.heartbeat(job_id, lease)
+                except JobmanError:  # taken from us (or the database is away): the finish will say
+                    pass
+
+
+class _Pump(threading.Thread):
+    """Follows an experiment's pending jobs: settles their futures, and keeps its workers running.
+
+    It has its own store (a store's writer connection belongs to one thread) and ends when no
+    future is pending, stopping the workers it started.
+    """
+
+    SCAN_INTERVAL = 5.0  # crash detection for the workers it runs, as `jobman dispatch` does
+
+    def __init__(self, experiment: Experiment) -> None:
+        super().__init__(daemon=True, name=f"jobman-{experiment.name}")
+        self.experiment = experiment
+        self.store = Store(experiment.store.target, check_schema=False)
+        self._wake = threading.Event()
+        self._stopping = False
+        self.backend = None
+        self.monitor = None
+
+    def alive(self) -> bool:
+        return self.is_alive() and not self._stopping
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join()
+
+    def run(self) -> None:
+        exp = self.experiment
+        delay, last_scan = 0.02, 0.0
+        try:
+            while not self._stopping:
+                with exp._lock:
+                    futures = [f for f, _unwrap in exp._pending.values()]
+                    if not futures:
+                        self._stopping = True  # under the lock: a call made now starts a new thread
+                        break
+                exp._settle_now(futures, self.store)
+                with exp._lock:
+                    for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
+                        del exp._pending[job_id]
+                if exp.backend in ("local", "slurm") and exp._pending:
+                    self._keep_workers()
+                    if self.monitor is not None and time.time() - last_scan >= self.SCAN_INTERVAL:
+                        self.monitor.scan()
+                        last_scan = time.time()
+                if self._wake.wait(delay):
+                    self._wake.clear()
+                    delay = 0.02
+                delay = min(delay * 1.5, exp.poll_interval)
+        except JobmanError as exc:  # the database went away: the futures say so
+            with exp._lock:
+                pending, exp._pending = exp._pending, {}
+            for future, _unwrap in pending.values():
+                if not future.done():
+                    future.set_exception(exc)
+        finally:
+            self._stopping = True
+            if self.backend is not None:
+                self.backend.stop_workers(grace=30.0)
+            self.store.dispose()
+
+    def _keep_workers(self) -> None:
+        """As ``jobman dispatch`` does: enough workers for the ready jobs, up to ``workers``."""
+        if self.backend is None:
+            self._start_backend()
+        left = self.store.outstanding()
+        alive = self.backend.running_workers()
+        wanted = min(self.experiment.workers, left["QUEUED"] + left["RUNNING"])
+        if left["QUEUED"] and alive < wanted:
+            from .backends.base import WorkerSpec
+
+            self.backend.start_workers(WorkerSpec(self._url, tuple(self._worker_args())), wanted - alive)
+
+    def _worker_args(self) -> list[str]:
+        args = ["--exproot", str(self.experiment.exproot)]
+        if self.experiment.timeout:
+            args += ["--timeout", str(self.experiment.timeout)]
+        return args
+
+    def _start_backend(self) -> None:
+        from .monitor import Monitor, MonitorOptions
+
+        exp = self.experiment
+        self._url, secrets = _url_without_password(self.store)
+        # A module next to the calling script is importable by its workers, as it is here.
+        here = [p for p in (os.getcwd(), sys.path[0] if sys.path and sys.path[0] else None) if p]
+        paths = os.pathsep.join(dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p]))
+        if exp.backend == "local":
+            from .backends.local import LocalBackend
+
+            self.backend = LocalBackend(exp.exproot / exp.name / "_workers",
+                                        environment={**secrets, "PYTHONPATH": paths})
+            self.monitor = Monitor(self.store, MonitorOptions(relaunch=True), backends={"local": self.backend})
+        else:
+            from .backends.slurm import SlurmBackend
+
+            self.backend = SlurmBackend(sbatch_options=exp.sbatch, log_dir=exp.exproot / exp.name / "_slurm",
+                                        job_name=f"jobman-{exp.name}", merge_output=True,
+                                        environment={**secrets, "PYTHONPATH": paths})
+            self.monitor = Monitor(self.store, MonitorOptions(relaunch=True), backends={"slurm": self.backend},
+                                   hostname="-")
+
+
+def _url_without_password(store: Store) -> tuple[str, dict[str, str]]:
+    """The URL workers are started with, and the password for their environment (never their argv)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store.target.sqlalchemy_url)
+    if store.target.dialect != "postgresql" or url.password is None:
+        return store.target.with_table(), {}
+    bare = url.set(password=None).render_as_string(hide_password=False)
+    from dataclasses import replace
+
+    return replace(store.target, sqlalchemy_url=bare).with_table(), {"PGPASSWORD": str(url.password)}
+
+
+# -- memoizing a function ------------------------------------------------------------------
+
+def cached(url: str | None = None, *, version: str | None = None, cache: str | None = None,
+           retry: bool = False, exproot: str | os.PathLike | None = None) -> Callable[[Callable], Callable]:
+    """Memoize a function in a jobman database: each distinct call is a job, run here once.
+
+    ``@jobman.cached("sqlite:///cache.db?table=features")`` over ``def features(dataset, pca=32)``:
+    ``features("mnist")`` runs once, then is read back, across processes and runs. Arguments
+    are bound to the signature with defaults applied, so ``features("mnist", pca=32)`` is the same
+    call. The return value is stored as JSON and returned as JSON gives it back (lists for tuples
+    and arrays). ``version`` (or ``cache="source"``) makes a changed function a new call.
+    """
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        signature = inspect.signature(fn)
+        if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+            raise UsageError(f"{fn.__qualname__} takes *args: a cached function's arguments need names")
+        state: dict[str, Any] = {}
+
+        def experiment() -> Experiment:
+            if "exp" not in state:
+                state["exp"] = Experiment(url, backend="inline", exproot=exproot)
+                state["target"] = target_of(fn, source_version(fn) if cache == "source" else version)
+            return state["exp"]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{fn.__qualname__}(): {exc}") from None
+            bound.apply_defaults()
+            params = dict(bound.arguments)
+            for p in signature.parameters.values():
+                if p.kind is p.VAR_KEYWORD:
+                    params.update(params.pop(p.name, {}))
+            exp = experiment()
+            future = exp._submit(state["target"], [params], _returning(fn), retry=retry, code_of=None,
+                                 unwrap=lambda results: results.get("return", results))
+            return future[0].result()
+
+        wrapper.experiment = experiment  # type: ignore[attr-defined]
+        return wrapper
+
+    if cache not in (None, "source"):
+        raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
+    return decorate
+
+
+def _returning(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The job a cached call runs: the function on its parameters, its return value kept as ``return``."""
+    from .channel import to_jsonable
+
+    def run(state: DD, channel: Channel) -> dict[str, Any]:
+        return {"return": to_jsonable(fn(**channel.params))}
+
+    return run
+
+
+# -- the default experiment: $JOBMAN_DB ------------------------------------------------------
+
+_DEFAULT: dict[str, Experiment] = {}
+
+
+def default_experiment() -> Experiment:
+    """The experiment ``jobman.call`` and ``jobman.map`` use: ``$JOBMAN_DB`` (else ./jobman.db), local workers."""
+    key = os.environ.get("JOBMAN_DB") or ""
+    if key not in _DEFAULT:
+        _DEFAULT[key] = Experiment(key or None)
+    return _DEFAULT[key]
+
+
+def call(fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, /, **kwargs: Any) -> JobFuture:
+    """:meth:`Experiment.call` on the default experiment (``$JOBMAN_DB``)."""
+    return default_experiment().call(fn, params, **kwargs)
+
+
+def map(fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[JobFuture]:
+    """:meth:`Experiment.map` on the default experiment (``$JOBMAN_DB``)."""
+    return default_experiment().map(fn, params, **kwargs)
+
+
+as_completed = concurrent.futures.as_completed
+wait = concurrent.futures.wait

@@ -1,0 +1,315 @@
+"""jobman from Python: Experiment, call/map futures, the cache indexed by the call, cached, grid,
+results, best, schedule. Real databases, real scripts run as processes, real workers.
+
+Each script is written under ``tmp_path`` and run there as a user would (``python script.py``),
+so its functions live in ``__main__`` and are stored by value. Side effects go to files the
+tests count: a call answered from the cache leaves none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import jobman
+from jobman.jobdb.errors import CallTimeout, JobFailed, JobNotRun, UsageError
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+
+PRELUDE = textwrap.dedent('''
+    import json, os, sys, time
+    import jobman
+
+    URL = sys.argv[1]
+    SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "side.txt")
+
+
+    def train(lr, nhid=64):
+        """A plain keyword function; each run leaves a line in side.txt."""
+        with open(SIDE, "a") as fh:
+            fh.write(f"{lr} {nhid} {os.getpid()}\\n")
+        return {"valid_error": lr * 100 / nhid, "pid": os.getpid()}
+''')
+
+
+def run_script(tmp_path: Path, body: str, *args: str, timeout: float = 120, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    return proc
+
+
+def side_lines(tmp_path: Path) -> list[str]:
+    path = tmp_path / "side.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def last_json(proc: subprocess.CompletedProcess):
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_import_jobman_stays_cheap():
+    """The CLI and the fork server import jobman: the Python API must not come with it."""
+    code = "import sys, jobman; print(sorted(m for m in ('sqlalchemy', 'jobman.dispatch.client') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_from_the_cache(db_url, tmp_path):
+    proc = run_script(tmp_path, '''
+        exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
+        futures = exp.map(train, jobman.grid(lr=[0.1, 0.01], nhid=[64, 256]))
+        got = {f.job_id: f.result(timeout=60) for f in jobman.as_completed(futures, timeout=90)}
+        again = exp.call(train, lr=0.1, nhid=64).result()
+        exp.close()
+        print(json.dumps({"got": got, "again": again, "me": os.getpid()}))
+    ''', db_url)
+    out = last_json(proc)
+    assert len(out["got"]) == 4
+    errors = sorted(r["valid_error"] for r in out["got"].values())
+    assert errors == sorted(lr * 100 / nhid for lr in (0.1, 0.01) for nhid in (64, 256))
+    pids = {r["pid"] for r in out["got"].values()}
+    assert out["me"] not in pids  # run by workers, not by the script
+    assert out["again"]["valid_error"] == 0.1 * 100 / 64
+    assert len(side_lines(tmp_path)) == 4  # the fifth call ran nothing
+    store = Store.open(db_url)
+    try:
+        jobs = store.jobs()
+        assert [j.status for j in jobs] == [Status.DONE] * 4
+        assert {j.target for j in jobs} == {"__main__:train"}
+        assert {j.backend for j in jobs} == {"local"}
+    finally:
+        store.dispose()
+
+
+def test_a_cache_hit_runs_nothing_and_a_new_version_runs_again(db_url, tmp_path):
+    body = '''
+        exp = jobman.Experiment(URL, backend="inline", exproot="runs")
+        a = exp.call(train, lr=0.5).result()
+        b = exp.call(train, {"lr": 0.5, "nhid": 64}).result()   # the same call: defaults are not params
+        c = exp.call(train, lr=0.5, version="v2").result()
+        print(json.dumps([a, b, c]))
+    '''
+    first = last_json(run_script(tmp_path, body, db_url))
+    assert len(side_lines(tmp_path)) == 3  # lr=0.5; lr=0.5 nhid=64; lr=0.5 at v2
+    second = last_json(run_script(tmp_path, body, db_url))
+    assert second == first
+    assert len(side_lines(tmp_path)) == 3  # a second interpreter: all three from the database
+
+
+def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(db_url, tmp_path):
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+    flag = tmp_path / "fixed"
+
+    def flaky(x):
+        if not flag.exists():
+            raise ValueError(f"no good: {x}")
+        return {"y": x * 2}
+
+    with pytest.raises(JobFailed) as info:
+        exp.call(flaky, x=3).result()
+    assert "ValueError: no good: 3" in str(info.value)
+    assert "Traceback" in info.value.error and "raise ValueError" in info.value.error
+    flag.write_text("")
+    with pytest.raises(JobFailed):  # still FAILED: the database answers
+        exp.call(flaky, x=3).result()
+    assert exp.call(flaky, x=3, retry=True).result() == {"y": 6}
+    assert exp.call(flaky, x=3).result() == {"y": 6}
+    exp.close()
+
+
+def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
+    body = '''
+        @jobman.cached(URL, exproot="runs")
+        def slow(n):
+            with open(SIDE, "a") as fh:
+                fh.write(f"{n} {os.getpid()}\\n")
+            time.sleep(1.0)
+            return n * n
+
+        go = os.path.join(os.path.dirname(SIDE), "go")
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        print(json.dumps(slow(7)))
+    '''
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    procs = [subprocess.Popen([sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    time.sleep(1.0)  # all three started and waiting
+    (tmp_path / "go").write_text("")
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert json.loads(out.strip().splitlines()[-1]) == 49
+    assert len(side_lines(tmp_path)) == 1
+
+
+def test_cached_memoizes_across_two_interpreter_runs(db_url, tmp_path):
+    body = '''
+        @jobman.cached(URL, exproot="runs")
+        def features(dataset, pca=32, scale=1.0):
+            with open(SIDE, "a") as fh:
+                fh.write(f"{dataset} {pca}\\n")
+            return [dataset, pca, scale, (1, 2)]
+
+        print(json.dumps([features("digits"), features("digits", pca=32), features("digits", 16)]))
+    '''
+    first = last_json(run_script(tmp_path, body, db_url))
+    assert first == [["digits", 32, 1.0, [1, 2]], ["digits", 32, 1.0, [1, 2]], ["digits", 16, 1.0, [1, 2]]]
+    assert len(side_lines(tmp_path)) == 2
+    assert last_json(run_script(tmp_path, body, db_url)) == first
+    assert len(side_lines(tmp_path)) == 2
+
+
+def test_enqueue_only_futures_are_resolved_by_a_worker_started_elsewhere(db_url, tmp_path, jobman):
+    (tmp_path / "mymod.py").write_text(textwrap.dedent('''
+        import os
+        def square(state, channel):
+            state.y = state.x ** 2
+            state.where = os.getpid()
+    '''))
+    body = '''
+        import mymod
+        exp = jobman.Experiment(URL, backend=None)
+        futures = exp.map(mymod.square, [{"x": 2}, {"x": 3}])
+        open("scheduled", "w").close()
+        print(json.dumps(sorted(f.result(timeout=90)["y"] for f in futures)))
+    '''
+    script = tmp_path / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    proc = subprocess.Popen([sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "scheduled").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.05)
+    # A worker in the script's directory: mymod is found there without PYTHONPATH.
+    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path,
+                    env={"PYTHONPATH": ""})
+    assert worker.code == 0, worker.err
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == [4, 9]
+
+
+def test_sqlschedules_check_finds_a_module_in_the_current_directory(tmp_path):
+    """The installed `jobman` script (not `python -m`, which puts the directory on the path itself)."""
+    (tmp_path / "nextdoor.py").write_text("def fn(state, channel):\n    pass\n")
+    script = Path(sys.executable).with_name("jobman")
+    env = {**os.environ, "PYTHONPATH": ""}
+    proc = subprocess.run([str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "nextdoor:fn",
+                           "x={{1,2}}"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "added 2 jobs" in proc.stdout
+    proc = subprocess.run([str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "elsewhere:fn"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0 and "cannot import module 'elsewhere'" in proc.stderr
+
+
+def test_bad_parameters_are_refused_naming_them_and_nothing_is_written(db_url, tmp_path):
+    import numpy as np
+
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+
+    def f(**kw):
+        return {"seen": kw}
+
+    for params, named in [({"a": 1, "obj": object()}, "'obj'"), ({"s": {1, 2}}, "'s'"),
+                          ({"x": float("nan")}, "'x'"), ({"arr": np.zeros(3)}, "arr.tolist()"),
+                          ({"nested": {"k": [1, object()]}}, "'nested.k[1]'")]:
+        with pytest.raises(UsageError) as info:
+            exp.map(f, [{"ok": 1}, params])
+        assert named in str(info.value)
+    with pytest.raises(jobman.errors.NoSuchExperiment):  # not even the experiment was made
+        exp.results(as_frame=False)
+    # NumPy scalars become numbers, and name the same call as the plain number.
+    assert exp.call(f, n=np.int64(3), r=np.float32(0.5)).result() == {"seen": {"n": 3, "r": 0.5}}
+    assert exp.call(f, n=3, r=0.5).job_id == exp.call(f, n=np.int32(3), r=0.5).job_id
+    exp.close()
+
+
+def test_errors_a_user_meets_are_jobman_errors(db_url, tmp_path):
+    with pytest.raises(UsageError, match="not a database URL"):
+        jobman.Experiment("nowhere", backend=None)
+    with pytest.raises(UsageError, match="backend"):
+        jobman.Experiment(db_url, backend="cloud")
+    exp = jobman.Experiment(db_url, backend=None, exproot=tmp_path / "runs")
+    with pytest.raises(jobman.errors.UsageError, match="cannot import module"):
+        exp.call("no_such_module_here:fn", x=1)
+    future = exp.call("jobman.models.mlp:train", dataset="digits", epochs=1)
+    with pytest.raises(CallTimeout, match=f"job {future.job_id} .* did not finish within 0.2 s"):
+        future.result(timeout=0.2)
+    assert isinstance(CallTimeout(), TimeoutError)
+    assert future.cancel()
+    store = Store.open(db_url)
+    try:
+        assert store.job(future.job_id).status is Status.CANCELED
+    finally:
+        store.dispose()
+    again = exp.call("jobman.models.mlp:train", dataset="digits", epochs=1)
+    with pytest.raises(JobNotRun, match="was cancelled"):
+        again.result(timeout=10)
+    exp.close()
+
+
+def test_schedule_takes_the_sweep_grammar_with_phases_and_best_is_the_reports_choice(db_url, tmp_path,
+                                                                                      monkeypatch):
+    (tmp_path / "phased.py").write_text(textwrap.dedent('''
+        def first(state, channel):
+            state.base = state.a * 10
+
+        def second(state, channel):
+            state.err = abs(channel.parents[0].results["base"] - state.b) + state.fold * 0.5
+    '''))
+    monkeypatch.chdir(tmp_path)  # phased.py is importable from the current directory, as with python -m
+    exp = jobman.Experiment(db_url, backend="local", workers=2, exproot=tmp_path / "runs")
+    futures = exp.schedule("phased:first a={{1,2}} -- phased:second b={{10,19}} fold={{0,1}}")
+    assert len(futures) == 2 + 8
+    results = [f.result(timeout=120) for f in futures]
+    assert [r["base"] for r in results[:2]] == [10, 20]
+    best = exp.best("err", phase=1)
+    assert best.params == {"a": 1, "b": 10} and best.n == 2 and best.mean == 0.25
+    rows = exp.results(as_frame=False, phase=1)
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"DONE"}
+    assert exp.schedule("phased:first a={{1,2}}") and exp.results(as_frame=False, phase=0)[0]["base"] == 10
+    with pytest.raises(jobman.errors.SweepError):
+        exp.schedule("phased:first a={{1,2")
+    exp.close()
+
+
+def test_grid_is_the_sweep_expansion():
+    from jobman.jobdb.sweep import expand, parse_sweep
+
+    from_sweep = [s.params for s in expand(parse_sweep(["m:f", "lr={{0.1,0.01}}", "nhid={{64,256}}", "e=3"]))]
+    assert jobman.grid(lr=[0.1, 0.01], nhid=(64, 256), e=3) == from_sweep
+    with pytest.raises(UsageError, match="empty"):
+        jobman.grid(lr=[])
+
+
+def test_the_default_experiment_is_jobman_db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'default.db'}?table=dflt"
+    monkeypatch.setenv("JOBMAN_DB", url)
+    monkeypatch.setenv("JOBMAN_EXPROOT", str(tmp_path / "runs"))
+    from jobman.dispatch import client
+
+    client._DEFAULT.clear()
+    try:
+        assert jobman.map("jobman.models.mlp:train", []) == []
+        exp = client.default_experiment()
+        assert exp.name == "dflt" and exp.backend == "local"
+        assert exp.store.target.sqlite_path == str(tmp_path / "default.db")
+    finally:
+        for exp in client._DEFAULT.values():
+            exp.close()
+        client._DEFAULT.clear()
