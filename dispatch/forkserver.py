@@ -430,13 +430,18 @@ class ForkServer:
 
     def close(self) -> None:
         """Hang up: the server exits at the end of its stream (killed if it does not)."""
-        if self.ctrl is not None:
-            self.ctrl.close()
-            self.ctrl = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        hang_up(self)
+
+
+def hang_up(helper: Any) -> None:
+    """Close a helper process's control socket; it exits at the end of its stream (killed if it does not)."""
+    if helper.ctrl is not None:
+        helper.ctrl.close()
+        helper.ctrl = None
+    if helper.proc is not None:
+        try:
+            helper.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            helper.proc.kill()
+            helper.proc.wait()
+        helper.proc = None

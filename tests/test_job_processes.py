@@ -43,6 +43,15 @@ EXPERIMENTS = textwrap.dedent('''
         state.env_mark = os.environ.get("JM_LEFT_BEHIND")
 
 
+    def lineage(state, channel):
+        """The job's worker (its fork server's parent), and what started that worker."""
+        import psutil
+        worker = psutil.Process(os.getppid()).parent()
+        state.worker = worker.pid
+        state.started_by = worker.parent().cmdline()
+        time.sleep(0.5)
+
+
     def leaves_state(state, channel):
         RAN_HERE.append(channel.job_id)
         os.environ["JM_LEFT_BEHIND"] = f"job {channel.job_id}"
@@ -164,3 +173,14 @@ def test_stopping_a_worker_in_a_reused_process_leaves_nothing_running(db_url, st
     assert [j.id for j in store.jobs(status=[Status.RUNNING])] == []
     with pytest.raises(ProcessLookupError):  # the reused job process went with its worker
         os.kill(job.results["pid"], 0)
+
+
+def test_dispatch_forks_its_workers_from_one_warm_interpreter(jobman, db_url, store, exp):
+    ids = schedule(store, *["lineage"] * 4)
+    r = jobman("dispatch", db_url, "-j", "2", "--exproot", str(exp.runs), "--no-progress", env=exp.env, timeout=180)
+    assert r.code == 0, r.err
+    jobs = [store.job(i) for i in ids]
+    assert all(j.status is Status.DONE for j in jobs)
+    assert {j.results["worker"] for j in jobs} == {j.pid for j in jobs}  # the worker is what the job row says
+    assert len({j.pid for j in jobs}) == 2
+    assert all("jobman.dispatch.backends.zygote" in j.results["started_by"] for j in jobs)
