@@ -10,11 +10,12 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
+from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
-from .common import (db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out, parse_ids,
-                     print_json, split_db_arg, styled_status)
+from .common import (confirm, db_options, fmt_age, fmt_params, fmt_time, fmt_value, job_json, open_store, out,
+                     parse_ids, print_json, split_db_arg, styled_status)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -160,23 +161,32 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
 @click.option("--print_keys", "--print-keys", "print_keys", metavar="K1,K2",
               help="Also print these parameters/results.")
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
+@click.option("--all", "everything", is_flag=True, help="With --set_status: every job of the experiment (asks first).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts).")
 def sqlstatus(args: tuple[str, ...], db: str | None, table: str | None, status: tuple[str, ...],
-              set_to: str | None, print_keys: str | None, count: bool) -> None:
+              set_to: str | None, print_keys: str | None, count: bool, everything: bool, yes: bool) -> None:
     """jobman's status view: jobs with their numeric status codes, and --set_status.
 
     \b
     Example:
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --status START
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --set_status START
+    --set_status changes the jobs named by ids or --status; every job only with --all.
     """
     url, rest = split_db_arg(args)
-    store = open_store(db, table, url)
     ids = parse_ids(rest)
-    jobs = store.jobs(status=_statuses(status), ids=ids, with_deps=False)
+    statuses = _statuses(status)
     if set_to is not None:
         new = parse_status(set_to)
+        if not (ids or statuses or everything):
+            raise UsageError("name the jobs to set: ids (12, 12,13 or 10-20), --status, or --all")
+    store = open_store(db, table, url)
+    jobs = store.jobs(status=statuses, ids=ids, with_deps=False)
+    if set_to is not None:
         if not jobs:
             raise click.UsageError("no job matches; nothing was changed")
+        if everything and not (ids or statuses):
+            confirm(f"set every job of experiment {store.experiment!r} ({len(jobs)}) to {new.value}?", yes)
         changed = store.set_status([j.id for j in jobs], new)
         click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
         return

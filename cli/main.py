@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import traceback
 
@@ -55,12 +54,18 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    _switches["debug"] = debug
+
+
+# The group's switches as click parsed them, for ``main`` to read once a command has raised
+# (``--debug`` given as another option's value is that value, not the switch).
+_switches: dict[str, bool] = {}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning every error a user can meet into one sentence."""
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or os.environ.get("JOBMAN_DEBUG") == "1"
+    _switches.clear()
     try:
         rv = cli.main(args=args, prog_name="jobman", standalone_mode=False)
         if isinstance(rv, int):
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except JobmanError as exc:
-        if debug:
+        if _switches.get("debug"):
             traceback.print_exc()
         click.echo(f"jobman: {mask_password(str(exc))}", err=True)
         return exc.exit_code
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug: still one sentence unless --debug
-        if debug:
+        if _switches.get("debug"):
             traceback.print_exc()
         message = mask_password(f"{type(exc).__name__}: {exc}".splitlines()[0])
         click.echo(f"jobman: internal error ({message}); rerun with --debug for the traceback", err=True)

@@ -240,8 +240,6 @@ def set_status(args, db, table, status, phase, everything, dry_run) -> int:
     if not rest:
         raise UsageError("give the status to set, after the job ids")
     new = parse_status(rest[-1])
-    if new is Status.RUNNING:
-        raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
     store = open_store(db, table, url)
     ids = choose(store, parse_ids(rest[:-1]), status, phase, everything)
     apply(store, lambda: store.set_status(ids, new), dry_run=dry_run, what="set", roots=ids)

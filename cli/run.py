@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
-from jobman.dispatch.worker import Worker, WorkerOptions
+from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.url import mask_password, parse_db
 
@@ -25,6 +25,7 @@ from .common import db_options, err, open_store, split_db_arg
 
 DEFAULT_EXPROOT = "jobman_runs"
 SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
+BAD_ENDS = ("FAILED", "CRASHED")  # how a job a worker ran may end badly
 NO_HOST = "-"  # not a valid host name: a monitor "on" it checks no pid, only allocations and heartbeats
 
 
@@ -79,7 +80,7 @@ def process_options(fn):
 
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> int:
+                outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> WorkerSummary:
     store = open_store(db, table, url)
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
@@ -91,7 +92,7 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
     worker.install_signal_handlers()
     summary = worker.run()
     click.echo(summary.line(), err=True)
-    return 0
+    return summary
 
 
 @click.command("worker")
@@ -115,8 +116,9 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
     queue without counting an attempt, and exits. A database that goes away is
     waited for (--outage-wait); the running job goes on meanwhile.
     """
-    return _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-                       processes)
+    _run_worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
+                processes)
+    return 0
 
 
 @click.command("sql")
@@ -128,6 +130,8 @@ def worker(url, db, table, exproot, timeout, heartbeat, grace, max_jobs, wait, i
 def sql(args, db, table, count, timeout) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
+    Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
+
     \b
     Example:
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
@@ -136,7 +140,13 @@ def sql(args, db, table, count, timeout) -> int:
     if len(rest) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
     exproot = rest[0] if rest else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
-    return _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    summary = _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    bad = {s: n for s, n in summary.by_status.items() if s in BAD_ENDS}
+    if bad:
+        click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
+                   "FAILED,CRASHED`, fix, then `jobman retry`", err=True)
+        return 1
+    return 0
 
 
 @click.command("dispatch")
@@ -468,34 +478,89 @@ class _ProgressView:
 
 @click.command("cmdline")
 @click.argument("args", nargs=-1, required=True, metavar="TARGET [k=v]...")
-@click.option("--workdir", type=click.Path(file_okay=False), default=".", show_default=True,
-              help="Where the run keeps its files and checkpoint (state.json).")
-def cmdline(args, workdir) -> int:
-    """Run one experiment here, without a database (jobman's cmdline); resumes from workdir.
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the run keeps its files and checkpoint (state.json). Default: a new directory "
+                   "jobman_DATE_TIME_XXXX here.")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --workdir (same target and parameters).")
+def cmdline(args, workdir, resume) -> int:
+    """Run one experiment here, without a database (jobman's cmdline).
 
-    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again to resume),
-    1 when it FAILED.
+    Each run gets a new directory unless --workdir names one; a directory holding
+    an earlier run's state is resumed only with --resume, and only by the same
+    target and parameters.
+
+    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again
+    with --resume to continue), 1 when it FAILED.
 
     \b
     Example:
       jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1
+      jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1 --resume
     """
-    from jobman.dispatch.experiment import TargetError, run_direct
-    from jobman.jobdb.sweep import parse_sweep
+    from jobman.dispatch.experiment import TargetError, resolve, run_direct
+    from jobman.jobdb.sweep import canonical_target, parse_sweep
 
     parsed = parse_sweep(list(args))
     if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
         raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
     params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
+    target = canonical_target(parsed.phases[0].target)
+    if resume and workdir is None:
+        raise UsageError("--resume continues the run saved in a directory: name it with --workdir")
     try:
-        outcome = run_direct(parsed.phases[0].target, params, Path(workdir))
+        fn = resolve(target)
     except TargetError as exc:
         raise UsageError(str(exc)) from None
-    click.echo(json.dumps({"status": outcome.status, "results": outcome.results}, indent=2))
+    run_dir = Path(workdir) if workdir is not None else _fresh_run_directory()
+    _check_saved_run(run_dir, target, params, resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CMDLINE_RECORD).write_text(json.dumps({"target": target, "params": params}, sort_keys=True))
+    outcome = run_direct(fn, params, run_dir, resume=resume)
+    click.echo(json.dumps({"status": outcome.status, "results": outcome.results, "workdir": str(run_dir)},
+                          indent=2))
     if outcome.error:
         click.echo(outcome.error, err=True)
     # As a command job would say it: 75 asks to be run again and resumed (a cmdline wrapped in one does).
     return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(outcome.status, 1)
+
+
+CMDLINE_RECORD = "cmdline.json"  # the target and parameters of the run a directory holds
+
+
+def _fresh_run_directory() -> Path:
+    """A new directory for one run, as the original jobman made: jobman_DATE_TIME_XXXX in this directory."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=time.strftime("jobman_%Y%m%d_%H%M%S_"), dir="."))
+
+
+def _check_saved_run(run_dir: Path, target: str, params: dict, resume: bool) -> None:
+    """Refuse to run over another run's saved state: resumed only when asked, and only the same run."""
+    from jobman.dispatch.channel import DirectChannel
+
+    state_file = run_dir / DirectChannel.STATE_FILE
+    if not state_file.exists():
+        return
+    if not resume:
+        raise UsageError(f"{run_dir} holds the saved state of an earlier run: add --resume to continue it, "
+                         "or give another --workdir")
+    try:
+        record = json.loads((run_dir / CMDLINE_RECORD).read_text())
+        saved_target, saved = record["target"], record["params"]
+    except (OSError, ValueError, KeyError, TypeError):  # a state saved some other way: its values are the record
+        saved_target, saved = target, {k: v for k, v in json.loads(state_file.read_text()).items() if k in params}
+    if saved_target != target:
+        raise UsageError(f"{run_dir} holds a run of {saved_target}, not {target}: give another --workdir")
+    differ = sorted(k for k in set(saved) | set(params) if saved.get(k, _UNSET) != params.get(k, _UNSET))
+    if differ:
+        key = differ[0]
+        was = json.dumps(saved[key]) if key in saved else "unset"
+        now = json.dumps(params[key]) if key in params else "unset"
+        raise UsageError(f"{run_dir} holds a run with other parameters ({key} was {was}, now {now}): "
+                         "give another --workdir to start a new run")
+
+
+_UNSET = object()
 
 
 COMMANDS = [worker, sql, dispatch, run_job, cmdline]

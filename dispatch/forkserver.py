@@ -159,6 +159,56 @@ def signal_on_parent_death(sig: int) -> bool:
     return prctl is not None and prctl(1, sig) == 0  # PR_SET_PDEATHSIG
 
 
+PR_SET_CHILD_SUBREAPER = 36
+# Sent to the fork server when its worker dies: it kills its job's processes, then exits.
+LAST_RITES = signal.SIGUSR2
+
+
+def become_subreaper() -> bool:
+    """Linux: processes orphaned below this one (a job's daemons, in whatever session) become its
+    children, so that :func:`end_job_processes` can find them."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def child_pids() -> list[int]:
+    """The pids of this process's children."""
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as fh:
+            return [int(pid) for pid in fh.read().split()]
+    except OSError:
+        import psutil
+
+        return [p.pid for p in psutil.Process().children()]
+
+
+def end_job_processes(group: int | None, keep: tuple[int, ...] = ()) -> int:
+    """Kill what a job left behind: its process group, and every child of this process (a subreaper)
+    but ``keep`` -- processes the job started in sessions of their own end up there. How many died."""
+    killed = 0
+    if group:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for _round in range(100):  # each round may orphan grandchildren to us: until none is left
+        left = [pid for pid in child_pids() if pid not in keep]
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+    return killed
+
+
 def die_with_parent(oom_score_adj: int | None = None) -> None:
     """Linux: SIGKILL this process when its parent dies; optionally raise its OOM score."""
     prctl = _prctl()
@@ -194,6 +244,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     channel = WorkerChannel(job["id"], job["phase"], job["attempt"], workdir, dict(job["params"]), parents,
                             deadline=request["deadline"], sock=sock)
     channel.install_signal_handlers()
+    signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         outcome = call(fn, state, channel)
@@ -227,11 +278,14 @@ def _discard_pending_stops() -> None:
 def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket, mask: set,
                  link: socket.socket | None, jobs: int) -> None:
     """A job process: the job it was forked for, then up to ``jobs - 1`` more sent over ``link``."""
+    os.setpgid(0, 0)  # a process group of its own: what its jobs start dies with them
     die_with_parent(oom_score_adj=500)
     for done in range(1, jobs + 1):
         _job_main(function_of(targets, request), request, sock, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         sock.close()
+        if link is not None:
+            end_job_processes(None)  # the next job in this process does not inherit this one's processes
         if link is None or done == jobs:
             return
         send_msg(link, {"done": done})
@@ -248,11 +302,23 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
 
 
 # -- the server ----------------------------------------------------------------------------
+_running_job: int | None = None  # the job the server waits for, if any
+
+
+def _last_rites(_signum: int, _frame: object) -> None:
+    """The worker died: kill the running job with all it started, then exit."""
+    end_job_processes(_running_job)
+    os._exit(0)
+
+
 def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
     """The fork server's loop: one request, one job, its exit status; until the worker hangs up."""
-    die_with_parent()
+    signal.signal(LAST_RITES, _last_rites)
+    if not signal_on_parent_death(LAST_RITES):
+        die_with_parent()
     if os.getppid() != worker_pid:  # the worker died before the line above
         os._exit(0)
+    become_subreaper()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
@@ -321,6 +387,7 @@ def _serve_requests(ctrl: socket.socket, jobs_per_process: int = 1) -> None:
 def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reused: list[_Reused],
                jobs_per_process: int, request: dict[str, Any], fds: list[int]) -> None:
     """One request: its job started (or handed to the waiting job process), its pid and exit sent back."""
+    global _running_job
     if "path" in request:
         sys.path[:] = request["path"]
     job_sock = socket.socket(fileno=fds[0])
@@ -342,7 +409,7 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
         sys.stderr.flush()
         # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
         # channel.should_stop(), not the disposition (ignore) inherited from the server.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {LAST_RITES})
         gc.freeze()  # the server's objects stay out of the job's collections (and its page copies)
         pid = os.fork()
         if pid == 0:
@@ -356,6 +423,10 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
                 code = 70
             finally:
                 os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # as the child does: whichever runs first
+        except OSError:
+            pass
         gc.unfreeze()
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if link is not None:
@@ -363,14 +434,18 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
             process = _Reused(pid, link)
     job_sock.close()
     pid = process.pid if process is not None else pid
+    _running_job = pid
     send_msg(ctrl, {"pid": pid})
     if process is None:
         status = os.waitpid(pid, 0)[1]
+        end_job_processes(pid, keep=tuple(p.pid for p in reused))
     else:
         status = process.wait_job()
-        if status is None:
+        if status is None:  # it lives on for the next job, having ended the processes this one started
             reused.append(process)
-            status = 0
+        end_job_processes(None if status is None else pid, keep=tuple(p.pid for p in reused))
+        status = status or 0
+    _running_job = None  # ended before the worker hears of the end: nothing of the job outlives it
     send_msg(ctrl, {"exit": pid, "status": status})
 
 

@@ -32,6 +32,7 @@ from jobman.jobdb.store import RunningJob, Store
 from .backends.base import Backend
 
 PID_START_TOLERANCE = 1.0  # seconds: two readings of one process's start time agree within this
+CLOCK_SKEW_TOLERANCE = 60.0  # seconds a heartbeat may seem to come from the future before it is distrusted
 UNCHECKED_BACKENDS = ("local",)  # a local worker is checked by pid on its own host, not by the backend
 
 
@@ -68,6 +69,7 @@ class ScanReport:
     finished_meanwhile: list[int] = field(default_factory=list)
     relaunched: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what looked wrong but was left alone, and why
     dry_run: bool = False
     elapsed: float = 0.0
 
@@ -85,6 +87,7 @@ class ScanReport:
         if self.relaunched:
             verb = "would relaunch" if self.dry_run else "relaunched"
             parts.append(f"{verb} {len(self.relaunched)}: {_ids_text(self.relaunched)}")
+        parts.extend(f"note: {n}" for n in self.notes)
         parts.extend(f"error: {e}" for e in self.errors)
         return ", ".join(parts)
 
@@ -105,7 +108,7 @@ class Monitor:
         report = ScanReport(at=start, dry_run=self.options.dry_run)
         running = self.store.running_brief()
         report.checked = len(running)
-        found = self.find_dead(running, report.errors)
+        found = self.find_dead(running, report.errors, report.notes)
         report.crashed = found
         opts = self.options
         if found and not opts.dry_run:
@@ -126,10 +129,17 @@ class Monitor:
         return report
 
     # -- the three signs -----------------------------------------------------------------
-    def find_dead(self, running: Sequence[RunningJob], errors: list[str] | None = None) -> list[Finding]:
-        """The jobs among ``running`` that show a sign of death, with the most specific reason each."""
+    def find_dead(self, running: Sequence[RunningJob], errors: list[str] | None = None,
+                  notes: list[str] | None = None) -> list[Finding]:
+        """The jobs among ``running`` that show a sign of death, with the most specific reason each.
+
+        A heartbeat stamped in the future (clock skew) is no sign of life. On this host, a worker
+        process that is alive (same pid, same start time) is not declared dead for its heartbeat
+        alone: the job is left alone and ``notes`` says why.
+        """
         errors = errors if errors is not None else []
-        now = time.time()
+        notes = notes if notes is not None else []
+        now = self.store.server_time()  # the clock heartbeats are stamped with, whatever this host's says
         found: dict[int, Finding] = {}
         here = [j for j in running if j.host == self.hostname and j.pid]
         if here:
@@ -143,10 +153,22 @@ class Monitor:
         grace = self.options.heartbeat_grace
         for job in running:
             last = job.heartbeat_at or job.started_at
-            if job.id not in found and last is not None and now - last > grace:
-                found[job.id] = Finding(job.id, job.lease, "heartbeat",
-                                        f"no heartbeat for {now - last:.0f} s (grace {grace:g} s) from its worker "
-                                        f"{job.host}:{job.pid}", job.host)
+            if job.id in found or last is None:
+                continue
+            age = now - last
+            worker = f"{job.host}:{job.pid}"
+            if age < -CLOCK_SKEW_TOLERANCE:
+                reason = (f"its heartbeat is stamped {-age:,.0f} s in the future (clock skew between its worker "
+                          f"{worker} and this monitor), which is no sign of life")
+            elif age > grace:
+                reason = f"no heartbeat for {age:,.0f} s (grace {grace:g} s) from its worker {worker}"
+            else:
+                continue
+            if job.host == self.hostname and worker_alive(job):
+                notes.append(f"job {job.id}: {reason}; but its worker process {job.pid} is alive on this host, "
+                             "so it is left alone")
+            else:
+                found[job.id] = Finding(job.id, job.lease, "heartbeat", reason, job.host)
         return [found[i] for i in sorted(found)]
 
     def _ended_allocations(self, jobs: Sequence[RunningJob], errors: list[str]) -> list[tuple[RunningJob, str]]:
@@ -201,9 +223,21 @@ def process_gone(job: RunningJob, pids: set[int] | None = None) -> str | None:
     return None
 
 
+def worker_alive(job: RunningJob) -> bool:
+    """Whether the job's worker process is alive on this host: its pid, with the start time it claimed with."""
+    if job.pid is None or job.pid_started_at is None:
+        return False
+    try:
+        proc = psutil.Process(job.pid)
+        return (abs(proc.create_time() - job.pid_started_at) <= PID_START_TOLERANCE
+                and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 def _ids_text(ids: Sequence[int], shown: int = 10) -> str:
     text = ", ".join(map(str, ids[:shown]))
     return text + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
 
 
-__all__ = ["Monitor", "MonitorOptions", "ScanReport", "Finding", "process_gone"]
+__all__ = ["Monitor", "MonitorOptions", "ScanReport", "Finding", "process_gone", "worker_alive"]

@@ -29,8 +29,10 @@ from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError,
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .experiment import TargetError, by_value
-from .forkserver import ForkServer, ForkServerGone, Frames, send_msg
+from .forkserver import (ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg,
+                         signal_on_parent_death)
 from .machine import GpuPool, gpus_asked
+from .oom import OomWatch
 from .outage import Outage
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
@@ -78,9 +80,11 @@ def command_argv(command: str, params: dict[str, Any]) -> list[str]:
 class _Command:
     """A command job's process group, the worker's own child."""
 
-    def __init__(self, pid: int, deadline: float | None) -> None:
+    def __init__(self, pid: int, deadline: float | None, children_before: tuple[int, ...] = ()) -> None:
         self.pid = pid
         self.deadline = deadline  # the job's wall-time limit, as time.time()
+        self.children_before = children_before  # the worker's children then: not the job's leftovers
+        self.oom = OomWatch()
         self.report: dict[str, Any] | None = None
         self.status: int | None = None  # os.waitpid status once reaped
         try:  # readable the moment the process exits (Linux 5.3+), so no polling delay
@@ -137,6 +141,7 @@ class _Forked(_Command):
         self.status = None
         self.exit_fd = None
         self.server_gone = False
+        self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
     def send(self, sig: int) -> None:
@@ -287,7 +292,22 @@ class Runner:
         except LeaseLost as exc:
             self.log(str(exc))
             return LOST, None
+        finally:
+            if job.kind == "cmd":  # a function job's leftovers are ended by the fork server
+                self._end_leftovers(child)
         return self._record(child, job, lease, workdir, kill_reason, then)
+
+    def _end_leftovers(self, child: _Command) -> None:
+        """Kill what a command job left running: its process group, and processes orphaned to this
+        worker (a subreaper, when run as ``jobman worker``) while it ran."""
+        if child.status is None:  # we leave on an error: the job itself goes too
+            child.send(signal.SIGKILL)
+        keep = child.children_before
+        if self.server.proc is not None:
+            keep += (self.server.proc.pid,)
+        end_job_processes(child.pid, keep=keep)
+        if child.status is None:
+            child.reap()
 
     # -- starting -----------------------------------------------------------------
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
@@ -342,10 +362,11 @@ class Runner:
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
                "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
         argv = command_argv(job.target, job.params)
+        before = tuple(child_pids())
         with open(workdir / "stdout.txt", "ab") as out, open(workdir / "stderr.txt", "ab") as err:
             proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True)
-        return _Command(proc.pid, deadline_of(self.limits.timeout))
+                                    start_new_session=True, preexec_fn=_die_with_worker)
+        return _Command(proc.pid, deadline_of(self.limits.timeout), before)
 
     # -- watching -------------------------------------------------------------------
     def _supervise(self, child: _Command, job: Job, lease: int) -> str | None:
@@ -402,7 +423,9 @@ class Runner:
         results: dict[str, Any] | None = None
         error: str | None = None
         outcome: str
+        exit_code = child.exit_code
         if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
+            exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
             report = child.report
             outcome, results, error = report["status"], report["results"], report["error"]
         elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
@@ -415,6 +438,9 @@ class Runner:
         elif child.signal is not None:
             name = signal.Signals(child.signal).name
             outcome, error = "CRASHED", f"the job's process was killed by {name}"
+            if child.signal == signal.SIGKILL and reason is None:  # not by us: the OOM killer?
+                cause = child.oom.cause(child.pid)
+                error += f" ({cause})" if cause else ""
         else:
             outcome = "FAILED"
             error = f"the job's process exited with code {child.exit_code}" + (
@@ -433,8 +459,7 @@ class Runner:
             why = error
         elif outcome == "FAILED":
             why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=child.exit_code,
-                            why=why)
+        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code, why=why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:
@@ -465,6 +490,11 @@ class Runner:
                 time.sleep(delay)
                 delay = min(delay * 2, 30)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _die_with_worker() -> None:
+    """In a command job's process before it starts: SIGKILL when its worker dies."""
+    signal_on_parent_death(signal.SIGKILL)
 
 
 def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:

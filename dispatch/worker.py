@@ -20,6 +20,7 @@ from typing import Callable
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
+from .forkserver import become_subreaper
 from .outage import Outage
 from .runner import LOST, Runner, RunLimits
 
@@ -82,6 +83,7 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
         stop_with_dispatcher(self._on_signal)
+        become_subreaper()  # what a command job starts in a session of its own is found when it ends
 
     def run(self) -> WorkerSummary:
         summary = WorkerSummary()

@@ -40,7 +40,7 @@ class ExperimentSummary:
     name: str
     created_at: float
     counts: dict[str, int]
-    first_started: float | None
+    first_started: float | None  # the pace: read only while jobs are still to run
     last_finished: float | None
     recent_finished: int  # jobs finished within RATE_WINDOW before ``at``
     at: float
@@ -122,10 +122,13 @@ def experiment_summaries(store: "Store", now: float | None = None) -> list[Exper
                                            .group_by(t_job.c.experiment_id, t_job.c.status)):
             counts.setdefault(exp, {})[status] = n
         since = at - RATE_WINDOW
+        # The pace reads every started job's row: only of experiments with jobs still to run.
+        busy = [e for e, c in counts.items() if any(c.get(s) for s in _PENDING)]
         pace = {r[0]: r[1:] for r in conn.execute(
             sa.select(t_job.c.experiment_id, sa.func.min(t_job.c.started_at), sa.func.max(t_job.c.finished_at),
                       sa.func.count(t_job.c.finished_at).filter(t_job.c.finished_at >= since))
-            .where(t_job.c.started_at.is_not(None)).group_by(t_job.c.experiment_id))}
+            .where(t_job.c.experiment_id.in_(busy), t_job.c.started_at.is_not(None))
+            .group_by(t_job.c.experiment_id))} if busy else {}
         out = []
         for exp, name, created in exps:
             first, last, recent = pace.get(exp, (None, None, 0))

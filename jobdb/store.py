@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .clock import ServerClock
 from .hot import HotStatements, Prepared
 from .schema import experiment as t_exp
 from .schema import function_code as t_code
@@ -31,7 +32,7 @@ from .schema import job_event as t_event
 from .schema import job_metric as t_metric
 from .canonical import dump_json, load_json
 from .status import BLOCKING, Status
-from .sweep import JobSpec
+from .sweep import JobSpec, canonical_target
 from .url import DbTarget, parse_db
 
 T = TypeVar("T")
@@ -56,6 +57,7 @@ def source_tag() -> str:
 def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str) -> str:
     """A job's identity within its experiment: the same sweep twice adds nothing."""
     encoded = params if isinstance(params, str) else dump_json(params, "parameters")
+    target = canonical_target(target) if kind == "fn" else target
     return params_hashes([JobSpec(phase, kind, target, {}, None)], [encoded])[0]
 
 
@@ -273,6 +275,7 @@ class Store:
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
+        self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
@@ -385,9 +388,10 @@ class Store:
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
                                  "a parent must come before its children")
+        specs = _canonical_targets(specs)
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
-        hashes = params_hashes(specs, encoded)
+        canonical_hashes = params_hashes(specs, encoded)
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
@@ -401,6 +405,7 @@ class Store:
                 if missing:
                     raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
             ids: dict[str, int] = dict(self.hot.ids_by_hash.rows(conn, exp=exp, after=0))
+            hashes = _older_spellings(conn, exp, specs, encoded, canonical_hashes, ids) if ids else canonical_hashes
             unique = len(set(hashes)) == len(hashes)
             if not ids and unique:  # a new sweep in a new experiment: every job is new
                 existing, fresh = 0, range(len(specs))
@@ -558,7 +563,7 @@ class Store:
         """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
         write), for :func:`_to_claimed` once the lock is released."""
         root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
-        now = time.time()
+        now = self.clock.now(conn)
         rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
                                    pid_started_at=worker.pid_started_at, backend=worker.backend,
                                    backend_id=worker.backend_id, log_path=worker.log_path, now=now, root=root)
@@ -623,7 +628,7 @@ class Store:
             where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value]
             if assigned_to is not None:
                 where.append(t_job.c.backend_id == assigned_to)
-            now = time.time()
+            now = self.clock.now(conn)
             values: dict[str, Any] = dict(
                 status=Status.RUNNING.value, lease=t_job.c.lease + 1,
                 attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
@@ -694,7 +699,7 @@ class Store:
     def heartbeat(self, job_id: int, lease: int) -> bool:
         """Prove the job alive; returns True when a stop was requested (cancel --running)."""
         def run(conn: Connection) -> bool | None:
-            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=time.time())
+            rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn))
             return bool(rows[0][0]) if rows else None
 
         answer = self._write(run)
@@ -709,7 +714,7 @@ class Store:
             raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                 "limit: keep large arrays in files in the job's workdir")
         ok = self._write(lambda c: c.execute(sa.update(t_job).where(self._owned(job_id, lease))
-                                             .values(results=blob, heartbeat_at=time.time())).rowcount)
+                                             .values(results=blob, heartbeat_at=self.clock.now(c))).rowcount)
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
 
@@ -797,7 +802,7 @@ class Store:
                            .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
         if row is None:
             return None
-        now = time.time()
+        now = self.clock.now(conn)
         values: dict[str, Any] = {"heartbeat_at": now}
         if blob is not None:
             values["results"] = blob
@@ -838,7 +843,7 @@ class Store:
     def _finish_done(self, conn: Connection, job_id: int, lease: int, blob: str | None, exit_code: int | None,
                      why: str | None, log: list[dict[str, Any]] | None = None) -> Status | None:
         """The common end: mark DONE, log it (or leave its event in ``log``), queue ready dependents."""
-        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=time.time(), results=blob,
+        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn), results=blob,
                                          exit_code=exit_code)
         if not rows:
             return None
@@ -898,6 +903,10 @@ class Store:
 
         return self._write(run)
 
+    def server_time(self) -> float:
+        """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""
+        return self._read(self.clock.now)
+
     def running_brief(self) -> list[RunningJob]:
         """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
         cols = [t_job.c.id, t_job.c.phase, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.host,
@@ -934,7 +943,7 @@ class Store:
                     .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk),
                            t_job.c.status == Status.RUNNING.value)
                     .with_for_update()).all())
-            now = time.time()
+            now = self.clock.now(conn)
             groups: dict[Status, list[dict[str, Any]]] = {Status.QUEUED: [], Status.CRASHED: [], Status.CANCELED: []}
             events: list[dict[str, Any]] = []
             out: dict[int, Status] = {}
@@ -1141,7 +1150,13 @@ class Store:
         return self._write(run)
 
     def set_status(self, job_ids: Sequence[int], status: Status, why: str = "status set by hand") -> list[int]:
-        """Force a status (jobman's --set_status), keeping the graph consistent around it."""
+        """Force a status (jobman's --set_status), keeping the graph consistent around it.
+
+        RUNNING is refused: a job becomes RUNNING only when a worker claims it (a RUNNING job with
+        no worker, pid or heartbeat would never end, and the monitor could not find it)."""
+        if status is Status.RUNNING:
+            raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
+
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
             changed = []
@@ -1316,9 +1331,10 @@ class Store:
                    params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
         """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
         jobs = self.jobs(status=status, phase=phase, with_deps=False)
+        spelled = canonical_target(target) if target is not None else None
         out = []
         for j in jobs:
-            if target is not None and j.target != target:
+            if target is not None and j.target != target and (j.kind != "fn" or canonical_target(j.target) != spelled):
                 continue
             if params and any(j.params.get(k, _MISSING) != v for k, v in params.items()):
                 continue
@@ -1379,6 +1395,35 @@ class Store:
 
 
 _MISSING = object()
+
+
+def _canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
+    """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
+    if all(s.kind != "fn" or ":" in s.target for s in specs):
+        return specs
+    return [s._replace(target=canonical_target(s.target)) if s.kind == "fn" else s for s in specs]
+
+
+def _older_spellings(conn: Connection, exp: int, specs: Sequence[JobSpec], encoded: Sequence[str],
+                     hashes: list[str], ids: dict[str, int]) -> list[str]:
+    """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
+    is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
+    dotted = {s.target: s.target.replace(":", ".") for s in specs if s.kind == "fn"}
+    if not dotted:
+        return hashes
+    stored = set(conn.execute(sa.select(t_job.c.target).distinct().where(
+        t_job.c.experiment_id == exp, t_job.c.kind == "fn", t_job.c.target.in_(sorted(set(dotted.values())))))
+        .scalars())
+    if not stored:
+        return hashes
+    older = [i for i, s in enumerate(specs) if s.kind == "fn" and dotted[s.target] in stored]
+    legacy = params_hashes([specs[i]._replace(target=dotted[specs[i].target]) for i in older],
+                           [encoded[i] for i in older])
+    out = list(hashes)
+    for i, h in zip(older, legacy):
+        if h in ids and hashes[i] not in ids:
+            out[i] = h
+    return out
 
 
 class _Retry(Exception):

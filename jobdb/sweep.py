@@ -80,6 +80,15 @@ class JobSpec(NamedTuple):
     params_json: str | None = None
 
 
+def canonical_target(target: str) -> str:
+    """The one spelling of a function target that a job's identity uses: ``pkg.mod:fn`` (given
+    ``pkg.mod.fn``, the last dot splits module from function, as importing it does)."""
+    if ":" in target:
+        return target
+    module, _, name = target.rpartition(".")
+    return f"{module}:{name}" if module and name else target
+
+
 def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> SweepError:
     where = f" at character {pos + 1}" if pos is not None else ""
     return SweepError(f"argument {arg_index + 1} {token!r}: {message}{where}")
@@ -213,6 +222,10 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
     start = len(key) + 1
     try:
         if raw.startswith("{{"):
+            closes = _find_unquoted(raw[2:], ("}}",))
+            if 0 <= closes < len(raw) - 4 and _find_unquoted(raw[2:2 + closes], ("{{",)) < 0:
+                raise ValueError(f"the grid closes here and more follows: give one key one grid "
+                                 f"(write every value inside one {{{{...}}}})@{start + 2 + closes}")
             if not raw.endswith("}}") or len(raw) < 4:
                 raise ValueError(f"'{{{{' is never closed with '}}}}'@{start}")
             inner = raw[2:-2]
@@ -406,7 +419,7 @@ def expand(sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: 
         kind = kinds[-1]
         current = []
         combos = _combos(phase, number, samples, seed, sampler)
-        target = targets[number]
+        target = canonical_target(targets[number]) if kind == "fn" else targets[number]
         if previous == [-1]:  # roots: each combination is used once, as it is
             current = list(range(len(jobs), len(jobs) + len(combos)))
             encoded = (None if _drawn(phase) else _grid_json(phase)) or [None] * len(combos)

@@ -117,7 +117,8 @@ def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, 
     tests = [t for t in tests if isinstance(t, (int, float))]
     out = {k: sub_state[k] for k in STANDARD_RESULTS if k in sub_state}
     out.update(best_params={k: v for k, v in dict(winner.params).items()}, best_target=first["target"],
-               cv_mean=float(winner.mean), cv_std=float(winner.std), cv_n=int(winner.n), cv_job_ids=job_ids)
+               cv_mean=float(winner.mean),
+               cv_std=None if winner.std is None else float(winner.std), cv_n=int(winner.n), cv_job_ids=job_ids)
     if tests:
         out["cv_test_error"] = float(np.mean(tests))
     return out

@@ -8,6 +8,7 @@ The disk tests mount a small tmpfs (they need root) and unmount it in the end.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,9 +26,10 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import need_service
+from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.status import Status
-from jobman.jobdb.store import Store
+from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -52,6 +54,26 @@ EXPERIMENTS = textwrap.dedent('''
             except OSError:
                 pass
         os.close(fd)
+
+
+    def spawner(state, channel):
+        """Leave processes behind: in the job's session, in a session of their own, and orphaned."""
+        import subprocess
+        subprocess.Popen(["sleep", state.mark])
+        subprocess.Popen(["sleep", state.mark], start_new_session=True)
+        subprocess.Popen(["sh", "-c", f"setsid sleep {state.mark} & exit 0"]).wait()
+        time.sleep(state.pause)
+
+
+    def hog(state, channel):
+        """Take memory, 10 MiB at a time, until the OOM killer ends it."""
+        held = []
+        while True:
+            held.append(b"\\1" * (10 << 20))
+
+
+    def raises_memory_error(state, channel):
+        raise MemoryError()
 
 
     def forever(state, channel):
@@ -327,3 +349,183 @@ def test_workers_of_a_killed_dispatch_stop_and_put_their_jobs_back(mods, tmp_pat
     assert processes_naming(str(runs)) == []
     store.dispose()
 
+
+# -- a job's processes die with it -------------------------------------------------------------------
+def sleepers(mark: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if (p.info["cmdline"] or [])[-1:] == [mark] and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def spawning_jobs(mark: str, pause: float) -> list[JobSpec]:
+    leave = f"sleep {mark} & setsid sleep {mark} & sh -c 'setsid sleep {mark} &'"
+    return [JobSpec(0, "fn", f"{MODULE}:spawner", {"mark": mark, "pause": pause, "i": i}, None) for i in range(2)] \
+        + [JobSpec(0, "cmd", f"sh -c \"{leave}; sleep {pause}\"", {}, None)]
+
+
+@pytest.mark.parametrize("jobs_per_process", [1, 3])
+def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, jobman, jobs_per_process):
+    mark = str(900000 + 10 * os.getpid() + jobs_per_process)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    store.schedule(spawning_jobs(mark, 0.3))
+    try:
+        r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", "--jobs-per-process",
+                   str(jobs_per_process), env=mods)
+        assert r.code == 0, r.err
+        assert Counter(j.status for j in store.jobs()) == {Status.DONE: 3}, [j.error for j in store.jobs()]
+        assert sleepers(mark) == [], "a process a job started outlived it"
+    finally:
+        for p in sleepers(mark):
+            p.kill()
+    store.dispose()
+
+
+def test_what_a_function_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path):
+    mark = str(800000 + os.getpid())
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    store.schedule(spawning_jobs(mark, 60)[:1])
+    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
+                               str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
+        worker.kill()
+        worker.wait()
+        wait_until(lambda: sleepers(mark) == [], 10, "the job's processes to die with its worker")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for p in sleepers(mark):
+            p.kill()
+    store.dispose()
+
+
+# -- causes are named ---------------------------------------------------------------------------------
+@pytest.fixture
+def memory_limited_cgroup():
+    """A memory cgroup of 200 MiB without swap, below this process's own; skipped where none can be made."""
+    from jobman.dispatch.oom import memory_cgroup
+
+    found = memory_cgroup()
+    if found is None:
+        pytest.skip("this machine has no memory cgroup this test can read")
+    parent, version = found
+    where = parent / f"jobman-oom-{os.getpid()}"
+    try:
+        where.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {exc}")
+    try:
+        limit = str(200 << 20)
+        try:
+            if version == 1:
+                (where / "memory.limit_in_bytes").write_text(limit)
+                if (where / "memory.memsw.limit_in_bytes").exists():
+                    (where / "memory.memsw.limit_in_bytes").write_text(limit)
+            else:
+                (where / "memory.max").write_text(limit)
+                if (where / "memory.swap.max").exists():
+                    (where / "memory.swap.max").write_text("0")
+        except OSError as exc:
+            pytest.skip(f"cannot limit the memory of a cgroup here: {exc}")
+        yield where
+    finally:
+        for _ in range(50):
+            try:
+                where.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_an_oom_kill_is_named_out_of_memory(memory_limited_cgroup, mods, tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    [job_id] = store.schedule([JobSpec(0, "fn", f"{MODULE}:hog", {}, None)], max_attempts=1).job_ids
+    procs = str(memory_limited_cgroup / "cgroup.procs")
+
+    def join_cgroup() -> None:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+
+    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"),
+                        "--no-wait"], env={**os.environ, **mods}, capture_output=True, text=True, timeout=120,
+                       preexec_fn=join_cgroup)
+    assert r.returncode == 0, r.stderr
+    job = store.job(job_id)
+    assert job.status == Status.CRASHED, (job.status, job.error)
+    assert "killed by SIGKILL (out of memory" in job.error, job.error
+    store.dispose()
+
+
+def test_a_function_job_that_raised_shows_no_exit_code_0(mods, tmp_path: Path, jobman):
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store = Store.open(url)
+    [job_id] = store.schedule([JobSpec(0, "fn", f"{MODULE}:raises_memory_error", {}, None)]).job_ids
+    r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", env=mods)
+    assert r.code == 0, r.err
+    job = store.job(job_id)
+    assert job.status == Status.FAILED and "MemoryError" in job.error and job.exit_code is None
+    shown = jobman("show", url, str(job_id))
+    assert "MemoryError" in shown.out and "exit code 0" not in shown.out, shown.out
+    store.dispose()
+
+
+# -- clock skew ---------------------------------------------------------------------------------------
+def test_clock_skew_in_the_database_both_ways(store, db_url, jobman):
+    """A heartbeat ten years ahead is no sign of life; one an hour behind does not make a live worker
+    on this host dead: it is left alone, and the scan says why."""
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": i, "pause": 0}, None) for i in range(2)])
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        ahead = store.claim(WorkerInfo(host="elsewhere.example", pid=4242, pid_started_at=1.0))
+        behind = store.claim(WorkerInfo.here(pid=sleeper.pid))
+        now = time.time()
+        with store.engine.begin() as conn:
+            conn.execute(sa.update(t_job).where(t_job.c.id == ahead.job.id)
+                         .values(heartbeat_at=now + 10 * 365 * 86400))
+            conn.execute(sa.update(t_job).where(t_job.c.id == behind.job.id)
+                         .values(heartbeat_at=now - 3600, started_at=now - 3600))
+        r = jobman("monitor", db_url, "--once", "--format", "json")
+        assert r.code == 0, r.err
+        scan = json.loads(r.out)["scan"]
+        crashed = {f["job_id"]: f["reason"] for f in scan["crashed"]}
+        assert list(crashed) == [ahead.job.id], scan
+        assert "in the future (clock skew" in crashed[ahead.job.id], crashed
+        assert [n for n in scan["notes"] if n.startswith(f"job {behind.job.id}: no heartbeat for 3,6")
+                and "alive on this host, so it is left alone" in n], scan
+        assert store.job(behind.job.id).status == Status.RUNNING
+        sleeper.kill()
+        sleeper.wait()
+        r = jobman("monitor", db_url, "--once", "--format", "json", "--no-relaunch")
+        [found] = json.loads(r.out)["scan"]["crashed"]  # its worker gone: now it is declared
+        assert found["job_id"] == behind.job.id and found["sign"] == "process"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
+def test_a_worker_with_its_clock_ten_years_ahead_stamps_the_servers_time(store, monkeypatch):
+    """Claims, heartbeats and finishes carry the database server's time, not the worker's."""
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": i, "pause": 0}, None) for i in range(2)])
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10 * 365 * 86400)  # this host's clock, set wrong
+    claimed = store.claim(WorkerInfo.here())
+    assert store.heartbeat(claimed.job.id, claimed.lease) is False
+    store.finish(claimed.job.id, claimed.lease, "DONE", results={"ok": 1})
+    other = store.claim(WorkerInfo.here())
+    store.heartbeat(other.job.id, other.lease)
+    monkeypatch.undo()
+    done, running = store.job(claimed.job.id), store.job(other.job.id)
+    for stamp in (done.started_at, done.heartbeat_at, done.finished_at, running.started_at, running.heartbeat_at):
+        assert abs(stamp - time.time()) < 60, (stamp, time.time())
+    assert abs(store.server_time() - time.time()) < 5

@@ -131,3 +131,13 @@ def test_retrain_needs_parents_with_the_metric(tmp_path):
     parent = Parent(1, 0, "jobman.models.dbn:pretrain", tmp_path, {"seed": 0}, {"recon_error": 0.1})
     out, _ = retrain(tmp_path, [parent])
     assert out.status == "FAILED" and "valid_error" in out.error
+
+
+def test_retrain_when_each_configuration_ran_once(tmp_path):
+    """No folds: each configuration has one run, so its spread is unknown (None), not a crash."""
+    parents = sweep(tmp_path, [BAD, GOOD], [{}])
+    out, _ = retrain(tmp_path, parents)
+    assert out.status == "DONE", out.error
+    r = out.results
+    assert r["best_params"]["lr"] == GOOD["lr"] and r["cv_n"] == 1
+    assert r["cv_std"] is None and r["cv_mean"] == pytest.approx(parents[1].results["valid_error"])

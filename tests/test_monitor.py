@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -182,7 +183,7 @@ def test_a_lost_heartbeat_is_crashed_and_a_fresh_one_is_not(store):
     assert report.checked == 2
     [found] = report.crashed
     assert (found.job_id, found.sign, found.status) == (lost, "heartbeat", "CRASHED")
-    assert found.reason.startswith("no heartbeat for 120 s (grace 60 s)")
+    assert re.match(r"no heartbeat for 12[0-2] s \(grace 60 s\)", found.reason), found.reason  # a loaded host is slow
     assert store.job(lost).status is S.CRASHED and store.job(alive).status is S.RUNNING
     json.dumps(report.to_dict())  # the report is JSON-able as it is
 
@@ -367,16 +368,23 @@ def test_a_finish_racing_the_monitors_crash_is_not_overwritten(db_url, store):
     claimed = store.claim(ELSEWHERE)
     worker_side, monitor_side = Store.open(db_url), Store.open(db_url)
 
-    def slow_update(conn, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith("UPDATE JOB"):
-            time.sleep(0.8)  # the worker read the row as its own; the monitor comes in now
+    worker_inside, monitor_started = threading.Event(), threading.Event()
 
-    sa.event.listen(worker_side.engine, "before_cursor_execute", slow_update)
+    def held_update(conn, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE JOB"):
+            worker_inside.set()  # the worker read the row as its own; the monitor comes in now
+            assert monitor_started.wait(30), "the monitor never started its crash"
+
+    def monitor_connects(dbapi_connection, connection_record, connection_proxy):
+        monitor_started.set()  # its write transaction begins next (on SQLite, waiting for the worker's lock)
+
+    sa.event.listen(worker_side.engine, "before_cursor_execute", held_update)
+    sa.event.listen(monitor_side.engine, "checkout", monitor_connects)
     finished = {}
     t = threading.Thread(target=lambda: finished.update(
         status=worker_side.finish(job_id, claimed.lease, "FAILED", error="boom")))
     t.start()
-    time.sleep(0.3)
+    assert worker_inside.wait(30), "the worker never reached its update"
     crashed = monitor_side.crash_many([(job_id, claimed.lease, "found dead")], relaunch=True)
     t.join()
     worker_side.dispose()
@@ -429,8 +437,9 @@ def test_monitor_once_prints_counts_running_jobs_and_recent_crashes(store, db_ur
     assert main(["monitor", db_url, "--once", "--no-relaunch", "--heartbeat-grace", "60"]) == 0
     shown = capsys.readouterr().out
     for words in ("phase", "CRASHED", "running (1)", "node-elsewhere:4242", "recent crashes",
-                  "no heartbeat for 90 s", "declared 1 crashed"):
+                  "no heartbeat for 9", "declared 1 crashed"):
         assert words in shown, (words, shown)
+    assert re.search(r"no heartbeat for 9[0-2] s", shown), shown  # a second or two more on a loaded host
     assert store.job(lost).status is S.CRASHED and store.job(alive).status is S.RUNNING
 
 

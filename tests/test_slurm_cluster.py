@@ -20,7 +20,11 @@ def test_client_commands_find_the_cluster_through_slurm_conf(slurm_cluster: Slur
     node, cpus, state = out.stdout.split()
     assert (node, cpus) == (slurm_cluster.node, str(slurm_cluster.cpus))
     assert state in ("idle", "mixed", "allocated")
-    assert not Path("/etc/slurm/slurm.conf").exists()
+    # What the client commands read is the test cluster's file, whatever /etc/slurm holds on this host.
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    conf_lines = [line.split("=", 1)[1].strip() for line in config.splitlines()
+                  if line.split("=", 1)[0].strip() == "SLURM_CONF"]
+    assert conf_lines == [str(slurm_cluster.conf_path)], conf_lines
 
 
 def test_up_again_reuses_the_running_cluster(slurm_cluster: SlurmCluster) -> None:

@@ -48,7 +48,10 @@ def test_the_experiments_page_lists_each_experiment_with_its_counts_and_best(fil
     assert page.status_code == 200
     assert f'data-name="{store.experiment}"' in page.text
     assert '<span class="count" data-status="DONE">10</span>' in page.text
-    assert "valid_error <b>0.1005</b>" in page.text  # lr=0.01 nhid=64: the mean of its two folds
+    assert "computing…" in page.text  # the first paint does not wait for the report
+    part = c.get("/?part=list")
+    assert "<html" not in part.text and "valid_error <b>0.1005</b>" in part.text  # lr=0.01 nhid=64: 2 folds' mean
+    assert "valid_error <b>0.1005</b>" in c.get("/").text  # known now: on the page at once
     data = c.get("/api/experiments").json()
     mine = next(e for e in data if e["name"] == store.experiment)
     assert mine["counts"] == {"DONE": 10, "FAILED": 2, "RUNNING": 1, "QUEUED": 10, "WAITING": 1, "BLOCKED": 1}
@@ -60,8 +63,11 @@ def test_the_experiment_page_shows_phases_report_charts_and_curves(filled):
     c = client(db_url)
     page = c.get(f"/e/{store.experiment}")
     assert page.status_code == 200, page.text
-    text = page.text
-    assert "phase 0 (12 links)" in text  # phase 1 depends on phase 0, one link per job
+    assert "phase 0 (12 links)" in page.text  # phase 1 depends on phase 0, one link per job
+    assert 'id="report-pending"' in page.text  # the report comes with the first live update
+    curves = page.text.split('id="curves"', 1)[1].split("</div>", 1)[0]
+    assert curves.count('class="curve"') == 8  # the running job and the latest finished ones
+    text = c.get(f"/e/{store.experiment}?part=report").text
     assert "best: lr=0.01 nhid=64 — valid_error 0.1005" in text
     assert re.search(r'<tr class="best"><td>1 ★</td>\s*<td>lr=0.01 nhid=64</td>', text)
     # One point per configuration with a mean (5 of the 7 configurations), in each parameter's chart.
@@ -71,8 +77,8 @@ def test_the_experiment_page_shows_phases_report_charts_and_curves(filled):
         assert figure.count('class="pt') == 5
         assert figure.count('class="pt best"') == 1
     assert text.count('class="pc"') == 5  # parallel coordinates: a line per configuration
-    curves = text.split('id="curves"', 1)[1].split("</div>", 1)[0]
-    assert curves.count('class="curve"') == 8  # the running job and the latest finished ones
+    by_max = c.get(f"/e/{store.experiment}?part=report&metric=train_error&mode=max").text
+    assert "best: lr=0.1 nhid=32 — train_error 0.09125" in by_max
 
 
 def test_the_job_table_pages_sorts_and_filters(filled):
@@ -131,7 +137,7 @@ def test_a_hostile_value_shows_as_text_on_every_page(filled):
     c = client(db_url)
     name = store.experiment
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
-    for url in ("/", f"/e/{name}", f"/e/{name}?part=jobs", f"/e/{name}?part=report",
+    for url in ("/", "/?part=list", f"/e/{name}", f"/e/{name}?part=jobs", f"/e/{name}?part=report",
                 f"/e/{name}/job/{roles['hostile']}", f"/e/{name}/job/{roles['hostile']}?part=history",
                 f"/e/{name}?where=note%3D%3D{HOSTILE}"):
         text = c.get(url).text
@@ -147,6 +153,8 @@ def test_bad_input_on_a_page_is_one_sentence(filled):
                              (f"/e/{store.experiment}?status=SLEEPING", 400, "unknown status"),
                              (f"/e/{store.experiment}?where=lr", 400, "KEY OP VALUE"),
                              (f"/e/{store.experiment}?page=-1", 400, "0 or more"),
+                             (f"/e/{store.experiment}?part=report&mode=median", 400, "min or max"),
+                             (f"/e/{store.experiment}?part=report&metric=speed", 400, "speed"),
                              ("/e/no-such-experiment", 404, "no experiment"),
                              (f"/e/{store.experiment}/job/999999", 404, "no job 999999")):
         page = c.get(url)

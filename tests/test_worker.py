@@ -509,7 +509,8 @@ def test_cmdline_runs_in_a_directory_and_resumes(jobman, exp, tmp_path):
     assert json.loads(first.out)["status"] == "INCOMPLETE"
     assert json.loads((workdir / "state.json").read_text())["runs"] == 1
 
-    second = jobman("cmdline", fn("resume_here"), "lr=0.5", "name=abc", "--workdir", str(workdir), env=exp.env)
+    second = jobman("cmdline", fn("resume_here"), "lr=0.5", "name=abc", "--workdir", str(workdir), "--resume",
+                    env=exp.env)
     assert second.code == 0, second.err
     report = json.loads(second.out)
     assert report["status"] == "DONE"
@@ -521,3 +522,42 @@ def test_cmdline_runs_in_a_directory_and_resumes(jobman, exp, tmp_path):
 
     missing = jobman("cmdline", f"{MODULE}:no_such_fn", "--workdir", str(workdir), env=exp.env)
     assert missing.code == 2 and "no attribute" in missing.err and "Traceback" not in missing.err
+
+
+def test_cmdline_starts_afresh_unless_asked_and_never_resumes_another_run(jobman, exp, tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    runs = [jobman("cmdline", fn("resume_here"), "lr=0.1", cwd=here, env=exp.env) for _ in range(2)]
+    assert [r.code for r in runs] == [75, 75]  # INCOMPLETE both times: the second did not resume the first
+    dirs = sorted(p for p in here.iterdir() if p.name.startswith("jobman_"))
+    assert len(dirs) == 2 and [json.loads(r.out)["workdir"] for r in runs] != [str(dirs[0])] * 2
+
+    workdir = tmp_path / "run"
+    first = jobman("cmdline", fn("resume_here"), "lr=0.1", "--workdir", str(workdir), env=exp.env)
+    assert first.code == 75, first.err
+    before = (workdir / "state.json").read_text()
+    cases = [(["lr=0.1"], "add --resume"), (["lr=0.5", "--resume"], "lr was 0.1, now 0.5"),
+             (["lr=0.1", "extra=1", "--resume"], "extra was unset, now 1")]
+    for extra, words in cases:
+        r = jobman("cmdline", fn("resume_here"), *extra, "--workdir", str(workdir), env=exp.env)
+        lines = [line for line in r.err.splitlines() if line.startswith("jobman: ")]
+        assert r.code == 2 and len(lines) == 1 and words in lines[0] and "Traceback" not in r.err, r.err
+    other = jobman("cmdline", fn("ok"), "lr=0.1", "--workdir", str(workdir), "--resume", env=exp.env)
+    assert other.code == 2 and "holds a run of" in other.err, other.err
+    assert (workdir / "state.json").read_text() == before  # nothing ran
+    resumed = jobman("cmdline", fn("resume_here"), "lr=0.1", "--workdir", str(workdir), "--resume", env=exp.env)
+    assert resumed.code == 0 and json.loads(resumed.out)["results"]["runs"] == 2, resumed.err
+
+
+def test_jobman_sql_exits_1_when_a_job_it_ran_failed_and_show_gives_no_exit_code(jobman, db_url, store, exp):
+    [failing] = schedule(store, ("boom", {"n": 1}))
+    r = jobman("sql", "-n", "1", db_url, str(exp.runs), env=exp.env, timeout=120)
+    assert r.code == 1 and "1 FAILED" in r.err, r.err
+    job = store.job(failing)
+    assert job.status is Status.FAILED and job.exit_code is None  # the function raised: no exit code to tell
+    shown = jobman("show", db_url, str(failing), env=exp.env)
+    assert shown.code == 0 and "exit code" not in shown.out and "boom number 1" in shown.out, shown.out
+
+    [fine] = schedule(store, ("ok", {}))
+    r = jobman("sql", "-n", "1", db_url, str(exp.runs), env=exp.env, timeout=120)
+    assert r.code == 0 and store.job(fine).status is Status.DONE, r.err

@@ -47,7 +47,7 @@ class Settings:
         self.allow_actions = allow_actions
         self.host, self.port = host, port
         self.cookie = f"jobman-token-{port}"
-        self.best = pages.BestCache()
+        self.reports = pages.ReportCache()
         self.action_lock = threading.Lock()
         self._action_stores: dict[str, Store] = {}
 
@@ -70,6 +70,8 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
 
     def render(page_name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
         part = request.query_params.get("part")
+        if part and page_name == "error":  # a live update's error: the sentence alone
+            part = "content"
         template = env.get_template(f"{page_name}.html")
         if part:  # a live update asks for one block of the page
             if part not in template.blocks:
@@ -92,7 +94,8 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
 
     @page
     def home(request: Request) -> Response:
-        return render("experiments", request, **pages.experiments(settings.db, settings.best))
+        build = request.query_params.get("part") == "list"  # the first paint shows the bests already known
+        return render("experiments", request, **pages.experiments(settings.db, settings.reports, build=build))
 
     @page
     def experiment(request: Request) -> Response:
@@ -105,10 +108,15 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
         ctx: dict[str, Any] = {"name": store.experiment, "q": q, "curve_ids": chosen}
         if part in (None, "jobs"):
             ctx.update(pages.job_table(store, listing))
-        if part in (None, "progress"):
-            ctx.update(pages.progress(store))
-        if part in (None, "report"):
-            ctx.update(pages.report_view(store, q.get("metric") or None, q.get("mode") or None))
+        if part in (None, "progress", "report"):
+            counts = store.counts()  # read once per request
+            choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"),
+                                  counts=counts)
+            ctx.update(choice=choice, phases=sorted({p for p, _ in counts}), report_pending=part != "report")
+            if part in (None, "progress"):
+                ctx.update(pages.progress(store, counts))
+            if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
+                ctx.update(pages.report_view(store, settings.reports, choice, counts))
         if part in (None, "curves"):
             ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
         return render("experiment", request, **ctx)
@@ -123,7 +131,7 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
         return await actions.handle(request, settings)
 
     def api_experiments(request: Request) -> Response:
-        rows = pages.experiments(settings.db, settings.best)["experiments"]
+        rows = pages.experiments(settings.db, settings.reports)["experiments"]
         return JSONResponse([{"name": r["s"].name, "counts": r["s"].counts, "rate": r["s"].rate, "eta": r["s"].eta,
                               "best": r["best"]} for r in rows])
 

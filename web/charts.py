@@ -87,6 +87,8 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: s
         coords = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in pts)
         body.append(f'<polyline class="curve" fill="none" stroke="{colour}" stroke-width="1.6" points="{coords}">'
                     f"<title>{escape(name)}</title></polyline>")
+        if len(pts) <= 3:  # too short to read as a line
+            body.extend(f'<circle class="mark" cx="{x(a):.1f}" cy="{y(b):.1f}" r="3" fill="{colour}"/>' for a, b in pts)
         if i < 8:
             body.append(f'<text class="legend" x="{W - RIGHT - 4}" y="{TOP + 10 + 12 * i}" text-anchor="end" '
                         f'fill="{colour}">{escape(name)}</text>')

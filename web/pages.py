@@ -67,45 +67,100 @@ def guess_mode(metric: str) -> str:
     return "max" if any(word in metric.lower() for word in _HIGHER_IS_BETTER) else "min"
 
 
-class BestCache:
-    """Each experiment's best result, recomputed when its jobs changed and at most every BEST_TTL seconds."""
+class ReportCache:
+    """Reports already built, by experiment, metric and mode: a report of 100,000 jobs takes a second or two.
+
+    One is built again when its experiment's status counts changed, but not more often than every
+    FRESH seconds while jobs keep finishing, and at least every STALE seconds (a reset and a new
+    run can leave the counts as they were).
+    """
+
+    FRESH, STALE = 10.0, 60.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[tuple, float, Any]] = {}
+        self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
 
-    def get(self, db: Database, summary: browse.ExperimentSummary) -> dict[str, Any] | None:
-        key = (summary.counts.get("DONE", 0), summary.last_finished)
+    def cached(self, experiment: str, choice: "Choice") -> report.Report | None:
         with self._lock:
-            seen = self._seen.get(summary.name)
-        if seen and (seen[0] == key or time.time() - seen[1] < BEST_TTL):
-            return seen[2]
-        value = best_of(db.store(summary.name)) if key[0] else None
+            found = self._built.get((experiment, choice))
+        return found[2] if found else None
+
+    def get(self, store: Store, choice: "Choice", counts: dict[str, int]) -> report.Report:
+        key, version, now = (store.experiment, choice), tuple(sorted(counts.items())), time.time()
         with self._lock:
-            self._seen[summary.name] = (key, time.time(), value)
-        return value
+            found = self._built.get(key)
+        if found and now - found[1] < (self.STALE if found[0] == version else self.FRESH):
+            return found[2]
+        assert choice.metric is not None
+        built = report.from_store(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True)
+        with self._lock:
+            self._built[key] = (version, now, built)
+        return built
 
 
-def best_of(store: Store, metric: str | None = None, mode: str | None = None) -> dict[str, Any] | None:
-    done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
-    metric = metric or guess_metric(done[0].results if done else None)
-    if metric is None:
+@dataclass(frozen=True)
+class Choice:
+    """What a report ranks: a metric, min or max, and a phase (None: every phase)."""
+
+    metric: str | None
+    mode: str
+    phase: int | None
+
+
+def choose(store: Store, metric: str | None = None, mode: str | None = None, phase: str | None = None, *,
+           counts: dict[tuple[int, str], int] | None = None) -> Choice:
+    """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
+    jobs that carry a result, ranked by its validation error if it has one."""
+    if mode not in (None, "min", "max"):
+        raise UsageError("the mode is min or max")
+    asked = None if phase in (None, "", "all") else _int(phase, "phase")
+    done: dict[int, int] = {}
+    for (p, status), n in (store.counts() if counts is None else counts).items():
+        if status == Status.DONE.value:
+            done[p] = n
+    chosen: int | None = None
+    for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
+        # The newest DONE job of the phase by id: read from the end of an index, not sorted.
+        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1)
+        results = sample.jobs[0].results if sample.jobs else None
+        found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
+        if found:
+            metric, chosen = found, p
+            break
+    if asked is None and phase not in (None, ""):
+        chosen = None  # "all"
+    elif asked is not None:
+        chosen = asked
+    return Choice(metric, mode or (guess_mode(metric) if metric else "min"), chosen)
+
+
+def best_of(rep: report.Report | None) -> dict[str, Any] | None:
+    winner = rep and (rep.best or next(iter(rep.best_by_outer.values()), None))
+    if not winner or winner.mean is None:
         return None
-    try:
-        rep = report.from_store(store, metric, mode or guess_mode(metric), allow_incomplete=True)
-    except JobmanError:
-        return None
-    winner = rep.best or next(iter(rep.best_by_outer.values()), None)
-    if winner is None or winner.mean is None:
-        return None
-    return {"metric": metric, "mode": rep.mode, "value": winner.mean, "std": winner.std, "label": rep.label(winner),
-            "job_id": winner.first_id}
+    return {"metric": rep.metric, "mode": rep.mode, "value": winner.mean, "std": winner.std,
+            "label": rep.label(winner), "job_id": winner.first_id}
 
 
-def experiments(db: Database, cache: BestCache) -> dict[str, Any]:
+def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> dict[str, Any]:
+    """Every experiment's summary and best result; without ``build``, only the bests already known
+    (the first paint of the page does not wait for a report of 100,000 jobs)."""
     rows = []
     for s in browse.experiment_summaries(db.any_store()):
-        rows.append({"s": s, "best": cache.get(db, s)})
+        best, pending = None, False
+        if s.counts.get("DONE"):
+            store = db.store(s.name)
+            choice = choose(store)
+            if choice.metric and build:
+                try:
+                    best = best_of(reports.get(store, choice, s.counts))
+                except JobmanError:
+                    best = None
+            elif choice.metric:
+                best = best_of(reports.cached(s.name, choice))
+                pending = best is None
+        rows.append({"s": s, "best": best, "pending": pending})
     return {"experiments": rows}
 
 
@@ -155,8 +210,7 @@ def job_table(store: Store, listing: Listing) -> dict[str, Any]:
             "pages": max((found.total + PAGE_SIZE - 1) // PAGE_SIZE, 1)}
 
 
-def progress(store: Store) -> dict[str, Any]:
-    counts = store.counts()
+def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
     phases = sorted({p for p, _ in counts})
     by_phase = {p: {s: n for (q, s), n in counts.items() if q == p} for p in phases}
     total: dict[str, int] = {}
@@ -165,16 +219,14 @@ def progress(store: Store) -> dict[str, Any]:
     return {"by_phase": by_phase, "total": total, "links": browse.phase_links(store)}
 
 
-def report_view(store: Store, metric: str | None, mode: str | None) -> dict[str, Any]:
-    done = store.jobs(status=[Status.DONE], with_deps=False, limit=1)
-    metric = metric or guess_metric(done[0].results if done else None)
-    if metric is None:
+def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
+    if choice.metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
-    mode = mode or guess_mode(metric)
-    if mode not in ("min", "max"):
-        raise UsageError("the mode is min or max")
-    rep = report.from_store(store, metric, mode, allow_incomplete=True)
-    return {"report": rep, "metric": metric, "mode": mode, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
+    totals: dict[str, int] = {}
+    for (_, status), n in counts.items():
+        totals[status] = totals.get(status, 0) + n
+    rep = reports.get(store, choice, totals)
+    return {"report": rep, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
@@ -205,11 +257,11 @@ def curves(store: Store, job_ids: list[int]) -> dict[str, Any]:
 
 
 def default_curve_ids(store: Store) -> list[int]:
-    """Jobs whose curves the experiment page overlays when none were chosen: running ones, then the latest done."""
+    """Jobs whose curves the experiment page overlays when none were chosen: running ones, then the newest done."""
     running = store.jobs(status=[Status.RUNNING], with_deps=False, limit=CURVES)
     ids = [j.id for j in running]
     if len(ids) < CURVES:
-        latest = browse.job_page(store, status=[Status.DONE], sort="finished_at", descending=True, limit=CURVES)
+        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES)
         ids += [j.id for j in latest.jobs][: CURVES - len(ids)]
     return sorted(ids)
 

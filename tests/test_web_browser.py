@@ -1,0 +1,144 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven by Selenium, against a real
+``jobman serve`` process and a real SQLite database changed under it while the page is open."""
+
+from __future__ import annotations
+
+import pytest
+
+from browser import chromium, missing, served
+from conftest import need_service
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from web_data import fill
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Two experiments in a database, a server with actions on, and a browser that opened its link."""
+    why = missing()
+    if why:
+        need_service(why)
+    base = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'lab.db'}"
+    other = Store.open(f"{base}?table=dbn")
+    fill(other, running=0, failed=0)
+    other.dispose()
+    store = Store.open(f"{base}?table=mlp")
+    roles = fill(store)
+    with served(base, "--allow-actions") as link, chromium() as driver:
+        driver.get(link)  # the printed link: its token becomes the page's cookie
+        yield driver, link.split("/?")[0], store, roles
+    store.dispose()
+
+
+def wait(driver, predicate, timeout: float = 15):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
+
+
+def settled(driver) -> None:
+    """Wait for the page's first live update, which replaces its live parts (and their elements)."""
+    wait(driver, lambda d: text_of(d, "#live-state").startswith("live"))
+
+
+def click(driver, selector: str) -> None:
+    """Click the element, found again if a live update replaced it in between."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def attempt(d) -> bool:
+        try:
+            by_css(d, selector)[0].click()
+            return True
+        except StaleElementReferenceException:
+            return False
+    wait(driver, attempt)
+
+
+def text_of(driver, selector: str) -> str:
+    """The element's text, read in one step (a live update may replace it at any time)."""
+    return driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
+                                 selector)
+
+
+def by_css(driver, selector: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def test_the_experiments_page_lists_the_experiments(site):
+    driver, root, store, roles = site
+    driver.get(root + "/")
+    names = driver.execute_script("return Array.from(document.querySelectorAll('tr.experiment'), "
+                                  "r => r.dataset.name);")
+    assert names == ["dbn", "mlp"]
+    best = "tr.experiment[data-name=mlp] td.best"  # arrives with the first live update
+    wait(driver, lambda d: "valid_error 0.1005" in text_of(d, best))
+
+
+def test_a_chart_draws_one_point_per_configuration(site):
+    driver, root, store, roles = site
+    driver.get(root + "/e/mlp")
+    wait(driver, lambda d: by_css(d, "figure[data-param=nhid]"))  # the report arrives after the first paint
+    for param in ("lr", "nhid"):
+        # Drawn, not only present: each point has a size on the screen.
+        drawn = driver.execute_script("return Array.from(document.querySelectorAll(arguments[0]))"
+                                      ".filter(c => c.getBoundingClientRect().width > 0).length;",
+                                      f"figure[data-param={param}] svg circle.pt")
+        assert drawn == 5  # the five configurations with a mean valid_error
+    assert driver.execute_script("return document.querySelectorAll('figure.parallel svg polyline.pc').length;") == 5
+
+
+def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
+    driver, root, store, roles = site
+    job_id = roles["running"][0]
+    driver.get(root + "/e/mlp?status=RUNNING,DONE")
+    settled(driver)
+    row = f"tr.job[data-id='{job_id}']"
+    status = f"var row = document.querySelector(\"{row}\"); return row && row.dataset.status;"
+    assert driver.execute_script(status) == "RUNNING"
+    driver.execute_script("window.notReloaded = true;")
+    job = store.job(job_id)
+    store.finish(job_id, job.lease, "DONE", results={"valid_error": 0.3, "train_error": 0.2})
+    wait(driver, lambda d: d.execute_script(status) == "DONE")
+    assert driver.execute_script("return window.notReloaded === true;")
+    assert "live" in text_of(driver, "#live-state")
+
+
+def test_clicking_a_job_opens_its_page(site):
+    driver, root, store, roles = site
+    job_id = roles["failed"][0]
+    driver.get(root + "/e/mlp")
+    settled(driver)
+    click(driver, f"tr.job[data-id='{job_id}'] a.job-link")
+    wait(driver, lambda d: d.current_url.endswith(f"/e/mlp/job/{job_id}"))
+    assert text_of(driver, "h1").startswith(f"Job {job_id}")
+    assert "ValueError: loss is nan" in text_of(driver, "#job-error")
+
+
+def test_an_action_asks_first_then_goes_through_with_the_token(site):
+    driver, root, store, roles = site
+    job_id = roles["failed"][1] if roles["failed"][1] != roles["hostile"] else roles["failed"][0]
+    driver.get(root + f"/e/mlp/job/{job_id}")
+    settled(driver)
+    before = store.job(job_id).status
+    click(driver, "#act-retry")
+    wait(driver, lambda d: _alert(d)).dismiss()  # "no" changes nothing
+    assert store.job(job_id).status == before
+    click(driver, "#act-retry")
+    wait(driver, lambda d: _alert(d)).accept()
+    wait(driver, lambda d: by_css(d, "#message"))
+    assert "queued again" in by_css(driver, "#message")[0].text
+    assert store.job(job_id).status is Status.QUEUED
+    assert any(e.why == "retried by hand from the web page" for e in store.events(job_id))
+
+
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
