@@ -14,6 +14,7 @@ dispatcher itself is when the dispatcher ends.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from ..forkserver import die_with_parent, hang_up, recv_msg, send_msg
+from ..forkserver import _prctl, die_with_parent, hang_up, recv_msg, send_msg
 
 
 def serve(fd: int, parent_pid: int) -> None:
@@ -85,6 +86,7 @@ def _worker_main(main: Any, request: dict[str, Any]) -> None:
     code = 70
     try:
         os.setsid()
+        _name_process(b"jobman-worker")  # what ps -e and top show, instead of the zygote's name
         signal.signal(signal.SIGINT, signal.default_int_handler)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -106,6 +108,12 @@ def _worker_main(main: Any, request: dict[str, Any]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _name_process(name: bytes) -> None:
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 class Forked:
