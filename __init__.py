@@ -25,6 +25,9 @@ _LAZY = {
     "as_completed": "jobman.dispatch.client",
     "wait": "jobman.dispatch.client",
     "cached": "jobman.dispatch.client",
+    "sample": "jobman.dispatch.client",
+    **{name: "jobman.jobdb.distributions" for name in (
+        "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }
 _MODULES = {"errors": "jobman.jobdb.errors"}
 

@@ -78,13 +78,16 @@ def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[
         common = {k: v for k, v in jobs[0].params.items() if k not in varying}
         if common and len(jobs) > 1:
             out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
+    rungs = store.rungs()  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
-    for col in ("id", "phase", "status", "try", "after", "params", "results", "where", *(("gpu",) if on_gpus else ())):
+    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where",
+                *(("gpu",) if on_gpus else ())):
         grid.add_column(col, overflow="fold")
     for j in jobs:
         where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
-        grid.add_row(str(j.id), str(j.phase), styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
+        rung = (f"{rungs[j.id][0]}/{rungs[j.id][1] - 1}" if j.id in rungs else "",) if rungs else ()
+        grid.add_row(str(j.id), str(j.phase), *rung, styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
                      ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
                      fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
                      _results_summary(j.results), where, *((j.gpus or "",) if on_gpus else ()))
@@ -117,6 +120,8 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
     if fmt == "json":
         data = job_json(job)
         data["children"] = children
+        rung = store.rungs().get(job.id)
+        data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
         data["events"] = [e.__dict__ for e in events]
         print_json(data)
         return
@@ -131,6 +136,12 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
         + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",
     ]
+    rung = store.rungs().get(job.id)
+    if rung is not None:
+        continued = store.continues_from(job.id) if rung[0] else None
+        lines.append(f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="
+                     f"{job.params.get(rung[2])})" + (f"; continues job {job.depends_on[0]} from its workdir "
+                                                      f"{continued}" if rung[0] and job.depends_on else ""))
     if job.log_path:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":

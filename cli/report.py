@@ -34,6 +34,9 @@ def run_report(store: Store, *, metric: str, mode: str = "min", phase: int | Non
         top = TABLE_ROWS if fmt in ("table", "markdown") else 0
     writer = {"table": write_table, "markdown": write_markdown, "csv": write_csv, "json": write_json}[fmt]
     writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
+    if fmt in ("table", "markdown"):
+        for line in store.search_summaries():
+            print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
     return report
 
 

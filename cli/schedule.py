@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 
 import click
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.sweep import PHASE_SEPARATOR, check_samples, count_jobs, expand, parse_sweep
+from jobman.jobdb.halving import PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes
+from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
+                                parse_sweep)
 
 from .common import db_options, err, open_store, parse_ids, split_db_arg
 
@@ -85,11 +88,25 @@ def _bad_after(sel: str):
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the --samples draws.")
 @click.option("--sampler", type=click.Choice(["random", "halton"]), default="random", show_default=True,
               help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.")
+@click.option("--halving", metavar="RESOURCE=MIN:MAX",
+              help="Successive halving: run every configuration with RESOURCE=MIN, the best 1/eta of them "
+                   "on to MIN*eta, ... up to MAX; each rung is a phase, and a promoted job continues from "
+                   "its parent's checkpoint (e.g. epochs=3:27).")
+@click.option("--eta", type=int, default=3, show_default=True, help="With --halving: keep the best 1/eta of a rung.")
+@click.option("--metric", metavar="M", help="With --halving: the result that ranks configurations (lowest best).")
+@click.option("--max", "maximize", is_flag=True, help="With --halving: the highest --metric is best.")
+@click.option("--async", "asynchronous", is_flag=True,
+              help="With --halving: promote a configuration as soon as it ranks in the top 1/eta of the "
+                   "finished ones of its rung (ASHA), rather than once the whole rung is finished.")
+@click.option("--prune", type=click.Choice(["median"]),
+              help="Stop a running job whose logged --metric at a step is worse than the median of the finished "
+                   "jobs of this sweep at that step; it ends DONE with pruned=True.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, command: str | None,
                 after: tuple[str, ...], priority: int, max_attempts: int, samples: int | None, seed: int,
-                sampler: str, no_check: bool, dry_run: bool) -> None:
+                sampler: str, halving: str | None, eta: int, metric: str | None, maximize: bool,
+                asynchronous: bool, prune: str | None, no_check: bool, dry_run: bool) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -114,11 +131,26 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
     total = count_jobs(parsed, samples)
     if total > 5_000_000:
         raise UsageError(f"the sweep makes {total:,} jobs; split it (at most 5,000,000 at once)")
+    rules = None
+    if halving is not None:
+        rules, parsed = _halving_rules(parsed, halving, eta, metric, maximize, asynchronous)
+        if prune is not None:
+            rules = dataclasses.replace(rules, prune=parse_prune(prune, metric, maximize).prune)
+    elif prune is not None:
+        if asynchronous:
+            raise UsageError("--async goes with --halving RESOURCE=MIN:MAX")
+        if len(parsed.phases) > 1:
+            raise UsageError("--prune compares the jobs of one phase: give a sweep without '--'")
+        rules = parse_prune(prune, metric, maximize)
+    elif metric is not None or maximize or asynchronous:
+        raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX or --prune median")
     specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])
     if dry_run:
         click.echo(f"{len(specs)} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
+        if rules is not None and rules.rungs:
+            click.echo(_rungs_line(rules, specs))
         return
     store = open_store(db, table, url, create=True)
     after_ids: list[int] = []
@@ -141,15 +173,42 @@ def sqlschedule(sweep: tuple[str, ...], db: str | None, table: str | None, comma
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs))
             result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n))
+                                    progress=lambda n: bar.update(task, completed=n), halving=rules)
     else:
-        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts)
+        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules)
     where = f"experiment {store.experiment!r} of {store.target.display}"
     if result.added == 0:
         click.echo(f"all {result.existing} jobs of this sweep are already in {where}; nothing added")
     else:
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
+    if rules is not None and rules.rungs:
+        click.echo(_rungs_line(rules, specs))
+    if rules is not None and rules.prune:
+        click.echo(f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
+                   f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)")
+
+
+def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maximize: bool,
+                   asynchronous: bool) -> tuple[Halving, Sweep]:
+    """The rules of ``--halving``, and the sweep with the resource at its first rung."""
+    rules = parse_halving(text, eta, metric, maximize, asynchronous)
+    if len(parsed.phases) > 1:
+        raise UsageError("--halving makes the phases itself (one per rung): give a sweep without '--'")
+    if any(a.key == rules.resource for a in parsed.phases[0].assignments):
+        raise UsageError(f"--halving sets {rules.resource}; leave it out of the sweep")
+    first = Assignment(rules.resource, (rules.rungs[0],), False)
+    return rules, Sweep([Phase(parsed.phases[0].target, [*parsed.phases[0].assignments, first])], parsed.kind)
+
+
+def _rungs_line(rules: Halving, specs: list) -> str:
+    configs = len({config_of(s.params, rules.resource) for s in specs})
+    runs = len(specs) // max(1, configs)  # folds or seeds of each configuration
+    sizes = rung_sizes(configs, rules.eta, len(rules.rungs))
+    steps = ", ".join(f"{n * runs} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
+    how = "as each job finishes (async)" if rules.asynchronous else "once each rung is finished"
+    return (f"successive halving by {rules.metric} ({'highest' if rules.mode == 'max' else 'lowest'} best), "
+            f"promoting {how}: {steps} (jobs per rung, when every rung finishes)")
 
 
 def _alias(name: str) -> SweepCommand:

@@ -84,6 +84,7 @@ class Channel:
         self._stop_reason: str | None = None
         self._state: DD | None = None
         self._stop_poll: Callable[[], bool] | None = None
+        self.pruned = False
 
     # -- stopping -------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -98,6 +99,11 @@ class Channel:
         if self._stop_reason is None and self._stop_poll is not None and self._stop_poll():
             self._stop_reason = "cancel requested"
         return self._stop_reason is not None
+
+    def prune(self, reason: str) -> None:
+        """The search gave up on this job (its curve is worse than the finished jobs'): stop, end DONE."""
+        self.pruned = True
+        self.request_stop(reason)
 
     @property
     def stop_reason(self) -> str | None:

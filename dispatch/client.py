@@ -30,7 +30,8 @@ from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
-from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, expand, parse_sweep
+from jobman.jobdb.distributions import Distribution
+from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
 from .channel import DD, Channel
 from .experiment import TargetError, by_value, call as call_function, resolve
@@ -82,7 +83,8 @@ def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
     """The job target naming ``fn``: ``module:qualname`` (``__main__:name`` for a script's own
     function, which is then run by value), with ``@version`` when one is given."""
     if isinstance(fn, str):
-        target = fn
+        name, at, given = fn.partition("@")
+        target = canonical_target(name) + at + given  # pkg.mod.fn and pkg.mod:fn are one call
         try:
             resolve(target.partition("@")[0])
         except TargetError as exc:
@@ -114,7 +116,27 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
 
     A list or tuple is an axis (``lr=[0.1, 0.01]``); any other value is fixed (``epochs=10``).
     ``grid(lr=[0.1, 0.01], nhid=[64, 256])`` is the sweep ``lr={{0.1,0.01}} nhid={{64,256}}``.
+    Distributions are drawn by :func:`sample`, which says how many points.
     """
+    drawn = [key for key, value in axes.items() if isinstance(value, Distribution)]
+    if drawn:
+        raise UsageError(f"{drawn[0]!r} is a distribution: draw points with jobman.sample(n, axes, seed=...)")
+    return [spec.params for spec in expand(Sweep([Phase("grid", _assignments(axes))]))]
+
+
+def sample(n: int, axes: Mapping[str, Any], *, seed: int = 0, sampler: str = "random") -> list[dict[str, Any]]:
+    """``n`` points drawn from the distributions of ``axes`` (``jobman.loguniform(1e-4, 1e-1)``, ...),
+    as ``sqlschedule --samples n --seed seed`` draws them; lists are grid axes, each point of which
+    gets the same draws. The first n points are the same whatever n is.
+
+    ``jobman.sample(32, {"lr": jobman.loguniform(1e-4, 1e-1), "nhid": [64, 256]}, seed=7)``.
+    """
+    return [spec.params for spec in expand(Sweep([Phase("sample", _assignments(axes))]), samples=n, seed=seed,
+                                           sampler=sampler)]
+
+
+def _assignments(axes: Mapping[str, Any]) -> list[Assignment]:
+    """A list or tuple is a grid axis, a distribution is drawn, anything else is fixed."""
     assignments = []
     for key, value in axes.items():
         if isinstance(value, (list, tuple)):
@@ -123,7 +145,7 @@ def grid(**axes: Any) -> list[dict[str, Any]]:
             assignments.append(Assignment(key, tuple(value), True))
         else:
             assignments.append(Assignment(key, (value,), False))
-    return [spec.params for spec in expand(Sweep([Phase("grid", assignments)]))]
+    return assignments
 
 
 # -- futures --------------------------------------------------------------------------------
@@ -312,8 +334,14 @@ class Experiment:
         if self.backend == "inline" and fn is not None:
             for job_id, future in futures.items():
                 if not future.done():
-                    self._run_inline(job_id, fn)
-                    self._settle_now([future])
+                    results = self._run_inline(job_id, fn)
+                    if results is not None:  # DONE here: settled without reading the job back
+                        with self._lock:
+                            entry = self._pending.pop(job_id, None)
+                        if entry is not None and not future.done():
+                            future.set_result(entry[1](results) if entry[1] else results)
+                    else:
+                        self._settle_now([future])
         if any(not f.done() for f in futures.values()):
             self._follow()
         return out
@@ -377,14 +405,15 @@ class Experiment:
         done.add(target)
 
     # -- inline ----------------------------------------------------------------------------
-    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> None:
-        """Run the job here if it is QUEUED (claimed, as a worker would); else someone else has it."""
+    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> dict[str, Any] | None:
+        """Run the job here if it is QUEUED (claimed, as a worker would), else leave it to whoever has it;
+        the results it was recorded DONE with, if it was here."""
         root = str(self.exproot / self.name)
         worker = WorkerInfo.here(backend="inline", backend_id=str(os.getpid()))
         while True:
             claimed = self.store.claim_job(job_id, worker, root)
             if claimed is None:
-                return
+                return None
             job, lease = claimed.job, claimed.lease
             workdir = Path(job.workdir or root)
             workdir.mkdir(parents=True, exist_ok=True)
@@ -410,8 +439,10 @@ class Experiment:
             why = ((outcome.error or "").strip().splitlines() or ["failed"])[-1][:300] if outcome.status == "FAILED" else None
             status = self.store.finish(job.id, lease, outcome.status, results=outcome.results, error=outcome.error,
                                        why=why)
-            if status is not Status.QUEUED:  # INCOMPLETE: resume it here at once
-                return
+            if status is Status.DONE:
+                return outcome.results
+            if status is not Status.QUEUED:  # QUEUED: it returned INCOMPLETE, resume it here at once
+                return None
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
@@ -448,14 +479,16 @@ class Experiment:
         return report.best
 
     def schedule(self, sweep: str | Sequence[str], *, priority: int = 0, command: str | None = None,
-                 check: bool = True) -> list[JobFuture]:
+                 check: bool = True, samples: int | None = None, seed: int = 0,
+                 sampler: str = "random") -> list[JobFuture]:
         """Schedule a sweep in ``jobman sqlschedule``'s grammar (phases included); a future per job.
 
-        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``.
+        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``; with distributions,
+        ``exp.schedule("mypkg.train:main lr=loguniform(1e-4,1e-1)", samples=32, seed=7)``.
         """
         tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
         parsed = parse_sweep(tokens, command=command)
-        specs = expand(parsed)
+        specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
         if check:
             for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
                 try:
@@ -579,12 +612,16 @@ class _Pump(threading.Thread):
                     self._wake.clear()
                     delay = 0.02
                 delay = min(delay * 1.5, exp.poll_interval)
-        except JobmanError as exc:  # the database went away: the futures say so
+        except Exception as exc:  # the database went away, sbatch refused: every pending future says so
+            if not isinstance(exc, JobmanError):
+                exc = JobmanError(f"following the jobs of {exp.name!r} failed: {type(exc).__name__}: {exc}")
             with exp._lock:
                 pending, exp._pending = exp._pending, {}
             for future, _unwrap in pending.values():
-                if not future.done():
+                try:
                     future.set_exception(exc)
+                except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                    pass
         finally:
             self._stopping = True
             if self.backend is not None:

@@ -143,6 +143,8 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
         state.update(ret)
         ret = COMPLETE
     results = _safe_results(channel, state)
+    if channel.pruned and ret in (None, COMPLETE, INCOMPLETE):  # a pruned job is done, not to be resumed
+        return Outcome("DONE", {**results, "pruned": True, "pruned_why": channel.stop_reason})
     if ret is None or ret == COMPLETE:
         return Outcome("DONE", results)
     if ret == INCOMPLETE:

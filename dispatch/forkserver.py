@@ -119,7 +119,7 @@ class WorkerChannel(Channel):
         super().__init__(*args, **kwargs)
         self._sock = sock
 
-    def _ask(self, request: dict[str, Any]) -> None:
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         send_msg(self._sock, request)
         reply = recv_msg(self._sock)
         if reply is None:
@@ -132,12 +132,15 @@ class WorkerChannel(Channel):
             if not (isinstance(kind, type) and issubclass(kind, errors.JobmanError)):
                 kind = errors.JobmanError
             raise kind(answer["error"])
+        return answer
 
     def _save(self, results: dict[str, Any]) -> None:
         self._ask({"op": "save", "results": to_jsonable(results)})
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
-        self._ask({"op": "log", "step": step, "metrics": metrics})
+        answer = self._ask({"op": "log", "step": step, "metrics": metrics})
+        if answer.get("prune"):
+            self.prune(answer["prune"])
 
 
 _PRCTL: Any = False  # libc's prctl once looked up; None where there is none

@@ -16,6 +16,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -279,6 +280,8 @@ class Runner:
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         try:
+            if job.depends_on:
+                self._continue_parent(job, workdir)
             parents = self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents") \
                 if job.depends_on else []
             if job.kind == "fn":
@@ -310,6 +313,15 @@ class Runner:
             child.reap()
 
     # -- starting -----------------------------------------------------------------
+    def _continue_parent(self, job: Job, workdir: Path) -> None:
+        """A job promoted to a higher rung of a search starts in a copy of its parent's workdir
+        (its checkpoint): done once, while its own workdir is still empty."""
+        if any(workdir.iterdir()):
+            return
+        source = self.outage.call(lambda: self.store.continues_from(job.id), "reading the job it continues")
+        if source and Path(source).is_dir():
+            shutil.copytree(source, workdir, dirs_exist_ok=True)
+
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
         request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
@@ -342,6 +354,9 @@ class Runner:
             elif message.get("op") == "log":
                 step = message["step"]
                 self.store.log_metrics(job.id, lease, [(step, k, v) for k, v in message["metrics"].items()])
+                verdict = self.store.prune_verdict(job.id, step, message["metrics"])
+                if verdict:
+                    return {"prune": verdict}
             else:
                 return {"error": f"unknown request {message.get('op')!r}", "kind": "JobmanError"}
         except JobmanError as exc:

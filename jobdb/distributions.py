@@ -97,6 +97,49 @@ def check(name: str, args: Sequence[Any]) -> str | None:
     return None
 
 
+# -- from Python: jobman.uniform(1e-4, 1e-1) is the sweep's uniform(1e-4,1e-1) ----------------------
+
+def _make(name: str, *args: Any) -> Distribution:
+    from .errors import UsageError
+
+    why = check(name, args)
+    if why:
+        raise UsageError(why)
+    return Distribution(name, tuple(args))
+
+
+def uniform(low: float, high: float) -> Distribution:
+    return _make("uniform", low, high)
+
+
+def loguniform(low: float, high: float) -> Distribution:
+    return _make("loguniform", low, high)
+
+
+def quniform(low: float, high: float, q: float) -> Distribution:
+    return _make("quniform", low, high, q)
+
+
+def qloguniform(low: float, high: float, q: float) -> Distribution:
+    return _make("qloguniform", low, high, q)
+
+
+def randint(low: int, high: int) -> Distribution:
+    return _make("randint", low, high)
+
+
+def normal(mu: float, sigma: float) -> Distribution:
+    return _make("normal", mu, sigma)
+
+
+def qnormal(mu: float, sigma: float, q: float) -> Distribution:
+    return _make("qnormal", mu, sigma, q)
+
+
+def choice(*values: Any) -> Distribution:
+    return _make("choice", *values)
+
+
 # -- the numbers u ------------------------------------------------------------------------------
 
 def _hashed(seed: int, phase: int, key: str, index: int) -> float:

@@ -119,6 +119,31 @@ function_code = Table(
     Column("stored_at", Float, nullable=False),
 )
 
+# A successive-halving search: its rules (resource, rungs, eta, metric, mode, async) as JSON,
+# one row per distinct search of an experiment (``key`` hashes the rules and the first rung's jobs).
+search = Table(
+    "search",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("experiment_id", Integer, ForeignKey("experiment.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(64), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("experiment_id", "key", name="uq_search_experiment_key"),
+)
+
+# The rung each job of a search is at, and its configuration (a hash of its parameters without
+# the resource, folds and seeds): the folds of one configuration are promoted together.
+search_job = Table(
+    "search_job",
+    metadata,
+    Column("job_id", Integer, ForeignKey("job.id", ondelete="CASCADE"), primary_key=True),
+    Column("search_id", Integer, ForeignKey("search.id", ondelete="CASCADE"), primary_key=True),
+    Column("rung", Integer, nullable=False),
+    Column("config", String(64), nullable=False),
+)
+Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
+
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"

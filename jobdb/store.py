@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
+from . import halving as _halving
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .clock import ServerClock
 from .hot import HotStatements, Prepared
@@ -379,10 +380,12 @@ class Store:
 
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
-                 max_attempts: int = 3, progress: Callable[[int], None] | None = None) -> ScheduleResult:
+                 max_attempts: int = 3, progress: Callable[[int], None] | None = None,
+                 halving: "_halving.Halving | None" = None) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
-        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent.
+        Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
+        the jobs are the first rung of a successive-halving search, recorded in the same transaction.
         """
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
@@ -454,6 +457,8 @@ class Store:
             if after or pending_parents - set(fresh_ids):
                 self._refresh(conn, waiting, why="scheduled")
             job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
+            if halving is not None:
+                _halving.register(conn, exp, halving, list(job_ids), [s.params for s in specs])
             return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids))
 
         return self._write(run)
@@ -836,6 +841,7 @@ class Store:
             new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
         elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
             self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
+            self._search_after_finish(conn, job_id)
         elif new is Status.QUEUED:
             new = self._recheck(conn, job_id)
         return new
@@ -856,7 +862,13 @@ class Store:
             self._events(conn, [event])
         if has_children:
             self._refresh(conn, [r[0] for r in self.hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
+        self._search_after_finish(conn, job_id)
         return Status.DONE
+
+    def _search_after_finish(self, conn: Connection, job_id: int) -> None:
+        """The one place where the end of a job moves a search on: promotions, in the finishing commit."""
+        _halving.after_finish(conn, job_id, lambda c, ids, why: self._refresh(c, ids, why=why), params_hash,
+                              lambda: self.clock.now(conn))
 
     def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:
         conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
@@ -1266,6 +1278,22 @@ class Store:
                 raise NoSuchJob(f"no job {job_id} in experiment {self.experiment!r}")
             return Job.from_row(row, self._parent_ids(conn, job_id))
         return self._read(run)
+
+    def prune_verdict(self, job_id: int, step: int, metrics: dict[str, float]) -> str | None:
+        """Why a running job should stop (its search prunes, and it is worse than the median), or None."""
+        return self._read(lambda conn: _halving.prune_verdict(conn, job_id, step, metrics))
+
+    def continues_from(self, job_id: int) -> str | None:
+        """The workdir a promoted job of a search starts from (its parent's), or None."""
+        return self._read(lambda conn: _halving.continues_from(conn, job_id))
+
+    def search_summaries(self) -> list[str]:
+        """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
+        return self._read(lambda conn: _halving.summaries(conn, self._experiment(conn)))
+
+    def rungs(self) -> dict[int, tuple[int, int, str]]:
+        """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""
+        return self._read(lambda conn: _halving.rungs_of(conn, self._experiment(conn)))
 
     def children(self, job_id: int) -> list[int]:
         return self._read(lambda c: sorted(self._children(c, job_id)))

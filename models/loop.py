@@ -157,6 +157,7 @@ class Loop:
     def state_dict(self) -> dict[str, np.ndarray]:
         """The loop's own state and its parts' as flat ``part/name`` arrays."""
         meta = {"clock": self.clock.snapshot(), "pos": self._pos, "finished": self.finished,
+                "stop_reason": self.stop_reason,
                 "metrics": self.metrics, "updated": self.updated, "loss": [self._loss_sum, self._loss_n],
                 "fingerprint": self.fingerprint}
         out = {"loop/meta": json_array(meta), "loop/rng": rng_state(self.rng)}
@@ -170,6 +171,8 @@ class Loop:
         meta = from_json_array(arrays["loop/meta"])
         self.clock = Clock(**meta["clock"])
         self._pos, self.finished, self.metrics = meta["pos"], meta["finished"], dict(meta["metrics"])
+        if self.finished and meta.get("stop_reason") is None and self.clock.epochs < self.max_epochs:
+            self.finished = False  # it ended at its epoch limit, and this run may go further (a promoted rung)
         self.updated = dict(meta.get("updated", {}))
         self._loss_sum, self._loss_n = meta["loss"]
         set_rng_state(self.rng, arrays["loop/rng"])

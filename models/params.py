@@ -63,8 +63,9 @@ def int_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-# Parameters that change how a run reports, not what it computes: a checkpoint stays valid across them.
-COSMETIC = frozenset({"checkpoint_every", "progress_every"})
+# Parameters that change how a run reports, or only how long it goes on, not what it computes up to
+# a point: a checkpoint stays valid across them (a run continued to more epochs resumes from it).
+COSMETIC = frozenset({"checkpoint_every", "progress_every", "epochs"})
 
 
 def fingerprint(p: Mapping[str, Any], keys: Any = None) -> dict[str, Any]:

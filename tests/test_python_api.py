@@ -107,6 +107,25 @@ def test_a_cache_hit_runs_nothing_and_a_new_version_runs_again(db_url, tmp_path)
     assert len(side_lines(tmp_path)) == 3  # a second interpreter: all three from the database
 
 
+def test_cache_source_makes_a_changed_function_a_new_call(db_url, tmp_path):
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+
+    def f(x):
+        return {"y": x + 1}
+
+    first = exp.call(f, x=1, cache="source")
+    assert exp.call(f, x=1, cache="source").job_id == first.job_id  # the same source: the same call
+
+    def f(x):  # noqa: F811 - the same name, changed
+        return {"y": x + 2}
+
+    changed = exp.call(f, x=1, cache="source")
+    assert changed.job_id != first.job_id and changed.result() == {"y": 3}
+    assert exp.call(f, x=1).result() == {"y": 3}  # without a version: a call of its own, run once
+    assert first.result() == {"y": 2}
+    exp.close()
+
+
 def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(db_url, tmp_path):
     exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
     flag = tmp_path / "fixed"
@@ -248,6 +267,7 @@ def test_errors_a_user_meets_are_jobman_errors(db_url, tmp_path):
     with pytest.raises(jobman.errors.UsageError, match="cannot import module"):
         exp.call("no_such_module_here:fn", x=1)
     future = exp.call("jobman.models.mlp:train", dataset="digits", epochs=1)
+    assert exp.call("jobman.models.mlp.train", dataset="digits", epochs=1) is future  # one call, two spellings
     with pytest.raises(CallTimeout, match=f"job {future.job_id} .* did not finish within 0.2 s"):
         future.result(timeout=0.2)
     assert isinstance(CallTimeout(), TimeoutError)
@@ -313,3 +333,35 @@ def test_the_default_experiment_is_jobman_db(tmp_path, monkeypatch):
         for exp in client._DEFAULT.values():
             exp.close()
         client._DEFAULT.clear()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_map_on_slurm_workers_runs_a_main_function(slurm_cluster, pg_database, tmp_path):
+    import re
+    import shutil
+    import uuid
+
+    name = f"pyslurm_{uuid.uuid4().hex[:8]}"
+    url = f"{pg_database}?table={name}"
+    try:
+        proc = run_script(tmp_path, '''
+            exp = jobman.Experiment(URL, backend="slurm", workers=2, exproot="runs")
+            futures = exp.map(train, jobman.grid(lr=[0.1, 0.2], nhid=[10]))
+            out = [f.result(timeout=150) for f in futures]
+            exp.close()
+            print(json.dumps(out))
+        ''', url, timeout=240)
+        out = last_json(proc)
+        assert [r["valid_error"] for r in out] == [1.0, 2.0]
+        store = Store.open(url)
+        try:
+            jobs = store.jobs()
+            assert [j.status for j in jobs] == [Status.DONE] * 2
+            for job in jobs:
+                assert job.backend == "slurm" and re.fullmatch(r"\d+_\d+", job.backend_id), job.backend_id
+        finally:
+            store.dispose()
+    finally:
+        if shutil.which("scancel"):  # nothing of this test may go on running
+            subprocess.run(["scancel", f"--name=jobman-{name}"], capture_output=True)

@@ -180,3 +180,34 @@ def test_bad_search_commands_are_one_sentence_and_write_nothing(jobman, tmp_path
     assert result.code != 0 and words in result.err and "Traceback" not in result.err, result
     assert not db.exists() or not sqlite3.connect(db).execute(
         "select name from sqlite_master where name='job'").fetchall()
+
+
+def test_cmdline_runs_one_job_and_refuses_a_distribution(jobman, tmp_path):
+    result = jobman("cmdline", TARGET, "lr=loguniform(1e-4,1e-1)", "--workdir", str(tmp_path / "w"))
+    assert result.code != 0 and "distributions" in result.err and "Traceback" not in result.err, result
+
+
+def test_the_python_api_takes_the_same_distributions(tmp_path):
+    import jobman
+    from jobman.jobdb.errors import UsageError
+
+    axes = {"dataset": "digits", "lr": jobman.loguniform(1e-4, 1e-1), "nhid": jobman.choice(64, 128, 256),
+            "momentum": jobman.uniform(0.5, 0.99)}
+    assert jobman.sample(32, axes, seed=7) == points(SWEEP, samples=32, seed=7)
+    assert jobman.sample(4, {**axes, "fold": [0, 1]}, seed=7, sampler="halton") == \
+        points([*SWEEP, "fold={{0,1}}"], samples=4, seed=7, sampler="halton")
+    with pytest.raises(UsageError, match="above 0"):
+        jobman.loguniform(0, 1)
+    with pytest.raises(UsageError, match="jobman.sample"):
+        jobman.grid(lr=jobman.uniform(0, 1))
+    exp = jobman.Experiment(f"sqlite:///{tmp_path / 'api.db'}?table=t", backend=None)
+    try:
+        first = exp.schedule(SWEEP, samples=32, seed=7, check=False)
+        more = exp.schedule(" ".join(SWEEP[:2]) + " 'lr=loguniform(1e-4,1e-1)' 'nhid=choice(64,128,256)' "
+                            "'momentum=uniform(0.5,0.99)'", samples=40, seed=7, check=False)
+        assert len(first) == 32 and len(more) == 40 and len(exp.store.jobs()) == 40
+        assert [f.job_id for f in more[:32]] == [f.job_id for f in first]
+        with pytest.raises(jobman.errors.SweepError, match="--samples"):
+            exp.schedule(SWEEP, check=False)
+    finally:
+        exp.close()

@@ -1,0 +1,331 @@
+"""Successive halving through phases: a rung is a phase, a promotion is a dependency.
+
+``--halving epochs=3:27 --eta 3`` runs every configuration at epochs=3 (rung 0, the sweep's
+phase), the best third of them on to epochs=9 (rung 1, the next phase), the best third of those
+to 27. A promoted job is a new job, the child of its rung's job, and continues from its parent's
+workdir (see :func:`continues_from`). Promotions are decided in the transaction that finishes a
+rung's job (:func:`after_finish`), so a crash anywhere leaves the search as it was before or after
+that job's end, never between: synchronously once every configuration of the rung is finished,
+or (``--async``, ASHA) as soon as a configuration ranks in the top 1/eta of the finished ones.
+Promotions made stand: a reset or a relaunch re-runs jobs, it never takes a promotion back.
+
+The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .canonical import dump_json, load_json
+from .errors import UsageError
+from .schema import job as t_job
+from .schema import job_dep as t_dep
+from .schema import job_event as t_event
+from .schema import job_metric as t_metric
+from .schema import search as t_search
+from .schema import search_job as t_sjob
+from .status import Status
+
+# Statuses after which a job of a rung will not change by itself (CRASHED may be relaunched).
+_ENDED = {Status.DONE.value, Status.FAILED.value, Status.CANCELED.value, Status.BLOCKED.value}
+
+
+@dataclass(frozen=True)
+class Halving:
+    """The rules of one search."""
+
+    resource: str
+    rungs: tuple[Any, ...]  # the resource at each rung, smallest first
+    eta: int
+    metric: str
+    mode: str = "min"  # or "max"
+    asynchronous: bool = False
+    prune: str | None = None  # "median": stop running jobs whose curve is worse than the finished jobs'
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "rungs": list(self.rungs)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Halving":
+        data = json.loads(text)
+        return cls(**{**data, "rungs": tuple(data["rungs"])})
+
+
+def rung_values(low: float, high: float, eta: int) -> list[Any]:
+    """``low``, ``low*eta``, ... below ``high``, then ``high``: the resource at each rung."""
+    count = int(math.floor(math.log(high / low) / math.log(eta) + 1e-9))
+    values = [low * eta ** k for k in range(max(1, count))] + [high]
+    if isinstance(low, int) and isinstance(high, int):
+        values = [int(round(v)) for v in values]
+    return list(dict.fromkeys(values))
+
+
+def parse_halving(text: str, eta: int, metric: str | None, maximize: bool, asynchronous: bool) -> Halving:
+    """``RESOURCE=MIN:MAX`` and the options beside it, or a UsageError saying what is wrong."""
+    from .sweep import parse_value
+
+    key, sep, bounds = text.partition("=")
+    low_text, colon, high_text = bounds.partition(":")
+    if not sep or not colon or not key:
+        raise UsageError(f"--halving {text!r}: write RESOURCE=MIN:MAX, such as epochs=3:27")
+    try:
+        low, high = parse_value(low_text), parse_value(high_text)
+    except ValueError:
+        low = high = None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        raise UsageError(f"--halving {text!r}: MIN and MAX are numbers, such as epochs=3:27")
+    if not 0 < low < high:
+        raise UsageError(f"--halving {text!r}: MIN must be above 0 and below MAX")
+    if eta < 2:
+        raise UsageError(f"--eta {eta}: keep the best 1/eta of each rung, so eta is 2 or more")
+    if not metric:
+        raise UsageError("--halving needs --metric M: the result that ranks configurations (such as valid_error)")
+    return Halving(key, tuple(rung_values(low, high, eta)), eta, metric, "max" if maximize else "min", asynchronous)
+
+
+def parse_prune(rule: str, metric: str | None, maximize: bool) -> Halving:
+    """The rules of a search that only prunes (no rungs)."""
+    if rule != "median":
+        raise UsageError(f"--prune {rule!r}: the rule is 'median'")
+    if not metric:
+        raise UsageError("--prune needs --metric M: the logged curve to compare (such as valid_error)")
+    return Halving("", (), 0, metric, "max" if maximize else "min", False, rule)
+
+
+def median_says_stop(value: float, others: Sequence[float], mode: str) -> float | None:
+    """The median of ``others`` when ``value`` is worse than it (and there are enough others), else None."""
+    if len(others) < PRUNE_MIN_FINISHED:
+        return None
+    ordered = sorted(others)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    worse = value < median if mode == "max" else value > median
+    return median if worse else None
+
+
+# The median of fewer finished curves says too little to stop a job on.
+PRUNE_MIN_FINISHED = 3
+
+
+def rung_sizes(configs: int, eta: int, rungs: int) -> list[int]:
+    """How many configurations reach each rung when every rung finishes (synchronous halving)."""
+    sizes = [configs]
+    for _ in range(rungs - 1):
+        sizes.append(max(1, sizes[-1] // eta) if sizes[-1] else 0)
+    return sizes
+
+
+def allowed(finished: int, total: int, eta: int, closed: bool = True) -> int:
+    """How many configurations of a rung may be promoted once ``finished`` of its ``total`` are.
+
+    ``closed``: no configuration can join the rung any more (the rung below it is all finished).
+    """
+    return max(1, total // eta) if closed and finished >= total and total else finished // eta
+
+
+def choose(scores: Mapping[str, float | None], total: int, promoted: Sequence[str], eta: int, mode: str,
+           asynchronous: bool, closed: bool = True) -> list[str]:
+    """The configurations to promote now. ``scores``: the finished ones (None: failed, never promoted).
+
+    Synchronous: nothing until all ``total`` are finished, then the best ``max(1, total // eta)``.
+    Asynchronous: the best of the top ``finished // eta`` not yet promoted, so that no more than
+    that many ever are (and, once the rung is closed and finished, as many as synchronously).
+    """
+    if not asynchronous and (len(scores) < total or not closed):
+        return []
+    sign = -1.0 if mode == "max" else 1.0
+    ranked = sorted((c for c, s in scores.items() if s is not None), key=lambda c: (sign * scores[c], c))
+    limit = allowed(len(scores), total, eta, closed)
+    room = limit - len(promoted)
+    if room <= 0:
+        return []
+    done = set(promoted)
+    return [c for c in ranked[:limit] if c not in done][:room]
+
+
+def config_of(params: Mapping[str, Any], resource: str) -> str:
+    """What identifies a configuration across folds, seeds and rungs: a hash of the other parameters."""
+    from .report import default_group_keys
+
+    drop = {resource, *default_group_keys(params)}
+    return hashlib.sha256(dump_json({k: v for k, v in params.items() if k not in drop},
+                                    "parameters").encode()).hexdigest()[:32]
+
+
+# -- the database side ----------------------------------------------------------------------------
+
+def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
+             params: Sequence[Mapping[str, Any]]) -> int:
+    """Record a search over the rung-0 jobs ``job_ids``; the same search twice is one row."""
+    spec = rules.to_json()
+    key = hashlib.sha256((spec + "|" + ",".join(map(str, sorted(job_ids)))).encode()).hexdigest()
+    found = conn.execute(sa.select(t_search.c.id).where(t_search.c.experiment_id == exp,
+                                                        t_search.c.key == key)).scalar()
+    if found is not None:
+        return found
+    search_id = conn.execute(sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec,
+                                                        created_at=time.time())).inserted_primary_key[0]
+    conn.execute(sa.insert(t_sjob), [{"job_id": j, "search_id": search_id, "rung": 0,
+                                      "config": config_of(p, rules.resource)} for j, p in zip(job_ids, params)])
+    return search_id
+
+
+def after_finish(conn: Connection, job_id: int, refresh: Callable[[Connection, list[int], str], None],
+                 hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float] = time.time) -> list[int]:
+    """Promote what the end of ``job_id`` allows, in the caller's transaction; the new jobs' ids.
+
+    ``refresh`` re-derives the status of new jobs from their parents (the store's), ``hash_of``
+    gives a job's identity, ``now`` the time the store stamps rows with.
+    """
+    memberships = conn.execute(sa.select(t_sjob.c.search_id, t_sjob.c.rung).where(t_sjob.c.job_id == job_id)).all()
+    new: list[int] = []
+    for search_id, rung in memberships:
+        new += _promote(conn, search_id, rung, refresh, hash_of, now)
+    return new
+
+
+def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Connection, list[int], str], None],
+             hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float]) -> list[int]:
+    exp, spec = conn.execute(sa.select(t_search.c.experiment_id, t_search.c.spec)
+                             .where(t_search.c.id == search_id)).one()
+    rules = Halving.from_json(spec)
+    if rung + 1 >= len(rules.rungs):
+        return []
+    rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
+                        .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
+                        .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)).all()
+    jobs: dict[str, list[Any]] = {}
+    promoted: set[str] = set()
+    # The rung is closed when every job below it has ended: no configuration can join it any more.
+    closed = all(r.status in _ENDED for r in rows if r.rung < rung)
+    for r in rows:
+        if r.rung == rung:
+            jobs.setdefault(r.config, []).append(r)
+        elif r.rung == rung + 1:
+            promoted.add(r.config)
+    scores: dict[str, float | None] = {}
+    for config, members in jobs.items():
+        if all(m.status in _ENDED for m in members):
+            values = [(load_json(m.results) or {}).get(rules.metric) if m.status == Status.DONE.value else None
+                      for m in members]
+            ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+            scores[config] = sum(values) / len(values) if ok else None
+    chosen = choose(scores, len(jobs), sorted(promoted), rules.eta, rules.mode, rules.asynchronous, closed)
+    ranked = sorted((c for c in scores if scores[c] is not None),
+                    key=lambda c: ((-1 if rules.mode == "max" else 1) * scores[c], c))
+    new: list[int] = []
+    for config in chosen:
+        why = (f"promoted to rung {rung + 1} ({rules.resource}={rules.rungs[rung + 1]}): ranked "
+               f"{ranked.index(config) + 1} of {len(scores)} finished at rung {rung}, "
+               f"{rules.metric} {scores[config]:.6g}")
+        for member in jobs[config]:
+            new += _child(conn, exp, search_id, member.id, rung + 1, config, rules, why, hash_of, now())
+    if new:
+        refresh(conn, new, "promoted")
+    return new
+
+
+def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, config: str, rules: Halving,
+           why: str, hash_of: Callable[[int, str, str, dict], str], now: float) -> list[int]:
+    """The job that continues ``parent`` at ``rung``; made unless it exists, linked unless it is."""
+    p = conn.execute(sa.select(t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority,
+                               t_job.c.max_attempts).where(t_job.c.id == parent)).one()
+    params = {**load_json(p.params), rules.resource: rules.rungs[rung]}
+    digest = hash_of(p.phase + 1, p.kind, p.target, params)
+    child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
+                                                     t_job.c.params_hash == digest)).scalar()
+    made = child is None
+    if made:
+        child = conn.execute(sa.insert(t_job).values(
+            experiment_id=exp, phase=p.phase + 1, kind=p.kind, target=p.target, params=dump_json(params, "parameters"),
+            params_hash=digest, status=Status.WAITING.value, priority=p.priority, max_attempts=p.max_attempts,
+            created_at=now)).inserted_primary_key[0]
+        conn.execute(sa.insert(t_dep).values(job_id=child, depends_on=parent))
+        conn.execute(sa.insert(t_event).values(job_id=child, at=now, from_status=None, to_status=Status.WAITING.value,
+                                               attempt=0, why=why, source=None, data=None))
+    if conn.execute(sa.select(t_sjob.c.job_id).where(t_sjob.c.job_id == child,
+                                                     t_sjob.c.search_id == search_id)).first() is None:
+        conn.execute(sa.insert(t_sjob).values(job_id=child, search_id=search_id, rung=rung, config=config))
+    return [child] if made else []
+
+
+def continues_from(conn: Connection, job_id: int) -> str | None:
+    """The workdir a promoted job starts from: its parent's, the job it continues at a higher rung."""
+    row = conn.execute(sa.select(t_job.c.workdir).select_from(t_sjob)
+                       .join(t_dep, t_dep.c.job_id == t_sjob.c.job_id)
+                       .join(t_job, t_job.c.id == t_dep.c.depends_on)
+                       .where(t_sjob.c.job_id == job_id, t_sjob.c.rung > 0).limit(1)).first()
+    return row[0] if row else None
+
+
+def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str, float]) -> str | None:
+    """Why the job that logged ``metrics`` at ``step`` should stop, or None: its search prunes by the
+    median, and its value is worse than the median of the search's finished (DONE, unpruned) jobs at
+    that step."""
+    for search_id, spec in conn.execute(sa.select(t_sjob.c.search_id, t_search.c.spec)
+                                        .join(t_search, t_search.c.id == t_sjob.c.search_id)
+                                        .where(t_sjob.c.job_id == job_id)):
+        rules = Halving.from_json(spec)
+        if rules.prune != "median" or rules.metric not in metrics:
+            continue
+        last: dict[int, float] = {}
+        rows = conn.execute(sa.select(t_metric.c.job_id, t_metric.c.value, t_job.c.results)
+                            .join(t_sjob, t_sjob.c.job_id == t_metric.c.job_id)
+                            .join(t_job, t_job.c.id == t_metric.c.job_id)
+                            .where(t_sjob.c.search_id == search_id, t_metric.c.name == rules.metric,
+                                   t_metric.c.step == step, t_job.c.status == Status.DONE.value,
+                                   t_metric.c.job_id != job_id).order_by(t_metric.c.id))
+        for other, value, results in rows:
+            if not (load_json(results) or {}).get("pruned"):
+                last[other] = value
+        value = float(metrics[rules.metric])
+        median = median_says_stop(value, list(last.values()), rules.mode)
+        if median is not None:
+            return (f"pruned at step {step}: {rules.metric} {value:.4g} is worse than {median:.4g}, the median "
+                    f"of {len(last)} finished jobs at that step")
+    return None
+
+
+def summaries(conn: Connection, exp: int) -> list[str]:
+    """One line per search of the experiment: how many configurations reached each rung, and were pruned."""
+    lines = []
+    for search_id, spec in conn.execute(sa.select(t_search.c.id, t_search.c.spec)
+                                        .where(t_search.c.experiment_id == exp).order_by(t_search.c.id)):
+        rules = Halving.from_json(spec)
+        reached: dict[int, set[str]] = {}
+        pruned = 0
+        for rung, config, results in conn.execute(
+                sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.results).join(t_job, t_job.c.id == t_sjob.c.job_id)
+                .where(t_sjob.c.search_id == search_id)):
+            reached.setdefault(rung, set()).add(config)
+            pruned += bool((load_json(results) or {}).get("pruned"))
+        parts = []
+        if rules.rungs:
+            steps = [f"{len(reached.get(k, ()))} at {rules.resource}={v}" for k, v in enumerate(rules.rungs)]
+            parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: " + ", ".join(steps))
+        if rules.prune:
+            parts.append(f"{pruned} job{'s' if pruned != 1 else ''} pruned by the median of {rules.metric}")
+        lines.append(f"search {search_id}: " + "; ".join(parts))
+    return lines
+
+
+def rungs_of(conn: Connection, exp: int) -> dict[int, tuple[int, int, str]]:
+    """Each job of the experiment's searches: (rung, number of rungs, resource name)."""
+    out: dict[int, tuple[int, int, str]] = {}
+    for job_id, rung, spec in conn.execute(sa.select(t_sjob.c.job_id, t_sjob.c.rung, t_search.c.spec)
+                                           .join(t_search, t_search.c.id == t_sjob.c.search_id)
+                                           .where(t_search.c.experiment_id == exp)):
+        rules = Halving.from_json(spec)
+        if not rules.rungs:  # a search that only prunes has no rungs to show
+            continue
+        if job_id not in out or out[job_id][0] < rung:
+            out[job_id] = (rung, len(rules.rungs), rules.resource)
+    return out
