@@ -70,14 +70,14 @@ def bench(engine: str, url: str, n_jobs: int, repeat: int) -> None:
         figures = []
         t, size = best_of(root + "/", token, repeat)
         figures.append(("experiments page, first paint", t, size, static))
-        t, size = fetch(root + "/?part=list", token)
-        figures.append(("experiments page, first update (builds each best)", t, size, query))
         t, size = best_of(exp, token, repeat)
         figures.append(("experiment page, first paint", t, size, static))
         t, size = fetch(exp + "?part=report", token)
-        figures.append(("report view, first build", t, size, query))
+        figures.append(("report view, first build (and the server's first import of NumPy)", t, size, query))
         t, size = best_of(exp + "?part=report", token, repeat)
         figures.append(("report view, later updates", t, size, static))
+        t, size = fetch(root + "/?part=list", token)
+        figures.append(("experiments page, first update (its best from that report)", t, size, static))
         for what, query_string in (("job table, last page", f"part=jobs&page={n_jobs // 50 - 1}"),
                                    ("job table, by finish time", "part=jobs&sort=-finished_at"),
                                    ("job table, a status", "part=jobs&status=DONE&page=100"),

@@ -19,14 +19,13 @@ from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.status import RAN_BADLY
 from jobman.jobdb.url import mask_password, parse_db
 
 from .common import db_options, err, open_store, split_db_arg
 
 DEFAULT_EXPROOT = "jobman_runs"
 SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
-BAD_ENDS = ("FAILED", "CRASHED")  # how a job a worker ran may end badly
-NO_HOST = "-"  # not a valid host name: a monitor "on" it checks no pid, only allocations and heartbeats
 
 
 def limit_options(fn):
@@ -141,7 +140,7 @@ def sql(args, db, table, count, timeout) -> int:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
     exproot = rest[0] if rest else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
     summary = _run_worker(url, db, table, exproot, timeout, 10.0, 30.0, count or None, False, None)
-    bad = {s: n for s, n in summary.by_status.items() if s in BAD_ENDS}
+    bad = {s: n for s, n in summary.by_status.items() if s in RAN_BADLY}
     if bad:
         click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
                    "FAILED,CRASHED`, fix, then `jobman retry`", err=True)
@@ -418,7 +417,7 @@ def run_job(args, db, table, exproot, timeout, heartbeat, grace, assignment_wait
     runner = RunJob(store, int(rest[0]), options, assignment_wait=assignment_wait)
     runner.install_signal_handlers()
     status = runner.run()
-    return 1 if status in ("FAILED", "CRASHED") else 0
+    return 1 if status in RAN_BADLY else 0
 
 
 def _watcher(store, backends, by_allocation: bool = False):
@@ -427,12 +426,9 @@ def _watcher(store, backends, by_allocation: bool = False):
     ``by_allocation`` (Slurm): a job's end is read from its allocation's state (CANCELLED, TIMEOUT,
     FAILED, ...), which says more than a missing pid, even for a worker that ran on this host.
     """
-    try:
-        from jobman.dispatch.monitor import Monitor, MonitorOptions
-    except ImportError:
-        return None
-    hostname = NO_HOST if by_allocation else None
-    return Monitor(store, MonitorOptions(relaunch=True), backends=backends, hostname=hostname)
+    from jobman.dispatch.monitor import Monitor, MonitorOptions
+
+    return Monitor(store, MonitorOptions(relaunch=True, check_pids=not by_allocation), backends=backends)
 
 
 class _ProgressView:

@@ -6,6 +6,7 @@ import ipaddress
 import secrets
 import socket
 import sys
+from urllib.parse import quote
 
 import click
 
@@ -85,7 +86,7 @@ def serve(url: str | None, db: str | None, table: str | None, host: str, port: i
     port = sock.getsockname()[1]
     app = create_app(raw_url or "", token=token, allow_actions=allow_actions, host=host, port=port)
     shown = f"[{host}]" if ":" in host else host
-    path = f"/e/{target.experiment}" if table or (raw_url and "table=" in raw_url) else "/"
+    path = f"/e/{quote(target.experiment)}" if table or (raw_url and "table=" in raw_url) else "/"
     link = f"http://{shown}:{port}{path}" + (f"?token={token}" if token else "")
     click.echo(f"jobman serve: {link}")
     click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))

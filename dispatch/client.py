@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
-from jobman.jobdb.status import Status
+from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
@@ -38,8 +38,8 @@ from .experiment import TargetError, by_value, call as call_function, resolve
 
 BACKENDS = ("inline", "local", "slurm", None)
 DEFAULT_EXPROOT = "jobman_runs"
-_FINAL = {Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED}
-_AGAIN = {Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED}  # what retry=True runs again
+_FINAL = set(ENDED)
+_AGAIN = set(BLOCKING)  # what retry=True runs again
 
 
 # -- what a call is: a target and JSON parameters ---------------------------------------------
@@ -348,7 +348,7 @@ class Experiment:
 
     def _again(self, jobs: list[Job]) -> None:
         """``retry=True``: failed and crashed calls resume from their checkpoint, cancelled ones start over."""
-        failed = [j.id for j in jobs if j.status in (Status.FAILED, Status.CRASHED)]
+        failed = [j.id for j in jobs if j.status in RAN_BADLY]
         other = [j.id for j in jobs if j.status in (Status.CANCELED, Status.BLOCKED)]
         if failed:
             self.store.relaunch(failed, "called again with retry=True", include_failed=True, ignore_limit=True)
@@ -667,8 +667,8 @@ class _Pump(threading.Thread):
             self.backend = SlurmBackend(sbatch_options=exp.sbatch, log_dir=exp.exproot / exp.name / "_slurm",
                                         job_name=f"jobman-{exp.name}", merge_output=True,
                                         environment={**secrets, "PYTHONPATH": paths})
-            self.monitor = Monitor(self.store, MonitorOptions(relaunch=True), backends={"slurm": self.backend},
-                                   hostname="-")
+            self.monitor = Monitor(self.store, MonitorOptions(relaunch=True, check_pids=False),
+                                   backends={"slurm": self.backend})
 
 
 def _url_without_password(store: Store) -> tuple[str, dict[str, str]]:

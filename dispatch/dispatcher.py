@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError
-from jobman.jobdb.status import Status
+from jobman.jobdb.status import BAD, ENDED, Status
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
@@ -36,7 +36,7 @@ class Tally:
 
     @property
     def finished(self) -> int:
-        return sum(self[s] for s in ("DONE", "FAILED", "CRASHED", "CANCELED", "BLOCKED"))
+        return sum(self[s] for s in ENDED)
 
     @property
     def active(self) -> bool:
@@ -45,7 +45,7 @@ class Tally:
 
     @property
     def bad(self) -> int:
-        return sum(self[s] for s in ("FAILED", "CRASHED", "BLOCKED"))
+        return sum(self[s] for s in BAD)
 
     def line(self) -> str:
         order = ("DONE", "FAILED", "CRASHED", "BLOCKED", "CANCELED", "RUNNING", "QUEUED", "WAITING")

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
+from jobman.jobdb.status import REQUEUED
 from jobman.jobdb.store import RunningJob, Store
 
 from .backends.base import Backend
@@ -45,6 +46,9 @@ class MonitorOptions:
     heartbeat_grace: float = 60.0  # seconds without a heartbeat before a job is declared lost
     include_failed: bool = False  # relaunch FAILED jobs too (their own doing, so only when asked)
     dry_run: bool = False  # find and report, change nothing
+    # Look for the processes of jobs that run on this host. Off where a backend's allocations say more
+    # than a pid (a Slurm dispatch), even for a worker that ran here.
+    check_pids: bool = True
 
 
 @dataclass
@@ -119,7 +123,7 @@ class Monitor:
                 f.status = new.value if new is not None else None
             report.finished_meanwhile = [f.job_id for f in found if f.status is None]
             report.crashed = [f for f in found if f.status is not None]
-            report.relaunched = [f.job_id for f in report.crashed if f.status in ("QUEUED", "WAITING")]
+            report.relaunched = [f.job_id for f in report.crashed if f.status in REQUEUED]
         if opts.relaunch:
             again = self.store.relaunch_due(include_failed=opts.include_failed, max_attempts=opts.max_attempts,
                                             why="relaunched by the monitor: it has attempts left",
@@ -141,7 +145,7 @@ class Monitor:
         notes = notes if notes is not None else []
         now = self.store.server_time()  # the clock heartbeats are stamped with, whatever this host's says
         found: dict[int, Finding] = {}
-        here = [j for j in running if j.host == self.hostname and j.pid]
+        here = [j for j in running if j.host == self.hostname and j.pid] if self.options.check_pids else []
         if here:
             pids = set(psutil.pids())
             for job in here:

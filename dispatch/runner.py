@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
+from jobman.jobdb.status import LOST
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .experiment import TargetError, by_value
@@ -38,7 +39,6 @@ from .outage import Outage
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
-LOST = "LOST"
 
 
 @dataclass

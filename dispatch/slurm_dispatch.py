@@ -16,8 +16,6 @@ costs the job an attempt, and it is submitted again.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,8 +27,8 @@ from jobman.jobdb.store import Job, Store
 
 from .backends.slurm import SlurmBackend, parse_sbatch_options
 from .dispatcher import Tally, Watcher
-from .runner import LOST, Runner
-from .worker import WorkerOptions, worker_identity
+from .runner import LOST
+from .worker import StoppableLoop, WorkerOptions, worker_identity
 
 #: The job parameter that holds a job's own sbatch options.
 RESOURCES_PARAM = "resources"
@@ -178,7 +176,7 @@ class JobPerTaskDispatcher:
 
 # -- the side that runs inside the Slurm job ----------------------------------------------
 
-class RunJob:
+class RunJob(StoppableLoop):
     """Runs one given job inside the allocation made for it (``jobman run-job``).
 
     Inside Slurm it claims the job only if the job was assigned to this Slurm job
@@ -188,28 +186,19 @@ class RunJob:
     back in the queue from its checkpoint, without counting an attempt.
     """
 
+    name = "run-job"
+
     def __init__(self, store: Store, job_id: int, options: WorkerOptions, assignment_wait: float = 60.0,
                  log: Callable[[str], None] | None = None) -> None:
-        self.store = store
+        super().__init__(store, options, log)
         self.job_id = job_id
-        self.options = options
         self.assignment_wait = assignment_wait
-        self.log = log or (lambda m: print(f"[jobman run-job {os.getpid()}] {m}", file=sys.stderr, flush=True))
-        self._stop_signal: int | None = None
-        self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log)
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame) -> None:
-        self._stop_signal = signum
 
     def run(self) -> str | None:
         """Run the job until it leaves the queue; its last status, or None if it was not ours to run."""
         identity = worker_identity()
         mine = identity.backend_id if identity.backend == "slurm" else None
-        root = str(self.options.workdir_root.resolve() / self.store.experiment)
+        root = self.workdir_root()
         deadline = time.time() + self.assignment_wait
         status: str | None = None
         try:

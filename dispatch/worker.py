@@ -62,19 +62,25 @@ def worker_identity() -> WorkerInfo:
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-class Worker:
-    """One worker process's loop over one experiment."""
+class StoppableLoop:
+    """A loop that runs jobs through a :class:`Runner` until a signal asks it to stop: the worker's,
+    and the Slurm one-job runner's. SIGTERM, SIGINT and SIGUSR1 (Slurm's warning before a time limit)
+    set ``_stop_signal``; the runner sees it and puts the running job back from its checkpoint."""
+
+    name = "loop"  # how its log lines begin: [jobman NAME PID]
 
     def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
-        for name in BLAS_THREAD_VARIABLES:
-            os.environ.setdefault(name, "1")
         self.store = store
         self.options = options
-        self.log = log or (lambda m: print(f"[jobman worker {os.getpid()}] {m}", file=sys.stderr, flush=True))
+        self.log = log or (lambda m: print(f"[jobman {self.name} {os.getpid()}] {m}", file=sys.stderr, flush=True))
         self._stop_signal: int | None = None
-        self.outage = Outage(self.log, options.outage_wait, stopping=lambda: self._stop_signal is not None)
+        self.outage = self._outage()
         self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log,
                              outage=self.outage)
+
+    def _outage(self) -> Outage | None:
+        """How a database outage is waited out (None: the runner's default)."""
+        return None
 
     def _on_signal(self, signum: int, _frame) -> None:
         self._stop_signal = signum
@@ -82,13 +88,34 @@ class Worker:
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
+
+    def workdir_root(self) -> str:
+        """Where this experiment's job workdirs go."""
+        return str(self.options.workdir_root.resolve() / self.store.experiment)
+
+
+class Worker(StoppableLoop):
+    """One worker process's loop over one experiment."""
+
+    name = "worker"
+
+    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
+        for name in BLAS_THREAD_VARIABLES:
+            os.environ.setdefault(name, "1")
+        super().__init__(store, options, log)
+
+    def _outage(self) -> Outage:
+        return Outage(self.log, self.options.outage_wait, stopping=lambda: self._stop_signal is not None)
+
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
         stop_with_dispatcher(self._on_signal)
         become_subreaper()  # what a command job starts in a session of its own is found when it ends
 
     def run(self) -> WorkerSummary:
         summary = WorkerSummary()
         identity = worker_identity()
-        root = str(self.options.workdir_root.resolve() / self.store.experiment)
+        root = self.workdir_root()
         idle_since = time.time()
         idle_polls = 0
         claimed = None  # the next job, when the last one's record claimed it

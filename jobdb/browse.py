@@ -140,11 +140,12 @@ def experiment_summaries(store: "Store", now: float | None = None) -> list[Exper
 
 def job_page(store: "Store", *, status: Sequence[Status] = (), phase: int | None = None,
              where: Sequence[Condition] = (), sort: str = "id", descending: bool = False,
-             offset: int = 0, limit: int = 50) -> JobPage:
+             offset: int = 0, limit: int = 50, count: bool = True) -> JobPage:
     """One page of the experiment's jobs, filtered and sorted, and how many match in all.
 
     Filters on status and phase and the sort run in SQL; a parameter filter reads only the
-    matching jobs' ids and parameters, and whole rows only for the page shown.
+    matching jobs' ids and parameters, and whole rows only for the page shown. Without ``count``,
+    the total is left at -1 (counting reads every matching index entry).
     """
     if sort not in SORTABLE:
         raise UsageError(f"cannot sort jobs by {sort!r} (choose one of {', '.join(SORTABLE)})")
@@ -155,7 +156,7 @@ def job_page(store: "Store", *, status: Sequence[Status] = (), phase: int | None
         exp = _experiment_id(conn, store)
         if not where:
             total = conn.execute(sa.select(sa.func.count()).select_from(t_job)
-                                 .where(*_conditions(exp, status, phase))).scalar_one()
+                                 .where(*_conditions(exp, status, phase))).scalar_one() if count else -1
             rows = conn.execute(page_query(exp, status=status, phase=phase, sort=sort, descending=descending,
                                            offset=offset, limit=limit)).all()
             return JobPage(total, [_line(r) for r in rows])

@@ -370,7 +370,3 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
     if "permission denied" in low:
         return f"{where}: permission denied ({mask_password(text)})"
     return f"database error on {where}: {mask_password(text)}"
-
-
-def declared_metadata() -> sa.MetaData:
-    return metadata

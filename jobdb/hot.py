@@ -7,6 +7,7 @@ executed through the driver with bound values.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, Callable, Sequence
 
@@ -80,7 +81,8 @@ def const(value: str | int | bool) -> sa.ColumnElement:
     return sa.literal_column(f"'{value}'", sa.String)
 
 
-def _owned():
+def owned():
+    """The lease predicate: the job (``:id``) is RUNNING at the caller's lease (``:lease``)."""
     return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == const(Status.RUNNING.value))
 
 
@@ -98,12 +100,26 @@ def _has_children():
     return sa.exists().where(t_dep.c.depends_on == _JOB_ID).label("has_children")
 
 
+def claim_values() -> dict[str, Any]:
+    """What a claim sets: RUNNING at a new lease, the claiming worker (``:host``, ``:pid``, ...), the
+    time (``:now``), and a workdir under ``:root`` unless it has one (``:root`` NULL: left as it is)."""
+    return dict(
+        status=const(Status.RUNNING.value), lease=t_job.c.lease + const(1),
+        attempt=t_job.c.attempt + sa.case((t_job.c.resume, const(0)), else_=const(1)),
+        resume=const(False), stop_requested=const(False), host=b("host"), pid=b("pid"),
+        pid_started_at=b("pid_started_at", type_=sa.Float), backend=b("backend"),
+        backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
+        started_at=b("now"), heartbeat_at=b("now"), finished_at=sa.null(), error=sa.null(), exit_code=sa.null(),
+        workdir=sa.func.coalesce(t_job.c.workdir, b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
+
+
 class HotStatements:
     """The prepared statements of one dialect."""
 
     def __init__(self, dialect: Dialect, claimed_columns: Sequence[str]) -> None:
         """``claimed_columns``: the job's columns a claim returns, in that order (then has_parents)."""
-        queued, running = const(Status.QUEUED.value), const(Status.RUNNING.value)
+        self.dialect = dialect
+        queued = const(Status.QUEUED.value)
         pick = (sa.select(t_job.c.id)
                 .where(t_job.c.experiment_id == b("exp"), t_job.c.status == queued)
                 .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
@@ -114,21 +130,16 @@ class HotStatements:
         self.claim = Prepared(
             sa.update(t_job)
             .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == queued)
-            .values(status=running, lease=t_job.c.lease + const(1),
-                    attempt=t_job.c.attempt + sa.case((t_job.c.resume, const(0)), else_=const(1)),
-                    resume=const(False), stop_requested=const(False), host=b("host"), pid=b("pid"),
-                    pid_started_at=b("pid_started_at", type_=sa.Float), backend=b("backend"),
-                    backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
-                    started_at=b("now"), heartbeat_at=b("now"), finished_at=sa.null(), error=sa.null(),
-                    exit_code=sa.null(),
-                    workdir=sa.func.coalesce(t_job.c.workdir,
-                                             b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
+            .values(**claim_values())
             .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()), dialect)
         self.heartbeat = Prepared(
-            sa.update(t_job).where(_owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
+            sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
             dialect)
+        self.save = Prepared(
+            sa.update(t_job).where(owned()).values(results=b("results", type_=sa.Text), heartbeat_at=b("now"))
+            .returning(t_job.c.id), dialect)
         self.finish_done = Prepared(
-            sa.update(t_job).where(_owned())
+            sa.update(t_job).where(owned())
             .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
                     results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=sa.null(),
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
@@ -144,3 +155,10 @@ class HotStatements:
         # A sweep's jobs by identity: every one of an experiment, or those past an id (just inserted).
         self.ids_by_hash = Prepared(sa.select(t_job.c.params_hash, t_job.c.id)
                                     .where(t_job.c.experiment_id == b("exp"), t_job.c.id > b("after")), dialect)
+
+    @functools.cached_property
+    def by_hash(self) -> Prepared:
+        """One job of an experiment (``:exp``) by identity (``:h``), every column: a call from Python
+        looks its job up so (compiled on first use: a worker never does)."""
+        return Prepared(sa.select(t_job).where(t_job.c.experiment_id == b("exp"), t_job.c.params_hash == b("h")),
+                        self.dialect)

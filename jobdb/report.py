@@ -28,6 +28,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from .errors import JobmanError, UsageError
@@ -159,9 +160,9 @@ class Report:
     def outer_values(self) -> list[Any]:
         return sorted({r.outer for r in self.rows}, key=_sort_key)
 
-    @property
+    @cached_property
     def scopes(self) -> list[tuple[int | None, str | None]]:
-        """The (phase, target) pairs reported on."""
+        """The (phase, target) pairs reported on (found once: ``label`` asks for every row)."""
         return sorted({(r.phase, r.target) for r in self.rows}, key=lambda s: (_sort_key(s[0]), str(s[1])))
 
     def unit(self, n: int) -> str:

@@ -34,10 +34,45 @@ CODES: dict[Status, int] = {
 }
 ALIASES: dict[str, Status] = {"START": Status.QUEUED, "ERR_RUN": Status.FAILED, "CANCELLED": Status.CANCELED}
 
+# The groups the status machine, the CLI and dispatch speak of, defined here only.
+#: Ended: nothing more happens to these jobs without a repair (reset, retry, set-status).
+ENDED = (Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED)
+#: Finished by a run or by hand (BLOCKED jobs never ran).
 FINISHED = (Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED)
-# A dependency in one of these makes its dependents BLOCKED.
+#: Ended badly: what makes a dispatch exit 1.
+BAD = (Status.FAILED, Status.CRASHED, Status.BLOCKED)
+#: How one run of a job ends badly (a job that ran cannot become BLOCKED).
+RAN_BADLY = (Status.FAILED, Status.CRASHED)
+#: A dependency in one of these makes its dependents BLOCKED.
 BLOCKING = (Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED)
-NOT_FINISHED = (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.BLOCKED)
+#: Not started, and derived from the parents' statuses alone: QUEUED exactly when every parent is DONE.
+PENDING = (Status.WAITING, Status.QUEUED, Status.BLOCKED)
+#: Where a job put back in the queue lands: QUEUED, or WAITING when a parent is no longer DONE.
+REQUEUED = (Status.QUEUED, Status.WAITING)
+#: Still to run or running: a worker waits while any is left.
+OUTSTANDING = (Status.QUEUED, Status.RUNNING, Status.WAITING)
+
+
+def names_of(statuses: tuple[Status, ...]) -> list[str]:
+    """The names of a group, as stored."""
+    return [s.value for s in statuses]
+
+
+class Outcome(str, Enum):
+    """How a run ended, as its worker reports it to ``Store.finish`` (a plain string is accepted too)."""
+
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CRASHED = "CRASHED"  # killed by the world: relaunched within max_attempts
+    INCOMPLETE = "INCOMPLETE"  # the job asked to be queued again and resumed
+    REQUEUE = "REQUEUE"  # its worker is stopping: put back without counting an attempt
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: What the worker loop reports of a job it no longer owns (reset, cancelled or declared crashed meanwhile).
+LOST = "LOST"
 
 
 def parse_status(text: str | int) -> Status:

@@ -12,47 +12,38 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
+from . import graph, transitions
 from . import halving as _halving
-from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .canonical import dump_json
 from .clock import ServerClock
-from .hot import HotStatements, Prepared
+from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
+from .hot import HotStatements, claim_values, owned
+from .records import (CLAIMED_ATTEMPT, CLAIMED_COLUMNS, RUNNING_COLUMNS, Claimed, Event, Found, Job, RunningJob,
+                      ScheduleResult, WorkerInfo, to_claimed)
 from .schema import experiment as t_exp
 from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
-from .canonical import dump_json, load_json
-from .status import BLOCKING, Status
+from .status import OUTSTANDING, Status, names_of
 from .sweep import JobSpec, canonical_target
+from .txn import Transactions, bulk_insert, chunks, source_tag
 from .url import DbTarget, parse_db
 
 T = TypeVar("T")
 MAX_STATE_BYTES = 4 * 1024 * 1024  # a job's results/checkpoint JSON; weights belong in its workdir
-CHUNK = 900  # ids per IN (...) list: under SQLite's bound-parameter limit with room to spare
-_TRANSIENT = ("database is locked", "database table is locked", "could not serialize", "deadlock detected",
-              "server closed the connection", "connection reset", "terminating connection")
 
 
-_SOURCE: tuple[int, str] = (0, "")
-
-
-def source_tag() -> str:
-    """Who makes a change: host:pid (made once per process)."""
-    global _SOURCE
-    pid = os.getpid()
-    if _SOURCE[0] != pid:
-        _SOURCE = (pid, f"{socket.gethostname()}:{pid}")
-    return _SOURCE[1]
+# The worker loop's status names, read once (an Enum's ``value`` is a property).
+_QUEUED, _RUNNING = Status.QUEUED.value, Status.RUNNING.value
 
 
 def params_hash(phase: int, kind: str, target: str, params: dict[str, Any] | str) -> str:
@@ -72,197 +63,6 @@ def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]
     return [sha256(f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f{e}".encode()).hexdigest() for s, e in zip(specs, encoded)]
 
 
-def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
-    """Insert many rows (tuples in ``columns`` order) through the driver's own executemany.
-
-    The statement is compiled once and values stay bound parameters; this only skips
-    SQLAlchemy's per-row processing, which dominates when a sweep inserts 100,000 jobs.
-    """
-    if not rows:
-        return
-    compiled = sa.insert(table).compile(dialect=conn.dialect, column_keys=list(columns))
-    if compiled.positional:
-        where = [list(columns).index(k) for k in compiled.positiontup]
-        params: list[Any] = rows if where == list(range(len(columns))) else [tuple(r[i] for i in where) for r in rows]
-    else:
-        params = [dict(zip(columns, r)) for r in rows]
-    conn.exec_driver_sql(str(compiled), params)
-
-
-def _chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-# -- what the verbs return ------------------------------------------------------
-
-@dataclass
-class Job:
-    """One row of ``job``, decoded."""
-
-    id: int
-    experiment_id: int
-    phase: int
-    kind: str
-    target: str
-    params: dict[str, Any]
-    status: Status
-    priority: int
-    attempt: int
-    max_attempts: int
-    lease: int
-    results: dict[str, Any] | None
-    host: str | None
-    pid: int | None
-    pid_started_at: float | None
-    backend: str | None
-    backend_id: str | None
-    log_path: str | None
-    workdir: str | None
-    created_at: float
-    queued_at: float | None
-    started_at: float | None
-    heartbeat_at: float | None
-    finished_at: float | None
-    error: str | None
-    exit_code: int | None
-    stop_requested: bool = False
-    resume: bool = False
-    depends_on: list[int] = field(default_factory=list)
-    gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
-
-    @classmethod
-    def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
-        return cls.from_mapping(row._mapping, deps)
-
-    @classmethod
-    def from_mapping(cls, m: Any, deps: list[int] | None = None) -> "Job":
-        return cls(
-            id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
-            params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
-            attempt=m["attempt"], max_attempts=m["max_attempts"], lease=m["lease"],
-            results=json.loads(m["results"]) if m["results"] else None, host=m["host"], pid=m["pid"],
-            pid_started_at=m["pid_started_at"], backend=m["backend"], backend_id=m["backend_id"],
-            log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
-            started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
-            error=m["error"], exit_code=m["exit_code"], stop_requested=bool(m["stop_requested"]),
-            resume=bool(m["resume"]), depends_on=deps or [], gpus=m.get("gpus"),
-        )
-
-    @classmethod
-    def from_claimed(cls, row: Sequence[Any], deps: list[int], worker: "WorkerInfo", now: float) -> "Job":
-        """A job as the claim statement left it: the row it returns (``CLAIMED_COLUMNS``), and the
-        values it set itself (the claiming worker, ``now``)."""
-        (job_id, experiment_id, phase, kind, target, params, priority, attempt, max_attempts, lease, results,
-         workdir, created_at, queued_at) = row[:len(CLAIMED_COLUMNS)]
-        return cls(job_id, experiment_id, phase, kind, target, load_json(params), Status.RUNNING, priority, attempt,
-                   max_attempts, lease, load_json(results) if results else None, worker.host, worker.pid,
-                   worker.pid_started_at, worker.backend, worker.backend_id, worker.log_path, workdir, created_at,
-                   queued_at, started_at=now, heartbeat_at=now, finished_at=None, error=None, exit_code=None,
-                   stop_requested=False, resume=False, depends_on=deps)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["status"] = self.status.value
-        return d
-
-    @property
-    def awaiting_allocation(self) -> bool:
-        """QUEUED for one allocation made for it (``assign``) that has not claimed it yet."""
-        return self.status is Status.QUEUED and self.backend_id is not None and self.pid is None
-
-
-# The columns a claim returns: those of Job it does not set itself (see Job.from_claimed).
-CLAIMED_COLUMNS = ("id", "experiment_id", "phase", "kind", "target", "params", "priority", "attempt", "max_attempts",
-                   "lease", "results", "workdir", "created_at", "queued_at")
-_CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
-# The worker loop's status names, read once (an Enum's ``value`` is a property).
-_QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
-
-
-@dataclass(frozen=True)
-class Event:
-    id: int
-    job_id: int
-    at: float
-    from_status: str | None
-    to_status: str | None
-    attempt: int | None
-    why: str
-    source: str | None
-    data: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class ScheduleResult:
-    added: int
-    existing: int
-    job_ids: list[int]
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """Who claims: recorded on the job so the monitor can find the process again."""
-
-    host: str
-    pid: int
-    pid_started_at: float | None = None
-    backend: str = "local"
-    backend_id: str | None = None
-    log_path: str | None = None
-
-    @classmethod
-    def here(cls, **kwargs: Any) -> "WorkerInfo":
-        try:
-            import psutil
-
-            started = psutil.Process(kwargs.get("pid", os.getpid())).create_time()
-        except Exception:
-            started = None
-        kwargs.setdefault("pid", os.getpid())
-        kwargs.setdefault("pid_started_at", started)
-        return cls(host=socket.gethostname(), **kwargs)
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A claimed job: what a worker needs to run it and to prove it still owns it."""
-
-    job: Job
-    lease: int
-
-
-# What a claim's transaction gives back: the claimed row, its parents, and the time it was claimed at.
-_Found = tuple[Sequence[Any], list[int], float]
-
-
-def _to_claimed(found: _Found | None, worker: WorkerInfo) -> Claimed | None:
-    """A claim as handed to a worker (made after the commit, out of the write lock)."""
-    if found is None:
-        return None
-    job = Job.from_claimed(found[0], found[1], worker, found[2])
-    return Claimed(job, job.lease)
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    """What the monitor needs of a RUNNING job to judge whether it still runs (no params, no results)."""
-
-    id: int
-    phase: int
-    lease: int
-    attempt: int
-    max_attempts: int
-    host: str | None
-    pid: int | None
-    pid_started_at: float | None
-    backend: str | None
-    backend_id: str | None
-    started_at: float | None
-    heartbeat_at: float | None
-    stop_requested: bool
-
-
 # -- the store ------------------------------------------------------------------------
 
 class Store:
@@ -277,10 +77,12 @@ class Store:
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
-        self._conn: Connection | None = None
-        self._conn_pid = 0
+        self._tx = Transactions(target, self.engine, self.hot)
+        # The plumbing every verb goes through (jobdb/txn.py).
+        self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
+        # What the end of a run needs beyond its transaction: the server's time, and the searches it moves on.
+        self._ends = dict(clock=self.clock.now, after_end=self._search_after_finish)
         self._experiment_id: int | None = None
-        self._by_hash: Prepared | None = None  # find()'s statement, compiled on first use
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)
@@ -295,51 +97,8 @@ class Store:
         return self.target.experiment
 
     def dispose(self) -> None:
-        self._drop_writer()
+        self._tx.drop_writer()
         self.engine.dispose()
-
-    def _writer(self) -> Connection:
-        """The connection this process writes on: kept between transactions (a worker is one thread)."""
-        if self._conn is None or self._conn_pid != os.getpid():
-            self._conn = self.engine.connect()
-            self._conn_pid = os.getpid()
-        return self._conn
-
-    def _drop_writer(self, invalidate: bool = False) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and self._conn_pid == os.getpid():
-            try:
-                if invalidate:
-                    conn.invalidate()
-                conn.close()
-            except sa.exc.SQLAlchemyError:
-                pass
-
-    # -- transactions --------------------------------------------------------------
-    def _write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
-        """Run ``fn`` in one write transaction, retrying lock and serialization conflicts."""
-        delay = 0.05
-        for attempt in range(retries + 1):
-            try:
-                with _engine.translated_errors(self.target):
-                    conn = self._writer()
-                    try:
-                        return _engine.in_write_transaction(conn, fn)
-                    except sa.exc.DBAPIError as exc:
-                        self._drop_writer(invalidate=exc.connection_invalidated or _engine.is_outage(exc))
-                        if attempt < retries and _is_transient(exc):
-                            raise _Retry() from exc
-                        raise
-            except _Retry:
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _read(self, fn: Callable[[Connection], T]) -> T:
-        with _engine.translated_errors(self.target):
-            with self.engine.connect().execution_options(jobman_readonly=True) as conn:
-                with conn.begin():
-                    return fn(conn)
 
     def _experiment(self, conn: Connection, create: bool = False) -> int:
         if self._experiment_id is not None:
@@ -368,12 +127,6 @@ class Store:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k1, :k2)"), {"k1": 0x6A6F62, "k2": exp})
 
-    def _events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Log status changes: each row has job_id, from_status, to_status and why, and may set the rest."""
-        if rows:
-            base = {"at": time.time(), "source": source_tag(), "data": None, "attempt": None}
-            self.hot.event.run_many(conn, [{**base, **r} for r in rows])
-
     def experiments(self) -> list[str]:
         """Every experiment in the database."""
         return self._read(lambda c: c.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all())
@@ -401,7 +154,7 @@ class Store:
             self._lock_experiment(conn, exp)
             if after:
                 found = set()
-                for chunk in _chunks(list(after)):
+                for chunk in chunks(list(after)):
                     found.update(conn.execute(sa.select(t_job.c.id).where(
                         t_job.c.experiment_id == exp, t_job.c.id.in_(chunk))).scalars())
                 missing = sorted(set(after) - found)
@@ -428,7 +181,7 @@ class Store:
             # transaction, so the new ids are those past ``before``.
             before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
             done = 0
-            for batch in _chunks(rows, 10000):
+            for batch in chunks(rows, 10000):
                 bulk_insert(conn, t_job, columns, batch)
                 done += len(batch)
                 if progress:
@@ -451,11 +204,11 @@ class Store:
                     elif after:
                         deps.extend((child, a) for a in after)
                         waiting.append(child)
-            for batch in _chunks(deps, 10000):
+            for batch in chunks(deps, 10000):
                 bulk_insert(conn, t_dep, ("job_id", "depends_on"), batch)
             # New jobs whose parents already exist may be ready (or blocked) right away.
             if after or pending_parents - set(fresh_ids):
-                self._refresh(conn, waiting, why="scheduled")
+                graph.refresh(conn, self._events, waiting, why="scheduled")
             job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
             if halving is not None:
                 _halving.register(conn, exp, halving, list(job_ids), [s.params for s in specs])
@@ -473,109 +226,21 @@ class Store:
                                .where(t_job.c.id > before)).one()
         return range(before + 1, before + count + 1) if (last, n) == (before + count, count) else None
 
-    # -- the status machine's shared moves ----------------------------------------------
-    def _refresh(self, conn: Connection, job_ids: Sequence[int], why: str) -> None:
-        """Re-derive WAITING/BLOCKED/QUEUED of not-started jobs from their parents."""
-        if not job_ids:
-            return
-        p = t_job.alias("p")
-        bad_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
-                                       p.c.status.in_([s.value for s in BLOCKING]))
-        open_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
-                                        p.c.status != Status.DONE.value)
-        blocked: set[int] = set()
-        for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves
-            moved = False
-            for chunk in _chunks(list(job_ids)):
-                rows = conn.execute(sa.select(
-                    t_job.c.id, t_job.c.status, t_job.c.attempt,
-                    sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
-                            else_=Status.QUEUED.value).label("want"),
-                ).where(t_job.c.id.in_(chunk),
-                        t_job.c.status.in_([Status.WAITING.value, Status.BLOCKED.value, Status.QUEUED.value]))).all()
-                moves: dict[str, list[int]] = {}
-                events = []
-                for r in rows:
-                    if r.want != r.status:
-                        moves.setdefault(r.want, []).append(r.id)
-                        events.append({"job_id": r.id, "from_status": r.status, "to_status": r.want,
-                                       "attempt": r.attempt, "why": why})
-                now = time.time()
-                for status, ids in moves.items():
-                    values: dict[str, Any] = {"status": status}
-                    if status == Status.QUEUED.value:
-                        values["queued_at"] = now
-                    conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(**values))
-                self._events(conn, events)
-                blocked.update(moves.get(Status.BLOCKED.value, []))
-                moved = moved or bool(moves)
-            if not moved or len(job_ids) == 1:
-                break
-        if blocked:  # their dependents outside the set can no longer run either
-            still = [i for chunk in _chunks(sorted(blocked)) for i in conn.execute(
-                sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)).scalars()]
-            self._block_many(conn, still, "a dependency is BLOCKED")
-
-    def _children(self, conn: Connection, job_id: int) -> list[int]:
-        return list(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == job_id)).scalars())
-
-    def _descendants(self, conn: Connection, roots: Sequence[int]) -> list[int]:
-        """Every job downstream of ``roots`` (not the roots themselves), one recursive query."""
-        if not roots:
-            return []
-        out: set[int] = set()
-        for chunk in _chunks(list(roots)):
-            down = sa.select(t_dep.c.job_id.label("id")).where(t_dep.c.depends_on.in_(chunk)) \
-                .cte("down", recursive=True)
-            down = down.union(sa.select(t_dep.c.job_id).join(down, t_dep.c.depends_on == down.c.id))
-            out.update(conn.execute(sa.select(down.c.id)).scalars())
-        return sorted(out - set(roots))
-
-    def _block_downstream(self, conn: Connection, job_id: int, why: str) -> int:
-        """Dependents of a job that ended badly can never run: BLOCKED, transitively."""
-        return self._block_many(conn, [job_id], why)
-
-    def _block_many(self, conn: Connection, dead: Sequence[int], why: str) -> int:
-        """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
-        if not dead:
-            return 0
-        down = self._descendants(conn, list(dead))
-        events, ids = [], []
-        for chunk in _chunks(down):
-            for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
-                    t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
-                ids.append(r.id)
-                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
-                               "attempt": r.attempt, "why": why})
-        for chunk in _chunks(ids):
-            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
-        self._events(conn, events)
-        return len(ids)
-
-    def _promote_children(self, conn: Connection, job_id: int) -> None:
-        """The commit that marks a job DONE queues its dependents that are now ready."""
-        children = self._children(conn, job_id)
-        if children:
-            self._refresh(conn, children, why=f"job {job_id} is DONE")
-
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
-        return _to_claimed(self._write(lambda conn: self._claim(conn, worker, workdir_root)), worker)
+        return to_claimed(self._write(lambda conn: self._claim(conn, worker, workdir_root)), worker)
 
     def _claim(self, conn: Connection, worker: WorkerInfo, workdir_root: str | None,
-               log: list[dict[str, Any]] | None = None) -> _Found | None:
+               log: list[dict[str, Any]] | None = None) -> Found | None:
         """The claim in ``conn``'s transaction (with ``log``, its event is left there for the caller to
         write), for :func:`_to_claimed` once the lock is released."""
-        root = workdir_root.rstrip("/") + "/" if workdir_root is not None else None
         now = self.clock.now(conn)
-        rows = self.hot.claim.rows(conn, exp=self._experiment(conn), host=worker.host, pid=worker.pid,
-                                   pid_started_at=worker.pid_started_at, backend=worker.backend,
-                                   backend_id=worker.backend_id, log_path=worker.log_path, now=now, root=root)
+        rows = self.hot.claim.rows(conn, exp=self._experiment(conn), **_claim_args(worker, workdir_root, now))
         if not rows:
             return None
         row = rows[0]
-        self._log_claim(conn, row[0], row[_CLAIMED_ATTEMPT], worker, log)
+        self._log_claim(conn, row[0], row[CLAIMED_ATTEMPT], worker, log)
         return row, [r[0] for r in self.hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
 
     def _log_claim(self, conn: Connection, job_id: int, attempt: int, worker: WorkerInfo,
@@ -633,18 +298,8 @@ class Store:
             where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value]
             if assigned_to is not None:
                 where.append(t_job.c.backend_id == assigned_to)
-            now = self.clock.now(conn)
-            values: dict[str, Any] = dict(
-                status=Status.RUNNING.value, lease=t_job.c.lease + 1,
-                attempt=t_job.c.attempt + sa.case((t_job.c.resume, 0), else_=1),
-                resume=False, stop_requested=False, host=worker.host, pid=worker.pid,
-                pid_started_at=worker.pid_started_at, backend=worker.backend, backend_id=worker.backend_id,
-                log_path=worker.log_path, started_at=now, heartbeat_at=now, finished_at=None, error=None,
-                exit_code=None)
-            if workdir_root is not None:
-                values["workdir"] = sa.func.coalesce(
-                    t_job.c.workdir, sa.literal(workdir_root.rstrip("/") + "/") + sa.cast(t_job.c.id, sa.String))
-            row = conn.execute(sa.update(t_job).where(*where).values(**values).returning(*t_job.c)).first()
+            row = conn.execute(sa.update(t_job).where(*where).values(**claim_values()).returning(*t_job.c),
+                               _claim_args(worker, workdir_root, self.clock.now(conn))).first()
             if row is None:
                 return None
             job = Job.from_row(row, self._parent_ids(conn, row.id))
@@ -657,32 +312,8 @@ class Store:
         """Allocation ``backend_id`` ended without claiming its job: that counts as an attempt; the job
         stays QUEUED for another allocation, or is CRASHED once max_attempts are spent. None if the
         job no longer waits for that allocation."""
-        def run(conn: Connection) -> Status | None:
-            exp = self._experiment(conn)
-            row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts).where(
-                t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value,
-                t_job.c.backend_id == backend_id, t_job.c.pid.is_(None)).with_for_update()).first()
-            if row is None:
-                return None
-            attempt = row.attempt + 1
-            if attempt < row.max_attempts:
-                conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
-                    attempt=attempt, backend=None, backend_id=None))
-                new, why = Status.QUEUED, f"{reason} (attempt {attempt} of {row.max_attempts}; to be submitted again)"
-            else:
-                conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
-                    attempt=attempt, status=Status.CRASHED.value, error=reason, finished_at=time.time()))
-                new, why = Status.CRASHED, f"{reason} (attempt {attempt} of {row.max_attempts})"
-            self._events(conn, [{"job_id": job_id, "from_status": Status.QUEUED.value, "to_status": new.value,
-                                 "attempt": attempt, "why": why}])
-            if new is Status.CRASHED:
-                self._block_downstream(conn, job_id, f"job {job_id} is CRASHED")
-            return new
-
-        return self._write(run)
-
-    def _owned(self, job_id: int, lease: int):
-        return sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == Status.RUNNING.value)
+        return self._write(lambda conn: transitions.release(conn, self._events, self._experiment(conn), job_id,
+                                                            backend_id, reason))
 
     def _refuse(self, conn: Connection, job_id: int, lease: int, what: str) -> LeaseLost:
         row = conn.execute(sa.select(t_job.c.status, t_job.c.lease, t_job.c.attempt)
@@ -718,15 +349,15 @@ class Store:
         if len(blob) > MAX_STATE_BYTES:
             raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                 "limit: keep large arrays in files in the job's workdir")
-        ok = self._write(lambda c: c.execute(sa.update(t_job).where(self._owned(job_id, lease))
-                                             .values(results=blob, heartbeat_at=self.clock.now(c))).rowcount)
+        ok = self._write(lambda c: self.hot.save.rows(c, id=job_id, lease=lease, results=blob, now=self.clock.now(c)))
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
 
     def set_gpus(self, job_id: int, lease: int, gpus: str) -> None:
         """Record the devices a running job was given (``CUDA_VISIBLE_DEVICES``), on the job and in its log."""
         def run(conn: Connection) -> bool:
-            if not conn.execute(sa.update(t_job).where(self._owned(job_id, lease)).values(gpus=gpus)).rowcount:
+            if not conn.execute(sa.update(t_job).where(owned()).values(gpus=gpus), {"id": job_id, "lease": lease}
+                                ).rowcount:
                 return False
             self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
                                  "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
@@ -741,7 +372,7 @@ class Store:
         rows = [{"job_id": job_id, "step": s, "name": n, "value": v, "at": now} for s, n, v in points]
 
         def run(conn: Connection) -> bool:
-            if conn.execute(sa.select(t_job.c.id).where(self._owned(job_id, lease))).first() is None:
+            if conn.execute(sa.select(t_job.c.id).where(owned()), {"id": job_id, "lease": lease}).first() is None:
                 return False
             if rows:
                 conn.execute(sa.insert(t_metric), rows)
@@ -759,8 +390,8 @@ class Store:
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
         """
         blob, outcome, error = self._result_blob(results, outcome, error)
-        status = self._write(lambda conn: self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why,
-                                                       relaunch))
+        status = self._write(lambda conn: transitions.finish(conn, self._events, self.hot, job_id, lease, outcome,
+                                                             blob, error, exit_code, why, relaunch, **self._ends))
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
         return status
@@ -776,9 +407,10 @@ class Store:
         """
         blob, outcome, error = self._result_blob(results, outcome, error)
 
-        def run(conn: Connection) -> tuple[Status | None, _Found | None]:
+        def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
-            status = self._finish(conn, job_id, lease, outcome, blob, error, exit_code, why, True, log)
+            status = transitions.finish(conn, self._events, self.hot, job_id, lease, outcome, blob, error, exit_code,
+                                        why, True, log, **self._ends)
             claimed = self._claim(conn, worker, workdir_root, log) if status is not None else None
             self._events(conn, log)
             return status, claimed
@@ -786,7 +418,7 @@ class Store:
         status, claimed = self._write(run)
         if status is None:
             raise self._refuse_logged(job_id, lease, "finish")
-        return status, _to_claimed(claimed, worker)
+        return status, to_claimed(claimed, worker)
 
     @staticmethod
     def _result_blob(results: dict[str, Any] | None, outcome: str,
@@ -798,90 +430,10 @@ class Store:
                                           "limit: keep large arrays in files in its workdir"), "FAILED"
         return blob, outcome, error
 
-    def _finish(self, conn: Connection, job_id: int, lease: int, outcome: str, blob: str | None,
-                error: str | None, exit_code: int | None, why: str | None, relaunch: bool,
-                log: list[dict[str, Any]] | None = None) -> Status | None:
-        if outcome == "DONE":
-            return self._finish_done(conn, job_id, lease, blob, exit_code, why, log)
-        row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
-                           .where(self._owned(job_id, lease)).with_for_update()).first()  # vs. a racing crash
-        if row is None:
-            return None
-        now = self.clock.now(conn)
-        values: dict[str, Any] = {"heartbeat_at": now}
-        if blob is not None:
-            values["results"] = blob
-        if row.stop_requested and outcome in ("INCOMPLETE", "REQUEUE", "CRASHED", "FAILED"):
-            new, reason = Status.CANCELED, why or "cancelled while running"
-        elif outcome == "DONE":
-            new, reason = Status.DONE, why or "finished"
-        elif outcome == "FAILED":
-            new, reason = Status.FAILED, why or "failed"
-        elif outcome == "CRASHED":
-            new, reason = Status.CRASHED, why or "crashed"
-        elif outcome in ("INCOMPLETE", "REQUEUE"):
-            new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome == "INCOMPLETE"
-                                                 else "put back by its stopping worker")
-            values.update(resume=True, queue_order=-1, queued_at=now)
-        else:
-            raise ValueError(f"unknown outcome {outcome!r}")
-        values["status"] = new.value
-        if new is not Status.QUEUED:
-            values["finished_at"] = now
-        if error is not None or new in (Status.DONE, Status.QUEUED):
-            values["error"] = error
-        if exit_code is not None:
-            values["exit_code"] = exit_code
-        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
-        self._events(conn, [{"job_id": job_id, "from_status": Status.RUNNING.value, "to_status": new.value,
-                             "attempt": row.attempt, "why": reason}])
-        if new is Status.DONE:
-            self._promote_children(conn, job_id)
-        elif new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
-            new = self._requeue(conn, job_id, row.attempt, f"relaunch after crash ({reason})")
-        elif new in (Status.FAILED, Status.CRASHED, Status.CANCELED):
-            self._block_downstream(conn, job_id, f"job {job_id} is {new.value}")
-            self._search_after_finish(conn, job_id)
-        elif new is Status.QUEUED:
-            new = self._recheck(conn, job_id)
-        return new
-
-    def _finish_done(self, conn: Connection, job_id: int, lease: int, blob: str | None, exit_code: int | None,
-                     why: str | None, log: list[dict[str, Any]] | None = None) -> Status | None:
-        """The common end: mark DONE, log it (or leave its event in ``log``), queue ready dependents."""
-        rows = self.hot.finish_done.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn), results=blob,
-                                         exit_code=exit_code)
-        if not rows:
-            return None
-        attempt, has_children = rows[0]
-        event = {"job_id": job_id, "from_status": _RUNNING, "to_status": _DONE, "attempt": attempt,
-                 "why": why or "finished"}
-        if log is not None and not has_children:
-            log.append(event)
-        else:  # written before the promotions it causes, so that the log reads in order
-            self._events(conn, [event])
-        if has_children:
-            self._refresh(conn, [r[0] for r in self.hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
-        self._search_after_finish(conn, job_id)
-        return Status.DONE
-
     def _search_after_finish(self, conn: Connection, job_id: int) -> None:
         """The one place where the end of a job moves a search on: promotions, in the finishing commit."""
-        _halving.after_finish(conn, job_id, lambda c, ids, why: self._refresh(c, ids, why=why), params_hash,
-                              lambda: self.clock.now(conn))
-
-    def _requeue(self, conn: Connection, job_id: int, attempt: int, why: str) -> Status:
-        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
-            status=Status.QUEUED.value, queued_at=time.time(), queue_order=0, resume=False,
-            stop_requested=False, finished_at=None))
-        self._events(conn, [{"job_id": job_id, "from_status": Status.CRASHED.value, "to_status": Status.QUEUED.value,
-                             "attempt": attempt, "why": why}])
-        return self._recheck(conn, job_id)
-
-    def _recheck(self, conn: Connection, job_id: int) -> Status:
-        """A job put back in the queue while it ran may have lost a DONE parent: WAITING or BLOCKED then."""
-        self._refresh(conn, [job_id], why="its dependencies are not all DONE")
-        return Status(conn.execute(sa.select(t_job.c.status).where(t_job.c.id == job_id)).scalar_one())
+        _halving.after_finish(conn, job_id, lambda c, ids, why: graph.refresh(c, self._events, ids, why=why),
+                              params_hash, lambda: self.clock.now(conn))
 
     # -- the monitor's verbs ---------------------------------------------------------------
     def running(self) -> list[Job]:
@@ -899,19 +451,12 @@ class Store:
     def relaunch(self, job_ids: Sequence[int], why: str, *, include_failed: bool = False,
                  ignore_limit: bool = False, dry_run: bool = False) -> list[int]:
         """Put CRASHED (and, if asked, FAILED) jobs back in the queue within max_attempts, cascading."""
-        statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
-
         def run(conn: Connection) -> list[int]:
-            exp = self._experiment(conn)
-            q = sa.select(t_job.c.id, t_job.c.attempt, t_job.c.max_attempts).where(
-                t_job.c.experiment_id == exp, t_job.c.status.in_(statuses))
-            rows = []
-            for chunk in _chunks(list(job_ids)):
-                rows.extend(conn.execute(q.where(t_job.c.id.in_(chunk))).all())
-            chosen = [r.id for r in rows if ignore_limit or r.attempt < r.max_attempts]
+            chosen = transitions.relaunchable(conn, self._experiment(conn), include_failed=include_failed,
+                                              ids=job_ids, ignore_limit=ignore_limit)
             if not dry_run:
-                self._reset(conn, chosen, cascade=True, why=why, fresh=False)
-            return sorted(chosen)
+                transitions.reset(conn, self._events, chosen, cascade=True, why=why, fresh=False)
+            return chosen
 
         return self._write(run)
 
@@ -921,14 +466,12 @@ class Store:
 
     def running_brief(self) -> list[RunningJob]:
         """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
-        cols = [t_job.c.id, t_job.c.phase, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.host,
-                t_job.c.pid, t_job.c.pid_started_at, t_job.c.backend, t_job.c.backend_id, t_job.c.started_at,
-                t_job.c.heartbeat_at, t_job.c.stop_requested]
+        cols = [t_job.c[name] for name in RUNNING_COLUMNS]
 
         def run(conn: Connection) -> list[RunningJob]:
             exp = self._experiment(conn)
             rows = conn.execute(self._running_select(exp, *cols).order_by(t_job.c.id)).all()
-            return [RunningJob(*r[:-1], bool(r[-1])) for r in rows]  # the columns in the dataclass's order
+            return [RunningJob.from_row(r) for r in rows]
         return self._read(run)
 
     def crash_many(self, found: Sequence[tuple[int, int, str]], *, relaunch: bool = True,
@@ -944,64 +487,10 @@ class Store:
         wanted: dict[int, dict[int, str]] = {}
         for job_id, lease, reason in found:
             wanted.setdefault(job_id, {})[lease] = reason
-
-        def run(conn: Connection) -> dict[int, Status]:
-            exp = self._experiment(conn)
-            rows = []
-            for chunk in _chunks(sorted(wanted)):
-                rows.extend(conn.execute(
-                    sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts,
-                              t_job.c.stop_requested)
-                    .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk),
-                           t_job.c.status == Status.RUNNING.value)
-                    .with_for_update()).all())
-            now = self.clock.now(conn)
-            groups: dict[Status, list[dict[str, Any]]] = {Status.QUEUED: [], Status.CRASHED: [], Status.CANCELED: []}
-            events: list[dict[str, Any]] = []
-            out: dict[int, Status] = {}
-            for r in rows:
-                reason = wanted[r.id].get(r.lease)
-                if reason is None:
-                    continue
-                if r.stop_requested:
-                    new = Status.CANCELED
-                else:
-                    new = Status.CRASHED
-                limit = r.max_attempts if max_attempts is None else max_attempts
-                events.append({"job_id": r.id, "from_status": Status.RUNNING.value, "to_status": new.value,
-                               "attempt": r.attempt,
-                               "why": reason if new is Status.CRASHED else f"cancelled while running ({reason})"})
-                if new is Status.CRASHED and relaunch and r.attempt < limit:
-                    events.append({"job_id": r.id, "from_status": Status.CRASHED.value,
-                                   "to_status": Status.QUEUED.value, "attempt": r.attempt,
-                                   "why": f"relaunch after crash ({reason}), attempt {r.attempt} of {limit}"})
-                    new = Status.QUEUED
-                groups[new].append({"_id": r.id, "_error": reason})
-                out[r.id] = new
-            ended = dict(status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now)
-            for new, params in groups.items():
-                if not params:
-                    continue
-                values = dict(ended) if new is not Status.QUEUED else dict(
-                    ended, finished_at=None, queued_at=now, queue_order=0, resume=False, stop_requested=False)
-                conn.execute(sa.update(t_job).where(t_job.c.id == sa.bindparam("_id")).values(**values),
-                             [{**p, "_status": new.value} for p in params])
-            self._events(conn, events)
-            dead = sorted(i for i, s in out.items() if s is not Status.QUEUED)
-            if len(dead) == 1:
-                self._block_downstream(conn, dead[0], f"job {dead[0]} is {out[dead[0]].value}")
-            elif dead:
-                named = ", ".join(map(str, dead[:5])) + (f" and {len(dead) - 5} more" if len(dead) > 5 else "")
-                self._block_many(conn, dead, f"jobs {named} ended CRASHED or CANCELED")
-            requeued = sorted(i for i, s in out.items() if s is Status.QUEUED)
-            if requeued:  # a parent reset while the job ran leaves it WAITING, not QUEUED
-                self._refresh(conn, requeued, why="its dependencies are not all DONE")
-                for chunk in _chunks(requeued):
-                    out.update((i, Status(s)) for i, s in conn.execute(
-                        sa.select(t_job.c.id, t_job.c.status).where(t_job.c.id.in_(chunk))))
-            return out
-
-        return self._write(run) if wanted else {}
+        return self._write(lambda conn: transitions.crash_found(
+            conn, self._events, self._experiment(conn), wanted, relaunch=relaunch, max_attempts=max_attempts,
+            now=self.clock.now(conn))) \
+            if wanted else {}
 
     def relaunch_due(self, *, include_failed: bool = False, max_attempts: int | None = None,
                      why: str = "relaunched by the monitor", dry_run: bool = False) -> list[int]:
@@ -1009,19 +498,14 @@ class Store:
 
         ``max_attempts`` overrides each job's own limit. The jobs keep their workdir and checkpoint.
         """
-        statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
-
         def due(conn: Connection) -> list[int]:
-            exp = self._experiment(conn)
-            limit = t_job.c.max_attempts if max_attempts is None else sa.literal(max_attempts)
-            return sorted(conn.execute(sa.select(t_job.c.id).where(
-                t_job.c.experiment_id == exp, t_job.c.status.in_(statuses), t_job.c.attempt < limit)
-                .with_for_update()).scalars())
+            return transitions.relaunchable(conn, self._experiment(conn), include_failed=include_failed,
+                                            max_attempts=max_attempts)
 
         def run(conn: Connection) -> list[int]:
             ids = due(conn)
             if ids:
-                self._reset(conn, ids, cascade=True, why=why, fresh=False)
+                transitions.reset(conn, self._events, ids, cascade=True, why=why, fresh=False)
             return ids
 
         # Every scan asks; a read first keeps the write lock for the scans that have something to do.
@@ -1050,34 +534,9 @@ class Store:
         transaction is rolled back: a preview that is exactly the real thing, minus the commit. Not for
         a store shared between threads while it runs.
         """
-        changes: list[dict[str, Any]] = []
-        write, log = self._write, self._events
-
-        def recorded_write(fn: Callable[[Connection], Any], retries: int = 8) -> Any:
-            mark = len(changes)
-
-            def run(conn: Connection) -> Any:
-                del changes[mark:]  # a retried transaction logs its changes again
-                result = fn(conn)
-                if dry_run:
-                    raise _Rehearsed(result)
-                return result
-            try:
-                return write(run, retries)
-            except _Rehearsed as done:
-                return done.result
-
-        def recorded(conn: Connection, rows: list[dict[str, Any]]) -> None:
-            changes.extend({k: r.get(k) for k in ("job_id", "from_status", "to_status", "why")}
-                           for r in rows if r.get("to_status") is not None)
-            log(conn, rows)
-
-        self._write, self._events = recorded_write, recorded  # type: ignore[method-assign]
-        try:
+        with self._tx.recording(rehearse=dry_run) as recorder:
             result = verb()
-        finally:
-            del self._write, self._events
-        return result, changes
+        return result, recorder.changes
 
     # -- a user's repairs ----------------------------------------------------------------
     def reset(self, job_ids: Sequence[int], *, cascade: bool = True, why: str = "reset by hand",
@@ -1088,76 +547,20 @@ class Store:
         """
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
-            for chunk in _chunks(list(job_ids)) if not force_running else ():  # every chunk, not the first
+            for chunk in chunks(list(job_ids)) if not force_running else ():  # every chunk, not the first
                 busy = conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(chunk),
                                                                 t_job.c.status == Status.RUNNING.value)).first()
                 if busy is not None:
                     raise UsageError(f"job {busy.id} is RUNNING: cancel it with --running first, or reset with --force")
-            return self._reset(conn, job_ids, cascade=cascade, why=why, fresh=True)
+            return transitions.reset(conn, self._events, job_ids, cascade=cascade, why=why, fresh=True)
 
         return self._write(run)
-
-    def _reset(self, conn: Connection, job_ids: Sequence[int], *, cascade: bool, why: str, fresh: bool) -> list[int]:
-        if not job_ids:
-            return []
-        roots = sorted(set(job_ids))
-        down = [d for d in self._descendants(conn, roots) if d not in set(roots)]
-        events = []
-        cleared: list[int] = []
-        for group, is_root in ((roots, True), (down, False)):
-            for chunk in _chunks(group):
-                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
-                                    .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id)).all()
-                for r in rows:
-                    if not is_root and not cascade and r.status not in (Status.BLOCKED.value,):
-                        continue
-                    if not is_root and r.status == Status.WAITING.value and not r.results:
-                        continue
-                    data = {"results": json.loads(r.results)} if r.results and (fresh or not is_root) else None
-                    events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
-                                   "attempt": r.attempt, "data": json.dumps(data) if data else None,
-                                   "why": why if is_root else f"{why}: upstream job reset"})
-                    cleared.append(r.id)
-        values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
-                                      finished_at=None, stop_requested=False, resume=False, queue_order=0,
-                                      queued_at=None)
-        # A relaunch keeps the job's last checkpoint so it resumes; a reset by hand starts afresh.
-        root_values = {**values, "attempt": 0} if fresh else {k: v for k, v in values.items() if k != "results"}
-        for chunk in _chunks([i for i in cleared if i in set(roots)]):
-            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**root_values))
-        for chunk in _chunks([i for i in cleared if i not in set(roots)]):
-            conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
-        self._events(conn, events)
-        # Every job downstream is re-derived, not only those cleared: a QUEUED one left alone by
-        # --no-cascade has a parent that is no longer DONE.
-        self._refresh(conn, sorted(set(cleared) | set(down)), why="dependencies re-checked after reset")
-        return cleared
 
     def cancel(self, job_ids: Sequence[int], *, running: bool = False, why: str = "cancelled by hand") -> list[int]:
         """Cancel jobs that have not finished; with ``running``, ask running ones to stop."""
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
-            changed = []
-            for chunk in _chunks(list(job_ids)):
-                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
-                                    .where(t_job.c.id.in_(chunk))).all()
-                for r in rows:
-                    r = self._current(conn, r.id)  # cancelling an earlier one may have blocked this one
-                    if r.status == Status.RUNNING.value:
-                        if not running:
-                            raise UsageError(f"job {r.id} is RUNNING: add --running to ask it to stop")
-                        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(stop_requested=True))
-                        self._events(conn, [{"job_id": r.id, "from_status": r.status, "to_status": r.status,
-                                             "attempt": r.attempt, "why": f"{why}: stop requested"}])
-                        changed.append(r.id)
-                    elif r.status in (Status.WAITING.value, Status.QUEUED.value, Status.BLOCKED.value):
-                        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(
-                            status=Status.CANCELED.value, finished_at=time.time()))
-                        self._events(conn, [{"job_id": r.id, "from_status": r.status,
-                                             "to_status": Status.CANCELED.value, "attempt": r.attempt, "why": why}])
-                        self._block_downstream(conn, r.id, f"job {r.id} is CANCELED")
-                        changed.append(r.id)
-            return changed
+            return transitions.cancel(conn, self._events, job_ids, running=running, why=why)
 
         return self._write(run)
 
@@ -1166,35 +569,11 @@ class Store:
 
         RUNNING is refused: a job becomes RUNNING only when a worker claims it (a RUNNING job with
         no worker, pid or heartbeat would never end, and the monitor could not find it)."""
-        if status is Status.RUNNING:
-            raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
+        transitions.check_settable(status)
 
         def run(conn: Connection) -> list[int]:
             self._check_ids(conn, job_ids)
-            changed = []
-            for chunk in _chunks(list(job_ids)):
-                rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
-                                    .where(t_job.c.id.in_(chunk))).all()
-                for r in rows:
-                    r = self._current(conn, r.id)  # an earlier one's dependents may include this one
-                    if r.status == status.value:
-                        continue
-                    values: dict[str, Any] = {"status": status.value}
-                    if status is Status.QUEUED:
-                        values.update(queued_at=time.time(), resume=False)
-                    conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(**values))
-                    self._events(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value,
-                                         "attempt": r.attempt, "why": why}])
-                    changed.append(r.id)
-                    if status in (Status.QUEUED, Status.WAITING):  # QUEUED exactly when every dependency is DONE
-                        self._refresh(conn, [r.id], why="its dependencies are not all DONE")
-                    if status is Status.DONE:
-                        self._promote_children(conn, r.id)
-                    elif status in BLOCKING:
-                        self._block_downstream(conn, r.id, f"job {r.id} is {status.value}")
-                    elif r.status in [s.value for s in (*BLOCKING, Status.DONE)]:  # its dependents lose a DONE parent
-                        self._refresh(conn, self._descendants(conn, [r.id]), why=f"job {r.id} is {status.value}")
-            return changed
+            return transitions.set_status(conn, self._events, job_ids, status, why)
 
         return self._write(run)
 
@@ -1203,7 +582,7 @@ class Store:
         def run(conn: Connection) -> int:
             self._check_ids(conn, job_ids)
             n = 0
-            for chunk in _chunks(list(job_ids)):
+            for chunk in chunks(list(job_ids)):
                 n += conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(priority=priority)).rowcount
             return n
         return self._write(run)
@@ -1214,27 +593,22 @@ class Store:
             self._check_ids(conn, job_ids)
             affected = set()
             n = 0
-            for chunk in _chunks(list(job_ids)):
+            for chunk in chunks(list(job_ids)):
                 affected.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
                 for table, col in ((t_metric, t_metric.c.job_id), (t_event, t_event.c.job_id),
                                    (t_dep, t_dep.c.job_id), (t_dep, t_dep.c.depends_on)):
                     conn.execute(sa.delete(table).where(col.in_(chunk)))
                 n += conn.execute(sa.delete(t_job).where(t_job.c.id.in_(chunk))).rowcount
-            self._refresh(conn, sorted(affected - set(job_ids)), why="a dependency was deleted")
+            graph.refresh(conn, self._events, sorted(affected - set(job_ids)), why="a dependency was deleted")
             return n
         return self._write(run)
-
-    def _current(self, conn: Connection, job_id: int) -> Any:
-        """A job's id, status and attempt as they are now in this transaction, its row locked."""
-        return conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
-                            .where(t_job.c.id == job_id).with_for_update()).one()
 
     def _check_ids(self, conn: Connection, job_ids: Sequence[int]) -> None:
         exp = self._experiment(conn)
         if not job_ids:
             raise UsageError("no job was selected")
         found: set[int] = set()
-        for chunk in _chunks(list(job_ids)):
+        for chunk in chunks(list(job_ids)):
             found.update(conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
                                                                   t_job.c.id.in_(chunk))).scalars())
         missing = sorted(set(job_ids) - found)
@@ -1296,7 +670,7 @@ class Store:
         return self._read(lambda conn: _halving.rungs_of(conn, self._experiment(conn)))
 
     def children(self, job_id: int) -> list[int]:
-        return self._read(lambda c: sorted(self._children(c, job_id)))
+        return self._read(lambda c: sorted(graph.children(c, job_id)))
 
     def parents(self, job_id: int) -> list[Job]:
         """The jobs ``job_id`` depends on, whole (a job reads its parents' workdirs and results)."""
@@ -1317,7 +691,7 @@ class Store:
         """(job_id, step, name, value) of the given jobs, in step order."""
         def run(conn: Connection) -> list[tuple[int, int, str, float]]:
             out = []
-            for chunk in _chunks(list(job_ids)):
+            for chunk in chunks(list(job_ids)):
                 out.extend(conn.execute(sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name,
                                                   t_metric.c.value).where(t_metric.c.job_id.in_(chunk))
                                         .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)).all())
@@ -1348,7 +722,7 @@ class Store:
         """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""
         def run(conn: Connection) -> dict[str, int]:
             exp = self._experiment(conn)
-            wanted = [Status.QUEUED.value, Status.RUNNING.value, Status.WAITING.value]
+            wanted = names_of(OUTSTANDING)
             q = sa.select(t_job.c.status, sa.func.count()).where(
                 t_job.c.experiment_id == exp, t_job.c.status.in_(wanted)).group_by(t_job.c.status)
             found = dict(conn.execute(q).all())
@@ -1382,14 +756,10 @@ class Store:
                 return {}
             out: dict[str, Job] = {}
             if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
-                if self._by_hash is None:
-                    self._by_hash = Prepared(sa.select(t_job).where(t_job.c.experiment_id == sa.bindparam("exp"),
-                                                                    t_job.c.params_hash == sa.bindparam("h")),
-                                             conn.dialect)
                 names = t_job.c.keys()
                 return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
-                        for r in self._by_hash.rows(conn, exp=exp, h=hashes[0])}
-            for chunk in _chunks(list(hashes)):
+                        for r in self.hot.by_hash.rows(conn, exp=exp, h=hashes[0])}
+            for chunk in chunks(list(hashes)):
                 rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
                                                            t_job.c.params_hash.in_(chunk))).all()
                 out.update((r.params_hash, Job.from_row(r)) for r in rows)
@@ -1425,6 +795,13 @@ class Store:
 _MISSING = object()
 
 
+def _claim_args(worker: WorkerInfo, workdir_root: str | None, now: float) -> dict[str, Any]:
+    """The values a claim binds (``hot.claim_values``): the claiming worker, the time, the workdir root."""
+    return dict(host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at, backend=worker.backend,
+                backend_id=worker.backend_id, log_path=worker.log_path, now=now,
+                root=workdir_root.rstrip("/") + "/" if workdir_root is not None else None)
+
+
 def _canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
     if all(s.kind != "fn" or ":" in s.target for s in specs):
@@ -1452,23 +829,6 @@ def _older_spellings(conn: Connection, exp: int, specs: Sequence[JobSpec], encod
         if h in ids and hashes[i] not in ids:
             out[i] = h
     return out
-
-
-class _Retry(Exception):
-    pass
-
-
-class _Rehearsed(Exception):
-    """Carries a rehearsed verb's answer out of the transaction it rolls back."""
-
-    def __init__(self, result: Any) -> None:
-        super().__init__("rehearsal")
-        self.result = result
-
-
-def _is_transient(exc: BaseException) -> bool:
-    text = str(getattr(exc, "orig", exc)).lower()
-    return any(t in text for t in _TRANSIENT)
 
 
 def _first_occurrences(hashes: list[str], existing: dict[str, int]) -> list[int]:

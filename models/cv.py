@@ -63,14 +63,6 @@ class SubChannel(Channel):
         self._outer.log(step, **{self._prefix + k: v for k, v in metrics.items()})
 
 
-def _best_function() -> Callable[..., Any]:
-    try:
-        from jobman.jobdb.report import best
-    except ImportError as exc:
-        raise RuntimeError(f"cv:retrain needs jobman.jobdb.report.best, which cannot be imported: {exc}") from None
-    return best
-
-
 def _trainer_for(target: str) -> Callable[[dict, Channel], str]:
     """The function that retrains a winner of ``target``: DBN fine-tuning reruns both phases."""
     module_name, _, name = target.partition(":") if ":" in target else target.rpartition(".")
@@ -98,9 +90,9 @@ def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, 
     records = _records(parents, p["metric"])
     if not records:
         raise ValueError(f"no parent job has a numeric {p['metric']!r} result to select on")
-    winner = _best_function()(records, metric=p["metric"], mode=p["mode"], group_over=p["group_over"])
-    if winner is None:
-        raise ValueError("the report found no finished configuration among the parents")
+    from jobman.jobdb.report import best  # NumPy's report: imported by the fan-in job only
+
+    winner = best(records, metric=p["metric"], mode=p["mode"], group_over=p["group_over"])
     job_ids = [int(j) for j in winner.job_ids]
     first = next(r for r in records if r["job_id"] in job_ids)
     params = {**first["params"], **dict(winner.params)}

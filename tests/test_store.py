@@ -359,6 +359,23 @@ def test_crashed_relaunches_within_max_attempts_then_stays_crashed(store):
     assert_events_explain_statuses(store)
 
 
+def test_a_crash_reported_by_its_worker_and_one_found_by_the_monitor_are_one_move(store):
+    """finish(CRASHED) and crash_many relaunch and block through the same moves: same events, same rows."""
+    [by_worker, by_monitor] = store.schedule(sweep("a={{1,2}}"), max_attempts=2).job_ids
+    first, second = store.claim(W), store.claim(W)
+    reason = "killed by SIGKILL"
+    assert store.finish(by_worker, first.lease, "CRASHED", error=reason, why=reason) is S.QUEUED
+    assert store.crash_many([(by_monitor, second.lease, "killed by SIGKILL")]) == {by_monitor: S.QUEUED}
+    whys = [[(e.from_status, e.to_status, e.why) for e in store.events(j)][1:] for j in (by_worker, by_monitor)]
+    assert whys[0] == whys[1] == [("RUNNING", "CRASHED", "killed by SIGKILL"),
+                                  ("CRASHED", "QUEUED", "relaunch after crash (killed by SIGKILL), attempt 1 of 2")]
+    jobs = {j.id: j for j in store.jobs()}
+    assert {(j.status, j.error, j.finished_at, j.resume) for j in jobs.values()} == {(S.QUEUED, "killed by SIGKILL",
+                                                                                      None, False)}
+    with pytest.raises(ValueError, match="unknown outcome"):
+        store.finish(by_worker, first.lease, "EXPLODED")
+
+
 # -- repairs -----------------------------------------------------------------------------------------
 
 def test_reset_cascades_and_keeps_old_results_in_the_event_log(store):

@@ -308,3 +308,14 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
     assert link.group(3) not in proc.stderr.read()  # the log holds no token (nor any request line)
+
+
+def test_charts_escape_every_label_and_category():
+    from jobman.web import charts
+
+    drawn = [charts.scatter([(HOSTILE, 0.1, HOSTILE), ("b", 0.2, "b")], HOSTILE, HOSTILE, best=HOSTILE),
+             charts.lines([(HOSTILE, [(0, 1.0), (1, 0.5)])], HOSTILE, HOSTILE),
+             charts.parallel([HOSTILE], [([HOSTILE], 0.1, HOSTILE), (["x"], 0.3, "x")], HOSTILE)]
+    for svg in drawn:
+        assert "<script" not in svg and "&lt;script&gt;" in svg
+    assert drawn[0].count('class="pt') == 2 and drawn[0].count('class="pt best"') == 1

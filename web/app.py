@@ -103,7 +103,7 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
         q = dict(request.query_params)
         part = q.get("part")
         listing = pages.Listing.from_query(q)
-        chosen = [pages._int(v, "job id") for value in request.query_params.getlist("curves")
+        chosen = [pages.whole_number(v, "job id") for value in request.query_params.getlist("curves")
                   for v in value.split(",") if v.strip()]
         ctx: dict[str, Any] = {"name": store.experiment, "q": q, "curve_ids": chosen}
         if part in (None, "jobs"):

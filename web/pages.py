@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 
@@ -25,8 +25,8 @@ from . import charts
 PAGE_SIZE = 50
 TAIL_BYTES = 4000
 REPORT_ROWS = 50  # configurations listed in the report view (all of them feed its best)
-CHART_POINTS = 2000  # configurations drawn in a scatter; more are thinned evenly
-PARALLEL_LINES = 400
+CHART_POINTS = 1000  # configurations drawn in a scatter; more are thinned evenly
+PARALLEL_LINES = 200
 CURVES = 8  # learning curves overlaid by default
 BEST_TTL = 10.0  # seconds a best result of the experiments page is kept while jobs keep finishing
 _PREFERRED = ("valid_error", "val_error", "valid_loss", "val_loss", "error", "loss", "test_error", "accuracy")
@@ -80,11 +80,19 @@ class ReportCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._built: dict[tuple, tuple[tuple, float, report.Report]] = {}
+        self._drawn: dict[tuple, tuple[report.Report, Any]] = {}
+        self.bests: dict[str, dict[str, Any] | None] = {}  # the experiments page's, as last found
 
-    def cached(self, experiment: str, choice: "Choice") -> report.Report | None:
+    def drawn(self, experiment: str, choice: "Choice", rep: report.Report, draw: Callable[[], Any]) -> Any:
+        """What ``draw`` makes of ``rep`` (its charts), made once per report built."""
+        key = (experiment, choice)
         with self._lock:
-            found = self._built.get((experiment, choice))
-        return found[2] if found else None
+            found = self._drawn.get(key)
+        if found is None or found[0] is not rep:
+            found = (rep, draw())
+            with self._lock:
+                self._drawn[key] = found
+        return found[1]
 
     def get(self, store: Store, choice: "Choice", counts: dict[str, int]) -> report.Report:
         key, version, now = (store.experiment, choice), tuple(sorted(counts.items())), time.time()
@@ -114,7 +122,7 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
     jobs that carry a result, ranked by its validation error if it has one."""
     if mode not in (None, "min", "max"):
         raise UsageError("the mode is min or max")
-    asked = None if phase in (None, "", "all") else _int(phase, "phase")
+    asked = None if phase in (None, "", "all") else whole_number(phase, "phase")
     done: dict[int, int] = {}
     for (p, status), n in (store.counts() if counts is None else counts).items():
         if status == Status.DONE.value:
@@ -122,7 +130,8 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
     chosen: int | None = None
     for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
         # The newest DONE job of the phase by id: read from the end of an index, not sorted.
-        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1)
+        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1,
+                                 count=False)
         results = sample.jobs[0].results if sample.jobs else None
         found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
         if found:
@@ -149,17 +158,18 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
     rows = []
     for s in browse.experiment_summaries(db.any_store()):
         best, pending = None, False
-        if s.counts.get("DONE"):
+        if s.counts.get("DONE") and build:
             store = db.store(s.name)
             choice = choose(store)
-            if choice.metric and build:
+            if choice.metric:
                 try:
                     best = best_of(reports.get(store, choice, s.counts))
                 except JobmanError:
                     best = None
-            elif choice.metric:
-                best = best_of(reports.cached(s.name, choice))
-                pending = best is None
+            reports.bests[s.name] = best
+        elif s.counts.get("DONE"):
+            pending = s.name not in reports.bests
+            best = reports.bests.get(s.name)
         rows.append({"s": s, "best": best, "pending": pending})
     return {"experiments": rows}
 
@@ -178,10 +188,10 @@ class Listing:
     @classmethod
     def from_query(cls, q: dict[str, str]) -> "Listing":
         statuses = [parse_status(v) for v in q.get("status", "").split(",") if v.strip()]
-        phase = _int(q.get("phase"), "phase") if q.get("phase", "").strip() else None
+        phase = whole_number(q.get("phase"), "phase") if q.get("phase", "").strip() else None
         where = [report.parse_where(w.strip()) for w in q.get("where", "").split(",") if w.strip()]
         sort = q.get("sort", "id") or "id"
-        page = _int(q.get("page", "0") or "0", "page")
+        page = whole_number(q.get("page", "0") or "0", "page")
         if page < 0:
             raise UsageError("the page number is 0 or more")
         return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page)
@@ -226,7 +236,8 @@ def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict
     for (_, status), n in counts.items():
         totals[status] = totals.get(status, 0) + n
     rep = reports.get(store, choice, totals)
-    return {"report": rep, "rows": rep.rows[:REPORT_ROWS], "charts": _charts(rep)}
+    return {"report": rep, "rows": rep.rows[:REPORT_ROWS],
+            "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep))}
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
@@ -261,7 +272,7 @@ def default_curve_ids(store: Store) -> list[int]:
     running = store.jobs(status=[Status.RUNNING], with_deps=False, limit=CURVES)
     ids = [j.id for j in running]
     if len(ids) < CURVES:
-        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES)
+        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES, count=False)
         ids += [j.id for j in latest.jobs][: CURVES - len(ids)]
     return sorted(ids)
 
@@ -312,7 +323,7 @@ def tails(workdir: str | None, log_path: str | None) -> list[tuple[str, str]]:
     return out
 
 
-def _int(text: str | None, what: str) -> int:
+def whole_number(text: str | None, what: str) -> int:
     try:
         return int(str(text).strip())
     except ValueError:

@@ -1,0 +1,343 @@
+"""The status machine: every move of a job's status, and its rules, in one place.
+
+Each function runs inside the caller's write transaction (``conn``) and writes every status
+change it makes to the event log (``log``, :meth:`Transactions.log`) in that transaction, then
+moves the graph on (:mod:`jobdb.graph`): a DONE job queues its ready dependents, a job that ends
+badly blocks everything downstream, a job put back in the queue is re-derived from its parents.
+The store's verbs (:mod:`jobdb.store`) choose the jobs, check leases and ids, and call these.
+
+The moves::
+
+    claim            QUEUED -> RUNNING                  (jobdb/hot.py: the claim statement)
+    finish           RUNNING -> DONE | FAILED | CRASHED | QUEUED (INCOMPLETE, REQUEUE) | CANCELED (stop asked)
+    crash_found      RUNNING -> CRASHED | CANCELED      (the monitor: found dead)
+    relaunch_crashed CRASHED -> QUEUED                  (within max_attempts, keeping the checkpoint)
+    release          QUEUED -> QUEUED | CRASHED         (an allocation ended without claiming its job)
+    reset            any -> WAITING, downstream too      (a relaunch keeps the checkpoint, a reset by hand not)
+    cancel           WAITING | QUEUED | BLOCKED -> CANCELED; RUNNING: stop requested
+    set_status       any -> any but RUNNING             (a job becomes RUNNING only by a claim)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from . import graph
+from .errors import UsageError
+from .graph import Log
+from .hot import HotStatements, owned
+from .schema import job as t_job
+from .status import BLOCKING, PENDING, REQUEUED, Outcome, Status, names_of
+from .txn import chunks
+
+# The worker loop's status names, read once (an Enum's ``value`` is a property).
+_RUNNING, _DONE = Status.RUNNING.value, Status.DONE.value
+_RECHECK = "its dependencies are not all DONE"
+Clock = Callable[[Connection], float]  # the time to stamp a move with (the store's: the database server's)
+Ended = Callable[[Connection, int], None]  # told of a job that ended, in the transaction that ends it
+
+
+def _local_time(_conn: Connection) -> float:
+    return time.time()
+
+
+def check_settable(status: Status) -> None:
+    """The rule of ``set_status``: no RUNNING by hand (a RUNNING job with no worker, pid or heartbeat
+    would never end, and the monitor could not find it)."""
+    if status is Status.RUNNING:
+        raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
+
+
+def current(conn: Connection, job_id: int) -> Any:
+    """A job's id, status and attempt as they are now in this transaction, its row locked."""
+    return conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                        .where(t_job.c.id == job_id).with_for_update()).one()
+
+
+# -- the end of a run ------------------------------------------------------------------------
+
+def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, outcome: str,
+           blob: str | None, error: str | None, exit_code: int | None, why: str | None, relaunch: bool,
+           pending: list[dict[str, Any]] | None = None, *, clock: Clock = _local_time,
+           after_end: Ended | None = None) -> Status | None:
+    """Record how the run at ``lease`` ended; None if the caller no longer owns the job.
+
+    With ``pending``, a DONE job without dependents leaves its event there, for the caller to
+    write with the next claim's (one statement for both). ``clock`` stamps the end (the store's:
+    the database server's time); ``after_end`` is told of every job that ended (DONE, or ended
+    badly for good), in the same transaction (a search moves on)."""
+    if outcome == Outcome.DONE:  # the hot path: one statement
+        return finish_done(conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock,
+                           after_end=after_end)
+    try:
+        outcome = Outcome(outcome)
+    except ValueError:
+        raise ValueError(f"unknown outcome {outcome!r}") from None
+    row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
+                       .where(owned()).with_for_update(), {"id": job_id, "lease": lease}).first()  # vs. a crash
+    if row is None:
+        return None
+    now = clock(conn)
+    values: dict[str, Any] = {"heartbeat_at": now}
+    if blob is not None:
+        values["results"] = blob
+    if row.stop_requested:  # whatever else the run did, it was asked to stop
+        new, reason = Status.CANCELED, why or "cancelled while running"
+    elif outcome is Outcome.FAILED:
+        new, reason = Status.FAILED, why or "failed"
+    elif outcome is Outcome.CRASHED:
+        new, reason = Status.CRASHED, why or "crashed"
+    else:  # INCOMPLETE or REQUEUE: queued again, first in line, to resume
+        new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome is Outcome.INCOMPLETE
+                                             else "put back by its stopping worker")
+        values.update(resume=True, queue_order=-1, queued_at=now)
+    values["status"] = new.value
+    if new is not Status.QUEUED:
+        values["finished_at"] = now
+    if error is not None or new is Status.QUEUED:
+        values["error"] = error
+    if exit_code is not None:
+        values["exit_code"] = exit_code
+    conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
+    log(conn, [{"job_id": job_id, "from_status": _RUNNING, "to_status": new.value, "attempt": row.attempt,
+                "why": reason}])
+    if new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
+        return relaunch_crashed(conn, log, [(job_id, row.attempt, row.max_attempts, reason)])[job_id]
+    if new is Status.QUEUED:  # put back while it ran, a parent may have been reset meanwhile
+        graph.refresh(conn, log, [job_id], why=_RECHECK)
+        return _status(conn, job_id)
+    ended_downstream(conn, log, {job_id: new})
+    if after_end is not None:
+        after_end(conn, job_id)
+    return new
+
+
+def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, blob: str | None,
+                exit_code: int | None, why: str | None, pending: list[dict[str, Any]] | None = None, *,
+                clock: Clock = _local_time, after_end: Ended | None = None) -> Status | None:
+    """The common end: mark DONE, log it (or leave its event in ``pending``), queue ready dependents."""
+    rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code)
+    if not rows:
+        return None
+    attempt, has_children = rows[0]
+    event = {"job_id": job_id, "from_status": _RUNNING, "to_status": _DONE, "attempt": attempt,
+             "why": why or "finished"}
+    if pending is not None and not has_children:
+        pending.append(event)
+    else:  # written before the promotions it causes, so that the log reads in order
+        log(conn, [event])
+    if has_children:
+        graph.refresh(conn, log, [r[0] for r in hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
+    if after_end is not None:
+        after_end(conn, job_id)
+    return Status.DONE
+
+
+def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int, str]], *, relaunch: bool,
+                max_attempts: int | None, now: float | None = None) -> dict[int, Status]:
+    """RUNNING jobs found dead (``found``: job id -> {lease: reason}) end CRASHED, or CANCELED when
+    their stop was asked; those with attempts left (``max_attempts``, or each job's own) are
+    relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer."""
+    rows = []
+    for chunk in chunks(sorted(found)):
+        rows.extend(conn.execute(
+            sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
+            .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk), t_job.c.status == _RUNNING)
+            .with_for_update()).all())
+    ended: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    again: list[tuple[int, int, int, str]] = []
+    out: dict[int, Status] = {}
+    for r in rows:
+        reason = found[r.id].get(r.lease)
+        if reason is None:
+            continue
+        new = Status.CANCELED if r.stop_requested else Status.CRASHED
+        events.append({"job_id": r.id, "from_status": _RUNNING, "to_status": new.value, "attempt": r.attempt,
+                       "why": reason if new is Status.CRASHED else f"cancelled while running ({reason})"})
+        ended.append({"_id": r.id, "_status": new.value, "_error": reason})
+        out[r.id] = new
+        limit = r.max_attempts if max_attempts is None else max_attempts
+        if new is Status.CRASHED and relaunch and r.attempt < limit:
+            again.append((r.id, r.attempt, limit, reason))
+    if ended:
+        conn.execute(sa.update(t_job).where(t_job.c.id == sa.bindparam("_id")).values(
+            status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now or time.time()), ended)
+    log(conn, events)
+    dead = {i: s for i, s in out.items() if i not in {a[0] for a in again}}
+    out.update(relaunch_crashed(conn, log, again, now=now))
+    ended_downstream(conn, log, dead)
+    return out
+
+
+def relaunch_crashed(conn: Connection, log: Log, crashed: Sequence[tuple[int, int, int, str]],
+                     now: float | None = None) -> dict[int, Status]:
+    """CRASHED jobs (id, attempt, attempt limit, reason) queued again, keeping their checkpoint; a parent
+    reset while one ran leaves it WAITING instead. Returns each one's new status."""
+    if not crashed:
+        return {}
+    now = now or time.time()
+    ids = [c[0] for c in crashed]
+    for chunk in chunks(ids):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(
+            status=Status.QUEUED.value, queued_at=now, queue_order=0, resume=False, stop_requested=False,
+            finished_at=None))
+    log(conn, [{"job_id": i, "from_status": Status.CRASHED.value, "to_status": Status.QUEUED.value, "attempt": a,
+                "why": f"relaunch after crash ({reason}), attempt {a} of {limit}"} for i, a, limit, reason in crashed])
+    graph.refresh(conn, log, ids, why=_RECHECK)
+    out: dict[int, Status] = {}
+    for chunk in chunks(ids):
+        out.update((i, Status(s)) for i, s in conn.execute(
+            sa.select(t_job.c.id, t_job.c.status).where(t_job.c.id.in_(chunk))))
+    return out
+
+
+def ended_downstream(conn: Connection, log: Log, dead: dict[int, Status]) -> None:
+    """Jobs that ended badly (id -> status) block everything downstream of them, in one query."""
+    ids = sorted(dead)
+    if len(ids) == 1:
+        graph.block_downstream(conn, log, ids[0], f"job {ids[0]} is {dead[ids[0]].value}")
+    elif ids:
+        named = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        ended = " or ".join(sorted({s.value for s in dead.values()}))
+        graph.block_many(conn, log, ids, f"jobs {named} ended {ended}")
+
+
+def release(conn: Connection, log: Log, exp: int, job_id: int, backend_id: str, reason: str) -> Status | None:
+    """Allocation ``backend_id`` ended without claiming its QUEUED job: an attempt spent; QUEUED for
+    another allocation, or CRASHED once max_attempts are spent. None if the job no longer waits for it."""
+    row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts).where(
+        t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value,
+        t_job.c.backend_id == backend_id, t_job.c.pid.is_(None)).with_for_update()).first()
+    if row is None:
+        return None
+    attempt = row.attempt + 1
+    if attempt < row.max_attempts:
+        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(attempt=attempt, backend=None,
+                                                                           backend_id=None))
+        new, why = Status.QUEUED, f"{reason} (attempt {attempt} of {row.max_attempts}; to be submitted again)"
+    else:
+        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
+            attempt=attempt, status=Status.CRASHED.value, error=reason, finished_at=time.time()))
+        new, why = Status.CRASHED, f"{reason} (attempt {attempt} of {row.max_attempts})"
+    log(conn, [{"job_id": job_id, "from_status": Status.QUEUED.value, "to_status": new.value, "attempt": attempt,
+                "why": why}])
+    if new is Status.CRASHED:
+        ended_downstream(conn, log, {job_id: new})
+    return new
+
+
+# -- repairs -------------------------------------------------------------------------------
+
+def relaunchable(conn: Connection, exp: int, *, include_failed: bool, ids: Sequence[int] | None = None,
+                 max_attempts: int | None = None, ignore_limit: bool = False) -> list[int]:
+    """CRASHED (and, if asked, FAILED) jobs with attempts left (``max_attempts`` overrides each job's
+    own limit; ``ignore_limit``: any), of ``ids`` or of the whole experiment, their rows locked."""
+    statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
+    q = sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.status.in_(statuses))
+    if not ignore_limit:
+        q = q.where(t_job.c.attempt < (t_job.c.max_attempts if max_attempts is None else sa.literal(max_attempts)))
+    if ids is None:
+        return sorted(conn.execute(q.with_for_update()).scalars())
+    found: list[int] = []
+    for chunk in chunks(list(ids)):
+        found.extend(conn.execute(q.where(t_job.c.id.in_(chunk)).with_for_update()).scalars())
+    return sorted(found)
+
+
+def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, why: str, fresh: bool) -> list[int]:
+    """Jobs back to WAITING (then re-derived), with everything downstream of them (``cascade``; else
+    only BLOCKED dependents). ``fresh``: a new attempt budget and no checkpoint (a reset by hand); else
+    a relaunch, resuming. Results cleared go into the event log. Returns every job changed."""
+    if not job_ids:
+        return []
+    roots = sorted(set(job_ids))
+    down = [d for d in graph.descendants(conn, roots) if d not in set(roots)]
+    events = []
+    cleared: list[int] = []
+    for group, is_root in ((roots, True), (down, False)):
+        for chunk in chunks(group):
+            rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
+                                .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id)).all()
+            for r in rows:
+                if not is_root and not cascade and r.status != Status.BLOCKED.value:
+                    continue
+                if not is_root and r.status == Status.WAITING.value and not r.results:
+                    continue
+                data = {"results": json.loads(r.results)} if r.results and (fresh or not is_root) else None
+                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
+                               "attempt": r.attempt, "data": json.dumps(data) if data else None,
+                               "why": why if is_root else f"{why}: upstream job reset"})
+                cleared.append(r.id)
+    values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
+                                  finished_at=None, stop_requested=False, resume=False, queue_order=0,
+                                  queued_at=None)
+    # A relaunch keeps the job's last checkpoint so it resumes; a reset by hand starts afresh.
+    root_values = {**values, "attempt": 0} if fresh else {k: v for k, v in values.items() if k != "results"}
+    for chunk in chunks([i for i in cleared if i in set(roots)]):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**root_values))
+    for chunk in chunks([i for i in cleared if i not in set(roots)]):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
+    log(conn, events)
+    # Every job downstream is re-derived, not only those cleared: a QUEUED one left alone by
+    # --no-cascade has a parent that is no longer DONE.
+    graph.refresh(conn, log, sorted(set(cleared) | set(down)), why="dependencies re-checked after reset")
+    return cleared
+
+
+def cancel(conn: Connection, log: Log, job_ids: Sequence[int], *, running: bool, why: str) -> list[int]:
+    """Jobs not started become CANCELED (their dependents BLOCKED); RUNNING ones, with ``running``, are
+    asked to stop (their run ends CANCELED). Finished jobs are left alone. Returns the jobs changed."""
+    changed = []
+    for job_id in sorted(set(job_ids)):
+        r = current(conn, job_id)  # cancelling an earlier one may have blocked this one
+        if r.status == _RUNNING:
+            if not running:
+                raise UsageError(f"job {r.id} is RUNNING: add --running to ask it to stop")
+            conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(stop_requested=True))
+            log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
+                        "why": f"{why}: stop requested"}])
+            changed.append(r.id)
+        elif r.status in names_of(PENDING):
+            conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(status=Status.CANCELED.value,
+                                                                             finished_at=time.time()))
+            log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": Status.CANCELED.value,
+                        "attempt": r.attempt, "why": why}])
+            ended_downstream(conn, log, {r.id: Status.CANCELED})
+            changed.append(r.id)
+    return changed
+
+
+def set_status(conn: Connection, log: Log, job_ids: Sequence[int], status: Status, why: str) -> list[int]:
+    """Force a status, keeping the graph consistent around it (see :func:`check_settable`)."""
+    check_settable(status)
+    changed = []
+    for job_id in sorted(set(job_ids)):
+        r = current(conn, job_id)  # an earlier one's dependents may include this one
+        if r.status == status.value:
+            continue
+        values: dict[str, Any] = {"status": status.value}
+        if status is Status.QUEUED:
+            values.update(queued_at=time.time(), resume=False)
+        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(**values))
+        log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value, "attempt": r.attempt,
+                    "why": why}])
+        changed.append(r.id)
+        if status in REQUEUED:  # QUEUED exactly when every dependency is DONE
+            graph.refresh(conn, log, [r.id], why=_RECHECK)
+        if status is Status.DONE:
+            graph.promote_children(conn, log, r.id)
+        elif status in BLOCKING:
+            graph.block_downstream(conn, log, r.id, f"job {r.id} is {status.value}")
+        elif r.status in names_of((*BLOCKING, Status.DONE)):  # its dependents lose a DONE parent
+            graph.refresh(conn, log, graph.descendants(conn, [r.id]), why=f"job {r.id} is {status.value}")
+    return changed
+
+
+def _status(conn: Connection, job_id: int) -> Status:
+    return Status(conn.execute(sa.select(t_job.c.status).where(t_job.c.id == job_id)).scalar_one())

@@ -1,0 +1,179 @@
+"""The transaction plumbing under the store's verbs: one kept write connection per process, write
+transactions retried on lock and serialization conflicts, read transactions, the event log, and the
+recorder that turns a verb into a dry run.
+
+Every status change is logged through :meth:`Transactions.log`, in the transaction that makes it.
+While a :class:`Recorder` is active, each logged change is also collected for the caller (``jobman
+reset --dry-run`` and the previews that ask before losing something), and with ``rehearse`` every
+write transaction is rolled back once its answer is known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from . import engine as _engine
+from .hot import HotStatements
+from .url import DbTarget
+
+T = TypeVar("T")
+CHUNK = 900  # ids per IN (...) list: under SQLite's bound-parameter limit with room to spare
+_TRANSIENT = ("database is locked", "database table is locked", "could not serialize", "deadlock detected",
+              "server closed the connection", "connection reset", "terminating connection")
+CHANGE_KEYS = ("job_id", "from_status", "to_status", "why")  # what a recorder keeps of a logged change
+
+_SOURCE: tuple[int, str] = (0, "")
+
+
+def source_tag() -> str:
+    """Who makes a change: host:pid (made once per process)."""
+    global _SOURCE
+    pid = os.getpid()
+    if _SOURCE[0] != pid:
+        _SOURCE = (pid, f"{socket.gethostname()}:{pid}")
+    return _SOURCE[1]
+
+
+def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
+    """Insert many rows (tuples in ``columns`` order) through the driver's own executemany.
+
+    The statement is compiled once and values stay bound parameters; this only skips
+    SQLAlchemy's per-row processing, which dominates when a sweep inserts 100,000 jobs.
+    """
+    if not rows:
+        return
+    compiled = sa.insert(table).compile(dialect=conn.dialect, column_keys=list(columns))
+    if compiled.positional:
+        where = [list(columns).index(k) for k in compiled.positiontup]
+        params: list[Any] = rows if where == list(range(len(columns))) else [tuple(r[i] for i in where) for r in rows]
+    else:
+        params = [dict(zip(columns, r)) for r in rows]
+    conn.exec_driver_sql(str(compiled), params)
+
+
+class Recorder:
+    """The status changes the write transactions log while it is active; with ``rehearse``, a dry run."""
+
+    def __init__(self, rehearse: bool) -> None:
+        self.rehearse = rehearse
+        self.changes: list[dict[str, Any]] = []
+
+    def wrap(self, fn: Callable[[Connection], T]) -> Callable[[Connection], T]:
+        mark = len(self.changes)
+
+        def run(conn: Connection) -> T:
+            del self.changes[mark:]  # a retried transaction logs its changes again
+            result = fn(conn)
+            if self.rehearse:
+                raise _Rehearsed(result)
+            return result
+        return run
+
+    def record(self, rows: list[dict[str, Any]]) -> None:
+        self.changes.extend({k: r.get(k) for k in CHANGE_KEYS} for r in rows if r.get("to_status") is not None)
+
+
+class Transactions:
+    """Write and read transactions on one database, and the event log written inside them."""
+
+    def __init__(self, target: DbTarget, engine: Engine, hot: HotStatements) -> None:
+        self.target = target
+        self.engine = engine
+        self.hot = hot
+        self.recorder: Recorder | None = None
+        self._conn: Connection | None = None
+        self._conn_pid = 0
+
+    def writer(self) -> Connection:
+        """The connection this process writes on: kept between transactions (a worker is one thread)."""
+        if self._conn is None or self._conn_pid != os.getpid():
+            self._conn = self.engine.connect()
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    def drop_writer(self, invalidate: bool = False) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._conn_pid == os.getpid():
+            try:
+                if invalidate:
+                    conn.invalidate()
+                conn.close()
+            except sa.exc.SQLAlchemyError:
+                pass
+
+    def write(self, fn: Callable[[Connection], T], retries: int = 8) -> T:
+        """Run ``fn`` in one write transaction, retrying lock and serialization conflicts."""
+        if self.recorder is not None:
+            fn = self.recorder.wrap(fn)
+        delay = 0.05
+        try:
+            for attempt in range(retries + 1):
+                try:
+                    with _engine.translated_errors(self.target):
+                        conn = self.writer()
+                        try:
+                            return _engine.in_write_transaction(conn, fn)
+                        except sa.exc.DBAPIError as exc:
+                            self.drop_writer(invalidate=exc.connection_invalidated or _engine.is_outage(exc))
+                            if attempt < retries and _is_transient(exc):
+                                raise _Retry() from exc
+                            raise
+                except _Retry:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        except _Rehearsed as done:
+            return done.result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        with _engine.translated_errors(self.target):
+            with self.engine.connect().execution_options(jobman_readonly=True) as conn:
+                with conn.begin():
+                    return fn(conn)
+
+    def log(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Log status changes: each row has job_id, from_status, to_status and why, and may set the rest."""
+        if rows:
+            base = {"at": time.time(), "source": source_tag(), "data": None, "attempt": None}
+            self.hot.event.run_many(conn, [{**base, **r} for r in rows])
+            if self.recorder is not None:
+                self.recorder.record(rows)
+
+    @contextlib.contextmanager
+    def recording(self, rehearse: bool) -> Iterator[Recorder]:
+        """Collect the changes of the verbs run inside; with ``rehearse``, roll each one back.
+        Not for a store shared between threads meanwhile."""
+        self.recorder = recorder = Recorder(rehearse)
+        try:
+            yield recorder
+        finally:
+            self.recorder = None
+
+
+class _Retry(Exception):
+    pass
+
+
+class _Rehearsed(Exception):
+    """Carries a rehearsed transaction's answer out of the transaction it rolls back."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("rehearsal")
+        self.result = result
+
+
+def _is_transient(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", exc)).lower()
+    return any(t in text for t in _TRANSIENT)
