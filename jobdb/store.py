@@ -356,8 +356,8 @@ class Store:
     def set_gpus(self, job_id: int, lease: int, gpus: str) -> None:
         """Record the devices a running job was given (``CUDA_VISIBLE_DEVICES``), on the job and in its log."""
         def run(conn: Connection) -> bool:
-            if not conn.execute(sa.update(t_job).where(owned()).values(gpus=gpus), {"id": job_id, "lease": lease}
-                                ).rowcount:
+            mine = sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == Status.RUNNING.value)
+            if not conn.execute(sa.update(t_job).where(mine).values(gpus=gpus)).rowcount:
                 return False
             self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
                                  "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
