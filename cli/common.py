@@ -129,7 +129,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "backend_id": job.backend_id, "workdir": job.workdir, "log_path": job.log_path,
         "depends_on": job.depends_on, "error": job.error, "exit_code": job.exit_code,
         "created_at": job.created_at, "started_at": job.started_at, "heartbeat_at": job.heartbeat_at,
-        "finished_at": job.finished_at,
+        "finished_at": job.finished_at, "gpus": job.gpus,
     }
 
 

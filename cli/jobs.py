@@ -80,7 +80,9 @@ def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[
             out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
     rungs = store.rungs()  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where"):
+    on_gpus = any(j.gpus for j in jobs)
+    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where",
+                *(("gpu",) if on_gpus else ())):
         grid.add_column(col, overflow="fold")
     for j in jobs:
         where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
@@ -88,7 +90,7 @@ def list_jobs(url: str | None, db: str | None, table: str | None, status: tuple[
         grid.add_row(str(j.id), str(j.phase), *rung, styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
                      ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
                      fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
-                     _results_summary(j.results), where)
+                     _results_summary(j.results), where, *((j.gpus or "",) if on_gpus else ()))
     out.print(grid)
     counts: dict[str, int] = {}
     for j in jobs:
@@ -130,7 +132,8 @@ def show(args: tuple[str, ...], db: str | None, table: str | None, fmt: str) -> 
         f"params    {fmt_params(job.params) or '-'}",
         f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",
         f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
-        f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}",
+        f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
+        + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",
     ]
     rung = store.rungs().get(job.id)

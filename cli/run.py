@@ -15,7 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
-from jobman.dispatch.machine import JobProcesses
+from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
@@ -53,14 +53,28 @@ def outage_option(fn):
 def process_options(fn):
     """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
     @functools.wraps(fn)
-    def wrapper(*args, jobs_per_process: int, **kwargs):
-        return fn(*args, processes=JobProcesses(jobs_per_process=jobs_per_process), **kwargs)
+    def wrapper(*args, jobs_per_process: int, threads_per_job: int | None, gpus: str | None, gpus_per_job: int,
+                **kwargs):
+        processes = JobProcesses(jobs_per_process, threads_per_job, parse_gpus(gpus, gpus_per_job), gpus_per_job)
+        return fn(*args, processes=processes, **kwargs)
 
-    return click.option("--jobs-per-process", type=click.IntRange(1), default=1, show_default=True, metavar="K",
-                        envvar="JOBMAN_JOBS_PER_PROCESS",
-                        help="Function jobs one job process runs in turn before a fresh one replaces it: "
-                             "faster for many tiny jobs; a job then sees the global state of those before "
-                             "it, a crash still takes down only its own job.")(wrapper)
+    options = [
+        click.option("--jobs-per-process", type=click.IntRange(1), default=1, show_default=True, metavar="K",
+                     envvar="JOBMAN_JOBS_PER_PROCESS",
+                     help="Function jobs one job process runs in turn before a fresh one replaces it: "
+                          "faster for many tiny jobs; a job then sees the global state of those before "
+                          "it, a crash still takes down only its own job."),
+        click.option("--threads-per-job", type=click.IntRange(1), default=None, metavar="T",
+                     help="BLAS/OpenMP threads of each job (OMP_NUM_THREADS, MKL, OpenBLAS, ...). Default: 1."),
+        click.option("--gpus", default=None, metavar="LIST|all",
+                     help="GPUs the jobs may use, e.g. 0,1,2,3, or all (nvidia-smi -L, or CUDA_VISIBLE_DEVICES): "
+                          "each job gets its own (CUDA_VISIBLE_DEVICES), never one in use by another job."),
+        click.option("--gpus-per-job", type=click.IntRange(1), default=1, show_default=True, metavar="G",
+                     help="GPUs of each job, unless its `resources` parameter asks otherwise ({\"gpus\": 2})."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str, timeout: float | None,
@@ -72,7 +86,10 @@ def _run_worker(url: str | None, db: str | None, table: str | None, exproot: str
                        save_every=save_every)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
+    processes.set_threads()
     worker = Worker(store, options)
+    if processes.gpus:
+        worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)
     worker.install_signal_handlers()
     summary = worker.run()
     click.echo(summary.line(), err=True)
@@ -233,6 +250,9 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
         raise UsageError("--sbatch-phase is for --one-job-per-task (pull workers run jobs of every phase)")
     if array_parallelism and one_job_per_task:
         raise UsageError("--array-parallelism is for pull workers; with --one-job-per-task, use -j")
+    if backend == "slurm" and processes.gpus:
+        raise UsageError("--gpus is for the local backend: on Slurm, ask for GPUs with --sbatch '--gres=gpu:N' "
+                         "(Slurm sets each job's CUDA_VISIBLE_DEVICES)")
     if backend == "slurm" and parse_db(url or db, table).dialect == "sqlite" and not allow_sqlite:
         raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
                          "database (postgresql://user@host/db?table=T), or --allow-sqlite if every job "
@@ -246,7 +266,8 @@ def dispatch(url, db, table, exproot, timeout, heartbeat, grace, workers, backen
     worker_args += processes.worker_args()
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
-        return _dispatch_local(store, workers, worker_args, exproot, show, outage_wait)
+        return _dispatch_local(store, workers or processes.gpu_workers or None, worker_args, exproot, show,
+                               outage_wait)
     try:
         return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
                                one_job_per_task, sbatch_phase, bool(follow), requeue)

@@ -232,6 +232,7 @@ def die_with_parent(oom_score_adj: int | None = None) -> None:
 def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> None:
     """Inside the job's process: run the function and send its outcome to the worker."""
     workdir = Path(request["workdir"])
+    os.environ.update(request.get("env", {}))
     os.chdir(workdir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -505,13 +506,18 @@ class ForkServer:
 
     def close(self) -> None:
         """Hang up: the server exits at the end of its stream (killed if it does not)."""
-        if self.ctrl is not None:
-            self.ctrl.close()
-            self.ctrl = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        hang_up(self)
+
+
+def hang_up(helper: Any) -> None:
+    """Close a helper process's control socket; it exits at the end of its stream (killed if it does not)."""
+    if helper.ctrl is not None:
+        helper.ctrl.close()
+        helper.ctrl = None
+    if helper.proc is not None:
+        try:
+            helper.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            helper.proc.kill()
+            helper.proc.wait()
+        helper.proc = None

@@ -89,6 +89,7 @@ job = Table(
     Column("finished_at", Float),
     Column("error", Text),
     Column("exit_code", Integer),
+    Column("gpus", String(255)),  # the devices given to its last run (CUDA_VISIBLE_DEVICES)
     UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
 )
 # The claim: the first QUEUED job of an experiment by priority and order.

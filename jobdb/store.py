@@ -359,6 +359,19 @@ class Store:
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
 
+    def set_gpus(self, job_id: int, lease: int, gpus: str) -> None:
+        """Record the devices a running job was given (``CUDA_VISIBLE_DEVICES``), on the job and in its log."""
+        def run(conn: Connection) -> bool:
+            mine = sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == Status.RUNNING.value)
+            if not conn.execute(sa.update(t_job).where(mine).values(gpus=gpus)).rowcount:
+                return False
+            self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                                 "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
+            return True
+
+        if not self._write(run):
+            raise self._refuse_logged(job_id, lease, "GPU assignment")
+
     def log_metrics(self, job_id: int, lease: int, points: Iterable[tuple[int, str, float]]) -> None:
         """Append learning-curve points (step, name, value) of a job the caller owns."""
         now = time.time()
