@@ -170,4 +170,4 @@ Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"

@@ -1,4 +1,4 @@
-"""Revision 0004 upgrades a database made by revision 0003 (the one before), with jobs, results and a view in it:
+"""Revision 0005 upgrades a database made by revision 0004 (the one before), with jobs, results and a view in it:
 PostgreSQL gets jsonb parameters and results and fractional priorities; nothing is lost."""
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ RESULTS = [{"valid_error": 0.25, "curve": [1, 2.5]}, None]
 
 
 def make_at_previous(url: str) -> None:
-    """The schema of revision 0003, and two jobs written as that revision's jobman wrote them."""
+    """The schema of revision 0004, and two jobs written as that revision's jobman wrote them."""
     engine = make_engine(parse_db(url))
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(conn), "0003")
+            command.upgrade(alembic_config(conn), "0004")
         with engine.begin() as conn:
             exp = conn.execute(sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
                                ).scalar_one()
@@ -43,12 +43,12 @@ def make_at_previous(url: str) -> None:
         engine.dispose()
 
 
-def test_0004_upgrades_a_0003_database_with_data(fresh_url, jobman):  # noqa: F811
+def test_0005_upgrades_a_0004_database_with_data(fresh_url, jobman):  # noqa: F811
     make_at_previous(fresh_url)
     r = jobman("list", fresh_url + "?table=old")
     assert r.code != 0 and "jobman db upgrade" in r.err, r.err
     r = jobman("db", "upgrade", fresh_url)
-    assert r.code == 0 and "from 0003 to 0004" in r.out, r.out + r.err
+    assert r.code == 0 and "from 0004 to 0005" in r.out, r.out + r.err
     assert differences(fresh_url) == []  # exactly the declared schema, jsonb included on PostgreSQL
     store = Store.open(fresh_url + "?table=old")
     try:
@@ -73,20 +73,20 @@ def test_0004_upgrades_a_0003_database_with_data(fresh_url, jobman):  # noqa: F8
                                   ).scalar_one()
                 assert lr == "0.1"
             rev = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-            assert rev == "0004"
+            assert rev == "0005"
     finally:
         store.dispose()
 
 
-@pytest.mark.parametrize("fresh_url", ["postgresql"], indirect=True)  # SQLite's 0004 changes nothing to undo
-def test_0004_downgrades_back_to_text(fresh_url):  # noqa: F811
+@pytest.mark.parametrize("fresh_url", ["postgresql"], indirect=True)  # SQLite's 0005 changes nothing to undo
+def test_0005_downgrades_back_to_text(fresh_url):  # noqa: F811
     make_at_previous(fresh_url)
     engine = make_engine(parse_db(fresh_url))
     try:
         with engine.begin() as conn:
-            command.upgrade(alembic_config(conn), "0004")
+            command.upgrade(alembic_config(conn), "0005")
         with engine.begin() as conn:
-            command.downgrade(alembic_config(conn), "0003")
+            command.downgrade(alembic_config(conn), "0004")
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT data_type FROM information_schema.columns WHERE table_name = 'job' "
                                         "AND column_name = 'params'")).scalar() == "text"

@@ -6,8 +6,8 @@ sqlview``) are dropped for the change and made again from their own definitions 
 way up; on the way down they are dropped (their jsonb operators would not apply to text):
 make them again with ``jobman sqlview``.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-24
 """
 
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
