@@ -25,11 +25,14 @@ _LAZY = {
     "as_completed": "jobman.dispatch.client",
     "wait": "jobman.dispatch.client",
     "cached": "jobman.dispatch.client",
+    "DD": "jobman.tools",
+    "flatten": "jobman.tools",
+    "expand": "jobman.tools",
     "sample": "jobman.dispatch.client",
     **{name: "jobman.jobdb.distributions" for name in (
         "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }
-_MODULES = {"errors": "jobman.jobdb.errors"}
+_MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools"}
 
 __all__ = [*_LAZY, *_MODULES, "__version__"]
 

@@ -137,6 +137,11 @@ def fmt_age(ts: float | None, now: float | None = None) -> str:
     return f"{secs / 86400:.1f}d"
 
 
+def plain_number(value: Any) -> Any:
+    """A whole float as an int: PostgreSQL keeps priorities as doubles, users wrote 1 or 1.5."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def fmt_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -160,11 +165,11 @@ def job_json(job: Job) -> dict[str, Any]:
     return {
         "id": job.id, "phase": job.phase, "status": job.status.value, "target": job.target, "kind": job.kind,
         "params": job.params, "results": job.results, "attempt": job.attempt, "max_attempts": job.max_attempts,
-        "priority": job.priority, "host": job.host, "pid": job.pid, "backend": job.backend,
+        "priority": plain_number(job.priority), "host": job.host, "pid": job.pid, "backend": job.backend,
         "backend_id": job.backend_id, "workdir": job.workdir, "log_path": job.log_path,
         "depends_on": job.depends_on, "error": job.error, "exit_code": job.exit_code,
         "created_at": job.created_at, "started_at": job.started_at, "heartbeat_at": job.heartbeat_at,
-        "finished_at": job.finished_at,
+        "finished_at": job.finished_at, "gpus": job.gpus,
     }
 
 

@@ -15,7 +15,7 @@ from jobman.jobdb.status import CODES, Status, parse_status
 from jobman.jobdb.store import Job
 
 from .common import (Database, confirm, fmt_age, fmt_params, fmt_time, fmt_value, job_json, out, parse_ids,
-                     print_json, styled_status, with_database)
+                     plain_number, print_json, styled_status, with_database)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -80,7 +80,9 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
             out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
     rungs = store.rungs()  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where"):
+    on_gpus = any(j.gpus for j in jobs)
+    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where",
+                *(("gpu",) if on_gpus else ())):
         grid.add_column(col, overflow="fold")
     for j in jobs:
         where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
@@ -88,7 +90,7 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
         grid.add_row(str(j.id), str(j.phase), *rung, styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
                      ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
                      fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
-                     _results_summary(j.results), where)
+                     _results_summary(j.results), where, *((j.gpus or "",) if on_gpus else ()))
     out.print(grid)
     counts: dict[str, int] = {}
     for j in jobs:
@@ -124,12 +126,13 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
         return
     lines = [
         f"[bold]job {job.id}[/]  phase {job.phase}  {styled_status(job.status)}  attempt {job.attempt}/"
-        f"{job.max_attempts}  priority {job.priority}",
+        f"{job.max_attempts}  priority {plain_number(job.priority)}",
         f"target    {job.kind} {job.target}",
         f"params    {fmt_params(job.params) or '-'}",
         f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",
         f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
-        f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}",
+        f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
+        + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",
     ]
     rung = store.rungs().get(job.id)
@@ -163,49 +166,123 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
 @with_database("args")
 @click.option("--status", "status", multiple=True, metavar="STATUS",
-              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, CANCELED, a code, or a name).")
+              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, ERR_START, CANCELED, a code, "
+                   "or a name).")
+@click.option("--select", "select", multiple=True, metavar="KEY=VALUE",
+              help="Only jobs whose parameter or result KEY equals VALUE (dotted names; repeat to AND).")
+@click.option("--fselect", "fselect", multiple=True, metavar="KEY=LAMBDA",
+              help="Only jobs where LAMBDA(value of KEY) is true: --fselect 'lr=lambda v: v < 0.1'.")
 @click.option("--set_status", "--set-status", "set_to", metavar="STATUS", help="Set the selected jobs to STATUS.")
-@click.option("--print_keys", "--print-keys", "print_keys", metavar="K1,K2",
-              help="Also print these parameters/results.")
+@click.option("--restart", is_flag=True,
+              help="Set the selected jobs back to START; each resumes from the state it saved.")
+@click.option("--reset_prio", "--reset-prio", "reset_prio", is_flag=True,
+              help="Set the selected jobs' priority back to 0, sqlschedule's default.")
+@click.option("--print", "print_key", multiple=True, metavar="KEY", help="Print KEY's value for each job.")
+@click.option("--print_keys", "--print-keys", "print_keys", is_flag=False, flag_value="*", default=None,
+              metavar="[K1,K2]", help="Print these keys' values; alone, list the keys the jobs have.")
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
-@click.option("--all", "everything", is_flag=True, help="With --set_status: every job of the experiment (asks first).")
+@click.option("--all", "everything", is_flag=True,
+              help="Every job of the experiment (to change them all, it asks first).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts).")
 def sqlstatus(args: tuple[str, ...], database: Database, status: tuple[str, ...],
-              set_to: str | None, print_keys: str | None, count: bool, everything: bool, yes: bool) -> None:
-    """jobman's status view: jobs with their numeric status codes, and --set_status.
+              select: tuple[str, ...], fselect: tuple[str, ...], set_to: str | None, restart: bool,
+              reset_prio: bool, print_key: tuple[str, ...], print_keys: str | None, count: bool, everything: bool,
+              yes: bool) -> None:
+    """jobman's status view: jobs with their numeric status codes; --restart, --set_status, --reset_prio.
 
     \b
     Example:
       jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --status START
-      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --set_status START
-    --set_status changes the jobs named by ids or --status; every job only with --all.
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' 3 4 --restart
+      jobman sqlstatus 'sqlite:///sweeps.db?table=mlp' --select hyper.nhid=20 --print valid_error
+    --set_status, --restart and --reset_prio change the jobs named by ids, --status, --select or
+    --fselect; every job only with --all.
     """
+    if restart and set_to is not None:
+        raise UsageError("--restart is --set_status START: give one of them")
+    if restart:
+        set_to = "START"
     ids = parse_ids(args)
     statuses = _statuses(status)
-    if set_to is not None:
-        new = parse_status(set_to)
-        if not (ids or statuses or everything):
-            raise UsageError("name the jobs to set: ids (12, 12,13 or 10-20), --status, or --all")
+    tests = [*_select_tests(select), *_fselect_tests(fselect)]
+    named = bool(ids or statuses or tests)
+    changing = set_to is not None or reset_prio
+    new = parse_status(set_to) if set_to is not None else None
+    if changing and not (named or everything):
+        raise UsageError("name the jobs to change: ids (12, 12,13 or 10-20), --status, --select, or --all")
     store = database.open()
     jobs = store.jobs(status=statuses, ids=ids, with_deps=False)
-    if set_to is not None:
+    jobs = [j for j in jobs if all(test({**j.params, **(j.results or {})}) for test in tests)]
+    if changing:
         if not jobs:
-            raise click.UsageError("no job matches; nothing was changed")
-        if everything and not (ids or statuses):
-            confirm(f"set every job of experiment {store.experiment!r} ({len(jobs)}) to {new.value}?", yes)
-        changed = store.set_status([j.id for j in jobs], new)
-        click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
+            raise UsageError("no job matches; nothing was changed")
+        if everything and not named:
+            what = f"set to {new.value}" if new is not None else "back to priority 0"
+            confirm(f"every job of experiment {store.experiment!r} ({len(jobs)}) {what}?", yes)
+        if new is not None:
+            changed = store.set_status([j.id for j in jobs], new)
+            click.echo(f"{len(changed)} job(s) set to {new.value} ({CODES[new]})")
+        if reset_prio:
+            n = store.set_priority([j.id for j in jobs], 0)
+            click.echo(f"{n} job(s) back to priority 0")
         return
     if count:
         click.echo(str(len(jobs)))
         return
-    keys = [k for k in (print_keys or "").split(",") if k]
+    if print_keys == "*":
+        keys = sorted({k for j in jobs for k in {**j.params, **(j.results or {})}})
+        click.echo(" ".join(keys) if keys else "no job has any key")
+        return
+    keys = [k for k in (print_keys or "").split(",") if k] + list(print_key)
     for j in jobs:
         extra = " ".join(f"{k}={fmt_value({**j.params, **(j.results or {})}.get(k))}" for k in keys)
         click.echo(f"Job {j.id}: status {CODES[j.status]} ({j.status.value}) phase {j.phase}"
                    + (f" {extra}" if extra else ""))
     if not jobs:
         click.echo("no job matches")
+
+
+_MISSING = object()
+
+
+def _select_tests(selects: tuple[str, ...]) -> list:
+    from jobman.jobdb.sweep import parse_value
+
+    tests = []
+    for sel in selects:
+        key, eq, raw = sel.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--select {sel!r}: write KEY=VALUE, such as lr=0.1")
+        try:
+            value = parse_value(raw)
+        except ValueError:
+            value = raw
+        tests.append(lambda state, key=key, value=value: state.get(key, _MISSING) == value)
+    return tests
+
+
+def _fselect_tests(fselects: tuple[str, ...]) -> list:
+    tests = []
+    for sel in fselects:
+        key, eq, source = sel.partition("=")
+        if not eq or not key or not source.strip():
+            raise UsageError(f"--fselect {sel!r}: write KEY=LAMBDA, such as 'lr=lambda v: v < 0.1'")
+        try:
+            fn = eval(compile(source, "--fselect", "eval"), {"__builtins__": __builtins__})  # the user's own code
+        except Exception as exc:  # noqa: BLE001 - any error in the user's expression
+            raise UsageError(f"--fselect {sel!r}: {type(exc).__name__}: {exc}") from None
+        if not callable(fn):
+            raise UsageError(f"--fselect {sel!r}: {source.strip()!r} is not a function (write lambda v: ...)")
+
+        def test(state, key=key, fn=fn, sel=sel):
+            if key not in state:
+                return False
+            try:
+                return bool(fn(state[key]))
+            except Exception as exc:  # noqa: BLE001
+                raise UsageError(f"--fselect {sel!r} raised {type(exc).__name__}: {exc}") from None
+        tests.append(test)
+    return tests
 
 
 COMMANDS = [list_jobs, show, sqlstatus]

@@ -21,7 +21,8 @@ COMMAND_MODULES: dict[str, str] = {
     "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
     "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "run",
     "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
-    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "report": "report", "serve": "serve", "demo": "demo",
+    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "report": "report", "sqlview": "view",
+    "serve": "serve", "demo": "demo", "help": "view",
 }
 
 

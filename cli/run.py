@@ -15,7 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
-from jobman.dispatch.machine import JobProcesses
+from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
@@ -53,24 +53,43 @@ def outage_option(fn):
 def process_options(fn):
     """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
     @functools.wraps(fn)
-    def wrapper(*args, jobs_per_process: int, **kwargs):
-        return fn(*args, processes=JobProcesses(jobs_per_process=jobs_per_process), **kwargs)
+    def wrapper(*args, jobs_per_process: int, threads_per_job: int | None, gpus: str | None, gpus_per_job: int,
+                **kwargs):
+        processes = JobProcesses(jobs_per_process, threads_per_job, parse_gpus(gpus, gpus_per_job), gpus_per_job)
+        return fn(*args, processes=processes, **kwargs)
 
-    return click.option("--jobs-per-process", type=click.IntRange(1), default=1, show_default=True, metavar="K",
-                        envvar="JOBMAN_JOBS_PER_PROCESS",
-                        help="Function jobs one job process runs in turn before a fresh one replaces it: "
-                             "faster for many tiny jobs; a job then sees the global state of those before "
-                             "it, a crash still takes down only its own job.")(wrapper)
+    options = [
+        click.option("--jobs-per-process", type=click.IntRange(1), default=1, show_default=True, metavar="K",
+                     envvar="JOBMAN_JOBS_PER_PROCESS",
+                     help="Function jobs one job process runs in turn before a fresh one replaces it: "
+                          "faster for many tiny jobs; a job then sees the global state of those before "
+                          "it, a crash still takes down only its own job."),
+        click.option("--threads-per-job", type=click.IntRange(1), default=None, metavar="T",
+                     help="BLAS/OpenMP threads of each job (OMP_NUM_THREADS, MKL, OpenBLAS, ...). Default: 1."),
+        click.option("--gpus", default=None, metavar="LIST|all",
+                     help="GPUs the jobs may use, e.g. 0,1,2,3, or all (nvidia-smi -L, or CUDA_VISIBLE_DEVICES): "
+                          "each job gets its own (CUDA_VISIBLE_DEVICES), never one in use by another job."),
+        click.option("--gpus-per-job", type=click.IntRange(1), default=1, show_default=True, metavar="G",
+                     help="GPUs of each job, unless its `resources` parameter asks otherwise ({\"gpus\": 2})."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
 
 
 def _run_worker(database: Database, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                outage_wait: float | None = None, processes: JobProcesses = JobProcesses()) -> WorkerSummary:
+                outage_wait: float | None = None, processes: JobProcesses = JobProcesses(),
+                save_every: float | None = None) -> WorkerSummary:
     store = database.open()
-    limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process)
+    limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process,
+                       save_every=save_every)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
+    processes.set_threads()
     worker = Worker(store, options)
+    if processes.gpus:
+        worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)
     worker.install_signal_handlers()
     summary = worker.run()
     click.echo(summary.line(), err=True)
@@ -109,7 +128,16 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
 @click.option("-n", "count", type=click.IntRange(0), default=1, show_default=True,
               help="Run this many jobs, then exit; 0: until none is ready.")
 @click.option("--timeout", type=click.FloatRange(0.01), default=None, help="Wall-time limit of each job (s).")
-def sql(args, database, count, timeout) -> int:
+@click.option("--finish-up-after", "finish_up_after", type=click.FloatRange(0.01), default=None, metavar="SECONDS",
+              help="After this long a job's channel.switch() says 'finish-up' (should_stop() turns true): it "
+                   "should save and return INCOMPLETE; one still running --grace seconds later is FAILED.")
+@click.option("--save-every", "save_every", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="Every SECONDS, a job's channel.switch() says 'save': checkpoint and go on.")
+@click.option("-w", "--workdir", "workdir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Where job workdirs go (DIR/EXPERIMENT/JOB_ID); the same as EXPROOT.")
+@click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds between asking a job to stop and killing it.")
+def sql(args, database, count, timeout, finish_up_after, save_every, workdir, grace) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
     Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
@@ -117,11 +145,20 @@ def sql(args, database, count, timeout) -> int:
     \b
     Example:
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
+      jobman sql -n0 postgres://me@dbhost/lab/mlp . --finish-up-after 3600 --save-every 600
     """
     if len(args) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
-    exproot = args[0] if args else os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
-    summary = _run_worker(database, exproot, timeout, 10.0, 30.0, count or None, False, None)
+    if args and workdir and args[0] != workdir:
+        raise UsageError(f"EXPROOT {args[0]!r} and --workdir {workdir!r} disagree; give one of them")
+    if args and args[0].startswith("ssh://"):
+        raise UsageError("jobman does not copy workdirs over ssh: give a directory every worker can reach "
+                         "(a shared filesystem), or run 'jobman dispatch' where the files should be")
+    exproot = (args[0] if args else workdir) or os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
+    if timeout and finish_up_after and timeout != finish_up_after:
+        raise UsageError("--timeout and --finish-up-after are the same limit here; give one of them")
+    summary = _run_worker(database, exproot, timeout or finish_up_after, 10.0, grace, count or None, False,
+                          None, save_every=save_every)
     bad = {s: n for s, n in summary.by_status.items() if s in RAN_BADLY}
     if bad:
         click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
@@ -212,6 +249,9 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
         raise UsageError("--sbatch-phase is for --one-job-per-task (pull workers run jobs of every phase)")
     if array_parallelism and one_job_per_task:
         raise UsageError("--array-parallelism is for pull workers; with --one-job-per-task, use -j")
+    if backend == "slurm" and processes.gpus:
+        raise UsageError("--gpus is for the local backend: on Slurm, ask for GPUs with --sbatch '--gres=gpu:N' "
+                         "(Slurm sets each job's CUDA_VISIBLE_DEVICES)")
     if backend == "slurm" and database.target.dialect == "sqlite" and not allow_sqlite:
         raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
                          "database (postgresql://user@host/db?table=T), or --allow-sqlite if every job "
@@ -225,7 +265,8 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
     worker_args += processes.worker_args()
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
-        return _dispatch_local(store, workers, worker_args, exproot, show, outage_wait)
+        return _dispatch_local(store, workers or processes.gpu_workers or None, worker_args, exproot, show,
+                               outage_wait)
     try:
         return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
                                one_job_per_task, sbatch_phase, bool(follow), requeue)

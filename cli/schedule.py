@@ -79,7 +79,13 @@ def _bad_after(sel: str):
 @click.option("--after", multiple=True, metavar="SELECTOR",
               help="Fan-in: the first phase depends on every existing job matching SELECTOR "
                    "(phase=0, status=DONE, ids=1-9, target=..., key=value; repeat to AND; 'all').")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--priority", type=float, default=0, show_default=True, help="Higher runs first (1.5 is fine).")
+@click.option("-f", "--force", is_flag=True,
+              help="Add the jobs even if the same jobs are already there (as new copies).")
+@click.option("-r", "--repeat", type=click.IntRange(1), default=1, show_default=True, metavar="N",
+              help="Schedule each job N times (copies after the first; with -f, N new copies).")
+@click.option("-p", "--parser", "parser", default=None, metavar="NAME",
+              help="Accepted for old scripts: the k=v and k={{a,b}} syntax is always jobman's own.")
 @click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True,
               help="Runs allowed per job before a crash is final.")
 @click.option("--samples", type=int, default=None, metavar="N",
@@ -104,9 +110,10 @@ def _bad_after(sel: str):
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
-                after: tuple[str, ...], priority: int, max_attempts: int, samples: int | None, seed: int,
-                sampler: str, halving: str | None, eta: int, metric: str | None, maximize: bool,
-                asynchronous: bool, prune: str | None, no_check: bool, dry_run: bool) -> None:
+                after: tuple[str, ...], priority: float, force: bool, repeat: int, parser: str | None,
+                max_attempts: int, samples: int | None, seed: int, sampler: str, halving: str | None, eta: int,
+                metric: str | None, maximize: bool, asynchronous: bool, prune: str | None, no_check: bool,
+                dry_run: bool) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -122,6 +129,9 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     Scheduling the same sweep twice adds nothing; a larger --samples adds only
     the new points.
     """
+    if parser is not None and parser != "filemerge":
+        click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
+                   err=True)
     tokens = [PHASE_SEPARATOR if t == _SEP else t for t in sweep]
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
@@ -172,9 +182,19 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs))
             result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n), halving=rules)
+                                    progress=lambda n: bar.update(task, completed=n), halving=rules, duplicate=force)
     else:
-        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules)
+        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules,
+                                duplicate=force)
+    copies = repeat - 1 if force or result.existing == 0 else 0
+    if copies:
+        repeated = [s._replace(parent=None if s.parent is None else s.parent + k * len(specs))
+                    for k in range(copies) for s in specs]
+        more = store.schedule(repeated, after=after_ids, priority=priority, max_attempts=max_attempts,
+                              duplicate=True)
+        result = dataclasses.replace(result, added=result.added + more.added, job_ids=result.job_ids + more.job_ids)
+    elif repeat > 1:
+        click.echo("the jobs were already there, so they are not repeated (use -f to add copies anyway)", err=True)
     where = f"experiment {store.experiment!r} of {store.target.display}"
     if result.added == 0:
         click.echo(f"all {result.existing} jobs of this sweep are already in {where}; nothing added")

@@ -20,33 +20,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from jobman.jobdb.nested import RESERVED, DD, expand, flatten
+
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"
 
 
-class DD(dict):
-    """A dict whose keys are also attributes: ``state.lr`` is ``state['lr']``."""
+def job_info(job_id: int | None, target: str, experiment: str, priority: float, attempt: int, phase: int,
+             workdir: Path | str) -> dict[str, Any]:
+    """What a job finds in ``state.jobman``, the original jobman's names (flat, dotted); ``target``
+    is a function's path."""
+    import socket
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    # The original named a function module.function.
+    return {"id": job_id, "experiment": target.replace(":", "."), "table": experiment, "status": 1, "attempt": attempt,
+            "phase": phase, "sql.priority": priority, "sql.host_name": socket.gethostname(),
+            "sql.host_workdir": str(workdir)}
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
 
-    def __delattr__(self, name: str) -> None:
-        try:
-            del self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __getstate__(self) -> dict:
-        return dict(self)
-
-    def __setstate__(self, data: dict) -> None:
-        self.update(data)
+def job_state(params: Mapping[str, Any], results: Mapping[str, Any] | None,
+              info: Mapping[str, Any] | None = None) -> DD:
+    """The ``state`` a job is called with: its parameters and what it saved before, nested by their
+    dots, and ``state.jobman`` (which is never stored as a parameter or a result)."""
+    state = expand({**params, **(results or {})})
+    if info is not None:
+        state[RESERVED] = expand(info)
+    return state
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,7 @@ class Channel:
     params: Mapping[str, Any]
     parents: list[Parent] = field(default_factory=list)
     deadline: float | None = None  # time.time() after which should_stop() is true
+    save_every: float | None = None  # seconds between the 'save' answers of switch()
 
     COMPLETE = COMPLETE
     INCOMPLETE = INCOMPLETE
@@ -84,6 +84,8 @@ class Channel:
         self._stop_reason: str | None = None
         self._state: DD | None = None
         self._stop_poll: Callable[[], bool] | None = None
+        self._last_save_hint = time.time()
+        self._param_groups: set[str] | None = None
         self.pruned = False
 
     # -- stopping -------------------------------------------------------
@@ -109,6 +111,20 @@ class Channel:
     def stop_reason(self) -> str | None:
         return self._stop_reason
 
+    def switch(self, message: Any = None) -> str | None:
+        """The original jobman's checkpoint opportunity: ``'stop'`` (cancelled or signalled: save
+        and return INCOMPLETE), ``'finish-up'`` (the wall-time limit: reach a checkpoint, save,
+        return INCOMPLETE), ``'save'`` (``--save-every`` elapsed: save and go on), else None."""
+        if self.should_stop():
+            return "finish-up" if self._stop_reason == "wall-time limit reached" else "stop"
+        if self.save_every is not None and time.time() - self._last_save_hint >= self.save_every:
+            self._last_save_hint = time.time()
+            return "save"
+        return None
+
+    def __call__(self, message: Any = None) -> str | None:
+        return self.switch(message)
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (and SIGUSR1, sent by Slurm before a time limit) turn should_stop() on."""
 
@@ -124,8 +140,24 @@ class Channel:
         self._state = state
 
     def results_of(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """The part of ``state`` that is results: what is not an unchanged parameter."""
-        return {k: v for k, v in state.items() if k not in self.params or self.params[k] != v}
+        """The part of ``state`` that is results: what is not an unchanged parameter, nor jobman's
+        own ``state.jobman``. Inside a group of parameters (``state.hyper``) results are named by
+        their dotted path, as the parameters are; any other dict a job writes is kept whole."""
+        groups = self._groups()
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if key == RESERVED:
+                continue
+            items = flatten(value, key + ".").items() if key in groups and isinstance(value, Mapping) else (
+                (key, value),)
+            out.update((k, v) for k, v in items if k not in self.params or self.params[k] != v)
+        return out
+
+    def _groups(self) -> set[str]:
+        """The top-level names of dotted parameters (``hyper`` of ``hyper.lr``)."""
+        if self._param_groups is None:
+            self._param_groups = {k.split(".", 1)[0] for k in self.params if "." in k}
+        return self._param_groups
 
     def save(self) -> None:
         """Checkpoint the job's state (its results so far) so a relaunch resumes from it."""

@@ -33,7 +33,7 @@ from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
-from .channel import DD, Channel
+from .channel import DD, Channel, job_info, job_state
 from .experiment import TargetError, by_value, call as call_function, resolve
 
 BACKENDS = ("inline", "local", "slurm", None)
@@ -422,9 +422,8 @@ class Experiment:
                                      deadline=time.time() + self.timeout if self.timeout else None,
                                      store=self.store, lease=lease)
             channel.parents = [_parent(p) for p in parents]
-            state = DD(job.params)
-            if job.results:
-                state.update(job.results)
+            state = job_state(job.params, job.results, job_info(job.id, job.target, self.store.experiment,
+                                                                 job.priority, job.attempt, job.phase, workdir))
             if self._heartbeats is None:
                 self._heartbeats = _Heartbeats(self.store.target)
                 self._heartbeats.start()

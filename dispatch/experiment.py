@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .channel import COMPLETE, INCOMPLETE, DD, Channel, DirectChannel, to_jsonable
+from jobman.jobdb.nested import RESERVED
+
+from .channel import COMPLETE, INCOMPLETE, DD, Channel, DirectChannel, job_info, job_state, to_jsonable
 
 
 class TargetError(Exception):
@@ -155,7 +157,8 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
 def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
     sig = _signature(fn) or inspect.signature(fn)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    kwargs = {k: v for k, v in state.items() if accepts_any or k in sig.parameters}
+    # state.jobman goes only to a function that names it: a **kwargs function gets its parameters alone.
+    kwargs = {k: v for k, v in state.items() if k in sig.parameters or (accepts_any and k != RESERVED)}
     if "channel" in sig.parameters and "channel" not in kwargs:
         kwargs["channel"] = channel
     return fn(**kwargs)
@@ -177,9 +180,9 @@ def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], work
     fn = resolve(target) if isinstance(target, str) else target
     channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params))
     channel.workdir.mkdir(parents=True, exist_ok=True)
-    state = DD(params)
-    if resume:
-        state.update(channel.saved_results())
+    name = target if isinstance(target, str) else f"{fn.__module__}.{fn.__qualname__}"
+    state = job_state(params, channel.saved_results() if resume else None,
+                      job_info(None, name, "", 0, 1, 0, channel.workdir))
     outcome = call(fn, state, channel)
     if outcome.status != "FAILED":
         channel._save(outcome.results)

@@ -44,7 +44,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .channel import DD, Channel, Parent, to_jsonable
+from .channel import Channel, Parent, job_state, to_jsonable
 from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
@@ -232,19 +232,18 @@ def die_with_parent(oom_score_adj: int | None = None) -> None:
 def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> None:
     """Inside the job's process: run the function and send its outcome to the worker."""
     workdir = Path(request["workdir"])
+    os.environ.update(request.get("env", {}))
     os.chdir(workdir)
     for fd, name in ((1, "stdout.txt"), (2, "stderr.txt")):
         target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, fd)
         os.close(target)
     job = request["job"]
-    state = DD(job["params"])
-    if job["results"]:
-        state.update(job["results"])
+    state = job_state(job["params"], job["results"], job.get("jobman"))
     parents = [Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
                for p in request["parents"]]
     channel = WorkerChannel(job["id"], job["phase"], job["attempt"], workdir, dict(job["params"]), parents,
-                            deadline=request["deadline"], sock=sock)
+                            deadline=request["deadline"], save_every=request.get("save_every"), sock=sock)
     channel.install_signal_handlers()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -507,13 +506,18 @@ class ForkServer:
 
     def close(self) -> None:
         """Hang up: the server exits at the end of its stream (killed if it does not)."""
-        if self.ctrl is not None:
-            self.ctrl.close()
-            self.ctrl = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        hang_up(self)
+
+
+def hang_up(helper: Any) -> None:
+    """Close a helper process's control socket; it exits at the end of its stream (killed if it does not)."""
+    if helper.ctrl is not None:
+        helper.ctrl.close()
+        helper.ctrl = None
+    if helper.proc is not None:
+        try:
+            helper.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            helper.proc.kill()
+            helper.proc.wait()
+        helper.proc = None

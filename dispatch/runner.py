@@ -30,9 +30,11 @@ from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError,
 from jobman.jobdb.status import LOST
 from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
+from .channel import job_info
 from .experiment import TargetError, by_value
 from .forkserver import (ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg,
                          signal_on_parent_death)
+from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage
 
@@ -48,6 +50,7 @@ class RunLimits:
     heartbeat_interval: float = 10.0
     grace: float = 30.0  # between SIGTERM (should_stop) and SIGKILL
     jobs_per_process: int = 1  # function jobs one job process runs in turn before it is replaced
+    save_every: float | None = None  # seconds between the job's channel.switch() == 'save' answers
 
 
 def deadline_of(timeout: float | None) -> float | None:
@@ -224,6 +227,8 @@ class Runner:
         self.outage = outage or Outage(log)
         self.server = ForkServer(limits.jobs_per_process)
         weakref.finalize(self, self.server.close)
+        self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
+        self.job_env: dict[str, str] = {}  # set in the environment of the job being started
 
     def close(self) -> None:
         """Stop the fork server (it also stops by itself when the worker exits)."""
@@ -237,6 +242,42 @@ class Runner:
     def run_then_claim(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         """``run``; with ``then`` (who claims, and the workdir root), the transaction that records
         the job also claims the next one, returned beside the status (None if none was ready)."""
+        if self.gpus is None:
+            return self._run(claimed, then)
+        job, lease = claimed.job, claimed.lease
+        try:
+            taken = self.gpus.take(gpus_asked(job.params, self.gpus.per_job), self._waiting_for_gpus(job, lease))
+            if taken is None:
+                return self._finish(job, lease, None, "REQUEUE",
+                                    why="its worker was stopped waiting for a GPU; put back")
+            self.job_env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)}
+            if taken:
+                self.store.set_gpus(job.id, lease, ",".join(taken))
+        except LeaseLost as exc:
+            self.gpus.give_back()
+            self.log(str(exc))
+            return LOST, None
+        except JobmanError as exc:
+            self.gpus.give_back()
+            return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
+        try:
+            return self._run(claimed, then)
+        finally:
+            self.gpus.give_back()  # however the job ended, its devices go back to the pool
+
+    def _waiting_for_gpus(self, job: Job, lease: int) -> Callable[[], bool]:
+        """While the job waits for devices: heartbeat it, and give up if the worker is stopping."""
+        next_beat = [time.time() + self.limits.heartbeat_interval]
+
+        def waiting() -> bool:
+            if time.time() >= next_beat[0]:
+                next_beat[0] = time.time() + self.limits.heartbeat_interval
+                self.store.heartbeat(job.id, lease)
+            return not self.stopping()
+
+        return waiting
+
+    def _run(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         job, lease = claimed.job, claimed.lease
         workdir = Path(job.workdir or ".").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -286,10 +327,15 @@ class Runner:
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
         request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
+                   "save_every": self.limits.save_every,
                    "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
-                           "results": job.results},
+                           "results": job.results,
+                           "jobman": job_info(job.id, job.target, self.store.experiment, job.priority,
+                                              job.attempt, job.phase, workdir)},
                    "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
                                 "params": p.params, "results": p.results or {}} for p in parents]}
+        if self.job_env:
+            request["env"] = self.job_env
         if by_value(job.target):
             request["code"] = self._code_of(job.target)
         try:
@@ -332,7 +378,7 @@ class Runner:
                                                       for p in parents]}, indent=1))
         if results_path.exists():
             results_path.unlink()
-        env = {**os.environ, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
+        env = {**os.environ, **self.job_env, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
                "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
         argv = command_argv(job.target, job.params)

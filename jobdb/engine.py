@@ -11,7 +11,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -39,8 +39,34 @@ def make_engine(target: DbTarget) -> Engine:
         connect_args["options"] = f"-c search_path={target.schema}"
     engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
                               connect_args=connect_args)
+
+    @event.listens_for(engine, "connect")
+    def _json_as_text(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+        for name in ("json", "jsonb"):
+            dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
+
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))
     return engine
+
+
+_LOADER: type | None = None
+
+
+def _canonical_json_loader() -> type:
+    """A psycopg loader giving jsonb back as jobman's canonical JSON text (keys sorted), the text
+    it stored: psycopg would make dicts of it, and jsonb's own text orders keys by length."""
+    global _LOADER
+    if _LOADER is None:
+        from psycopg.adapt import Loader
+
+        from .canonical import dump_json, load_json
+
+        class CanonicalJson(Loader):
+            def load(self, data: Any) -> str:
+                return dump_json(load_json(bytes(data).decode()))
+
+        _LOADER = CanonicalJson
+    return _LOADER
 
 
 class _OneLine(logging.Filter):

@@ -136,12 +136,13 @@ class HotStatements:
             sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
             dialect)
         self.save = Prepared(
-            sa.update(t_job).where(owned()).values(results=b("results", type_=sa.Text), heartbeat_at=b("now"))
+            sa.update(t_job).where(owned()).values(results=b("results", type_=t_job.c.results.type),
+                                                   heartbeat_at=b("now"))
             .returning(t_job.c.id), dialect)
         self.finish_done = Prepared(
             sa.update(t_job).where(owned())
             .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
-                    results=sa.func.coalesce(b("results", type_=sa.Text), t_job.c.results), error=sa.null(),
+                    results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results), error=sa.null(),
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
             .returning(t_job.c.attempt, _has_children()), dialect)
         self.event = Prepared(

@@ -45,6 +45,7 @@ class Job:
     stop_requested: bool = False
     resume: bool = False
     depends_on: list[int] = field(default_factory=list)
+    gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
 
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
@@ -61,7 +62,7 @@ class Job:
             log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
             started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
             error=m["error"], exit_code=m["exit_code"], stop_requested=bool(m["stop_requested"]),
-            resume=bool(m["resume"]), depends_on=deps or [],
+            resume=bool(m["resume"]), depends_on=deps or [], gpus=m.get("gpus"),
         )
 
     @classmethod

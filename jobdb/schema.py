@@ -21,8 +21,32 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
+
+
+class RawJsonb(JSONB):
+    """PostgreSQL's jsonb, passed as text both ways: jobman encodes its canonical JSON itself, and
+    the engine reads jsonb back as text (see ``engine.make_engine``)."""
+
+    cache_ok = True
+
+    def adapt(self, cls, **kw):  # noqa: ANN001, ANN003, ANN201
+        # Not the driver's own jsonb type: that one would encode jobman's JSON text a second time.
+        return self
+
+    def bind_processor(self, dialect):  # noqa: ANN001, ANN201
+        return None
+
+    def result_processor(self, dialect, coltype):  # noqa: ANN001, ANN201
+        return None
+
+
+# A JSON object: text on SQLite; jsonb on PostgreSQL, so SQL can reach into it (params->>'lr').
+JSON_TEXT = Text().with_variant(RawJsonb(), "postgresql")
+# Priorities may be fractional (the original jobman's 1.0); SQLite stores a REAL in an INTEGER column as is.
+PRIORITY = Integer().with_variant(Float(), "postgresql")
 
 experiment = Table(
     "experiment",
@@ -40,17 +64,17 @@ job = Table(
     Column("phase", Integer, nullable=False, server_default=text("0")),
     Column("kind", String(8), nullable=False, server_default=text("'fn'")),  # 'fn' or 'cmd'
     Column("target", Text, nullable=False),
-    Column("params", Text, nullable=False),  # JSON object
+    Column("params", JSON_TEXT, nullable=False),  # JSON object
     Column("params_hash", String(64), nullable=False),
     Column("status", String(16), nullable=False),
-    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("priority", PRIORITY, nullable=False, server_default=text("0")),
     Column("queue_order", Integer, nullable=False, server_default=text("0")),  # < 0: first in line
     Column("attempt", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False, server_default=text("3")),
     Column("lease", Integer, nullable=False, server_default=text("0")),  # fencing token, +1 per claim
     Column("resume", Boolean, nullable=False, server_default=text("false")),  # next claim continues this attempt
     Column("stop_requested", Boolean, nullable=False, server_default=text("false")),
-    Column("results", Text),  # JSON object
+    Column("results", JSON_TEXT),  # JSON object
     Column("host", String(255)),
     Column("pid", Integer),
     Column("pid_started_at", Float),
@@ -65,6 +89,7 @@ job = Table(
     Column("finished_at", Float),
     Column("error", Text),
     Column("exit_code", Integer),
+    Column("gpus", String(255)),  # the devices given to its last run (CUDA_VISIBLE_DEVICES)
     UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
 )
 # The claim: the first QUEUED job of an experiment by priority and order.
@@ -145,4 +170,4 @@ Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0005"

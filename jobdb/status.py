@@ -32,7 +32,9 @@ CODES: dict[Status, int] = {
     Status.CRASHED: 7,
     Status.BLOCKED: 8,
 }
-ALIASES: dict[str, Status] = {"START": Status.QUEUED, "ERR_RUN": Status.FAILED, "CANCELLED": Status.CANCELED}
+# ERR_START (a job that could not start) is FAILED here, with the reason in its error.
+ALIASES: dict[str, Status] = {"START": Status.QUEUED, "ERR_RUN": Status.FAILED, "ERR_START": Status.FAILED,
+                              "CANCELLED": Status.CANCELED}
 
 # The groups the status machine, the CLI and dispatch speak of, defined here only.
 #: Ended: nothing more happens to these jobs without a repair (reset, retry, set-status).

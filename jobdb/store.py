@@ -25,6 +25,7 @@ from .canonical import dump_json
 from .clock import ServerClock
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .hot import HotStatements, claim_values, owned
+from .identity import canonical_specs, duplicate_hashes
 from .records import (CLAIMED_ATTEMPT, CLAIMED_COLUMNS, RUNNING_COLUMNS, Claimed, Event, Found, Job, RunningJob,
                       ScheduleResult, WorkerInfo, to_claimed)
 from .schema import experiment as t_exp
@@ -134,12 +135,14 @@ class Store:
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
                  max_attempts: int = 3, progress: Callable[[int], None] | None = None,
-                 halving: "_halving.Halving | None" = None) -> ScheduleResult:
+                 halving: "_halving.Halving | None" = None, duplicate: bool = False) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
         the jobs are the first rung of a successive-halving search, recorded in the same transaction.
+        With ``duplicate`` (jobman's ``force_dup``) every job is added, as a new identity, even if present.
         """
+        specs = canonical_specs(specs)
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
                 raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
@@ -148,6 +151,8 @@ class Store:
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
         canonical_hashes = params_hashes(specs, encoded)
+        if duplicate:
+            canonical_hashes = duplicate_hashes(canonical_hashes)
 
         def run(conn: Connection) -> ScheduleResult:
             exp = self._experiment(conn, create=True)
@@ -161,7 +166,8 @@ class Store:
                 if missing:
                     raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {self.experiment!r}")
             ids: dict[str, int] = dict(self.hot.ids_by_hash.rows(conn, exp=exp, after=0))
-            hashes = _older_spellings(conn, exp, specs, encoded, canonical_hashes, ids) if ids else canonical_hashes
+            hashes = (_older_spellings(conn, exp, specs, encoded, canonical_hashes, ids) if ids and not duplicate
+                      else canonical_hashes)
             unique = len(set(hashes)) == len(hashes)
             if not ids and unique:  # a new sweep in a new experiment: every job is new
                 existing, fresh = 0, range(len(specs))
@@ -352,6 +358,19 @@ class Store:
         ok = self._write(lambda c: self.hot.save.rows(c, id=job_id, lease=lease, results=blob, now=self.clock.now(c)))
         if not ok:
             raise self._refuse_logged(job_id, lease, "checkpoint")
+
+    def set_gpus(self, job_id: int, lease: int, gpus: str) -> None:
+        """Record the devices a running job was given (``CUDA_VISIBLE_DEVICES``), on the job and in its log."""
+        def run(conn: Connection) -> bool:
+            mine = sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == Status.RUNNING.value)
+            if not conn.execute(sa.update(t_job).where(mine).values(gpus=gpus)).rowcount:
+                return False
+            self._events(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                                 "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
+            return True
+
+        if not self._write(run):
+            raise self._refuse_logged(job_id, lease, "GPU assignment")
 
     def log_metrics(self, job_id: int, lease: int, points: Iterable[tuple[int, str, float]]) -> None:
         """Append learning-curve points (step, name, value) of a job the caller owns."""

@@ -20,6 +20,7 @@ from . import distributions
 from .canonical import encode_value
 from .distributions import Distribution
 from .errors import SweepError
+from .nested import check_names
 
 PHASE_SEPARATOR = "--"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
@@ -332,6 +333,7 @@ def parse_sweep(tokens: Sequence[str], command: str | None = None) -> Sweep:
         phases[-1].assignments.append(assignment)
     if phases[0].target is None:
         raise SweepError("the sweep has no target: start it with a function such as mypkg.train:main")
+    check_names(seen)  # dotted names nest: 'hyper' and 'hyper.lr' cannot both be set
     return Sweep(phases, "cmd" if command is not None else "fn")
 
 

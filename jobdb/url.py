@@ -57,6 +57,26 @@ def mask_password(text: str) -> str:
     return re.sub(r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/?#\s]*)(@)", r"\1***\3", text, flags=re.I)
 
 
+_DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def split_path_table(path: str, dialect: str) -> tuple[str, str | None]:
+    """The original jobman's form, the table after the database: ``host/dbname/tablename``, and for
+    SQLite ``/path/file.db/tablename`` (the file has a database suffix or exists)."""
+    head, sep, last = path.rstrip("/").rpartition("/")
+    if not sep or not last:
+        return path, None
+    if dialect == "sqlite":
+        if head.startswith("/") and len(head) > 1 and not last.endswith(_DB_SUFFIXES) and (
+                head.endswith(_DB_SUFFIXES) or os.path.isfile(head[1:])):
+            return head, last
+        return path, None
+    # postgresql: netloc/dbname/table (a bare netloc/dbname has no second slash)
+    if "/" in head:
+        return head, last
+    return path, None
+
+
 def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
     """Resolve ``--db``/``--table``/``JOBMAN_DB`` into a :class:`DbTarget`.
 
@@ -75,7 +95,8 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
             f"unknown database scheme {scheme!r}: use sqlite:///path.db or postgresql://user@host/db")
     path, _, query_text = rest.partition("?")
     query = dict(parse_qsl(query_text, keep_blank_values=True))
-    experiment = table or query.pop("table", None) or DEFAULT_TABLE
+    path, path_table = split_path_table(path, dialect)
+    experiment = table or query.pop("table", None) or path_table or DEFAULT_TABLE
     query.pop("table", None)
     schema = query.pop("schema", None)
     if not _NAME.match(experiment):

@@ -146,3 +146,16 @@ def signal_once_started(argv: list[str], env: dict, marker: Path, sig: int = sig
             proc.kill()
             proc.wait()
     return proc.returncode, err
+
+
+def experiment_module(tmp_path: Path, name: str, source: str) -> str:
+    """Write an experiment module under ``tmp_path``; the PYTHONPATH that finds it."""
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / f"{name}.py").write_text(source)
+    return os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
+
+
+def sqlite_only() -> str:
+    """A module's ``engine_name`` fixture when what it tests does not depend on the store: SQLite only."""
+    return "sqlite"

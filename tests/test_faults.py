@@ -333,16 +333,17 @@ def test_workers_of_a_killed_dispatch_stop_and_put_their_jobs_back(mods, tmp_pat
     store.schedule([JobSpec(0, "fn", f"{MODULE}:forever", {"i": i}, None) for i in range(3)])
     runs = tmp_path / "runs"
     proc = start_dispatch(url, runs, mods, tmp_path / "dispatch.log")
+    workers: list[psutil.Process] = []
     try:
         wait_until(lambda: len(store.running()) == 2, 60, "two running jobs")
-        workers = [p for p in processes_naming(url) if p.pid != proc.pid]
-        assert workers
+        workers = [psutil.Process(j.pid) for j in store.running()]  # forked by the dispatch's zygote
+        assert len(workers) == 2
         proc.kill()  # SIGKILL: no chance to stop anything itself
         proc.wait()
         gone, alive = psutil.wait_procs(workers, timeout=30)
         assert alive == [], "a worker outlived its dispatch"
     finally:
-        for p in processes_naming(url):
+        for p in processes_naming(url) + [w for w in workers if w.is_running()]:
             p.kill()
     jobs = store.jobs()
     assert {j.status for j in jobs} == {Status.QUEUED}, [(j.id, j.status) for j in jobs]

@@ -17,11 +17,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import signal_once_started
+from conftest import experiment_module, sqlite_only, signal_once_started
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
+
+engine_name = pytest.fixture(sqlite_only, name="engine_name")
 
 MODULE = "jm_reuse_exp"
 
@@ -39,6 +41,15 @@ EXPERIMENTS = textwrap.dedent('''
         state.pid = os.getpid()
         state.ran_here = list(RAN_HERE)
         state.env_mark = os.environ.get("JM_LEFT_BEHIND")
+
+
+    def lineage(state, channel):
+        """The job's worker (its fork server's parent), and what started that worker."""
+        import psutil
+        worker = psutil.Process(os.getppid()).parent()
+        state.worker = worker.pid
+        state.started_by = worker.parent().cmdline()
+        time.sleep(0.5)
 
 
     def leaves_state(state, channel):
@@ -75,19 +86,10 @@ EXPERIMENTS = textwrap.dedent('''
 
 
 @pytest.fixture
-def engine_name() -> str:
-    """SQLite only: how job processes are reused does not depend on the store."""
-    return "sqlite"
-
-
-@pytest.fixture
 def exp(tmp_path: Path):
-    moddir = tmp_path / "mods"
-    moddir.mkdir()
-    (moddir / f"{MODULE}.py").write_text(EXPERIMENTS)
+    pythonpath = experiment_module(tmp_path, MODULE, EXPERIMENTS)
     started = tmp_path / "started"
     started.mkdir()
-    pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
     return type("Exp", (), {"env": {"PYTHONPATH": pythonpath, "JM_STARTED": str(started)},
                             "runs": tmp_path / "runs", "started": started})
 
@@ -171,3 +173,14 @@ def test_stopping_a_worker_in_a_reused_process_leaves_nothing_running(db_url, st
     assert [j.id for j in store.jobs(status=[Status.RUNNING])] == []
     with pytest.raises(ProcessLookupError):  # the reused job process went with its worker
         os.kill(job.results["pid"], 0)
+
+
+def test_dispatch_forks_its_workers_from_one_warm_interpreter(jobman, db_url, store, exp):
+    ids = schedule(store, *["lineage"] * 4)
+    r = jobman("dispatch", db_url, "-j", "2", "--exproot", str(exp.runs), "--no-progress", env=exp.env, timeout=180)
+    assert r.code == 0, r.err
+    jobs = [store.job(i) for i in ids]
+    assert all(j.status is Status.DONE for j in jobs)
+    assert {j.results["worker"] for j in jobs} == {j.pid for j in jobs}  # the worker is what the job row says
+    assert len({j.pid for j in jobs}) == 2
+    assert all("jobman.dispatch.backends.zygote" in j.results["started_by"] for j in jobs)

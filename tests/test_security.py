@@ -25,6 +25,7 @@ import sqlalchemy as sa
 
 from conftest import run_jobman
 from jobman.cli.main import main
+from jobman.jobdb.nested import flatten
 from jobman.jobdb.schema import VERSION_TABLE, metadata
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
@@ -244,7 +245,7 @@ def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
     ids = store.schedule(specs).job_ids
     for job_id, spec in zip(ids, specs):
         job = store.job(job_id)
-        assert (job.target, job.params) == (spec.target, spec.params)
+        assert (job.target, job.params) == (spec.target, flatten(spec.params))  # stored flat, dotted
     for i, evil in enumerate(EVIL):
         assert store.select_ids(params={evil: evil}) == [ids[i]]
     claimed = store.claim(WorkerInfo(host=EVIL[0], pid=1))

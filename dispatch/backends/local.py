@@ -1,4 +1,4 @@
-"""The local backend: N worker processes on this host."""
+"""The local backend: N worker processes on this host, forked from one warm interpreter (``zygote``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Sequence
 
 import psutil
 
 from .base import AllocationState, WorkerSpec
+from .zygote import Forked, Zygote
 
 
 # Set for each worker: the pid of the dispatch it must not outlive (SIGTERM when that process ends).
@@ -45,7 +47,9 @@ class LocalBackend:
     def __init__(self, log_dir: Path, environment: dict[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.environment = dict(environment or {})  # set for the workers, over this process's own
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | Forked] = []
+        self.zygote = Zygote()  # workers are forked from it: a warm start instead of a new interpreter each
+        weakref.finalize(self, self.zygote.close)
         self.logs: dict[int, Path] = {}
         self._seen_exits: set[int] = set()
 
@@ -55,11 +59,15 @@ class LocalBackend:
         for _ in range(count):
             index = len(self.procs)
             log_path = self.log_dir / f"worker-{os.getpid()}-{index}.log"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, **self.environment, "JOBMAN_WORKER_LOG": str(log_path),
-                                             DIE_WITH_VARIABLE: str(os.getpid())})
+            env = {**os.environ, **self.environment, "JOBMAN_WORKER_LOG": str(log_path),
+                   DIE_WITH_VARIABLE: str(os.getpid())}
+            try:
+                proc: subprocess.Popen | Forked = self.zygote.start_worker(
+                    ["worker", spec.db_url, *spec.worker_args], str(log_path), env)
+            except (OSError, AttributeError):  # no zygote (or no pidfd here): a fresh interpreter, as always
+                with open(log_path, "ab") as log:
+                    proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
             self.procs.append(proc)
             self.logs[proc.pid] = log_path
             ids.append(str(proc.pid))

@@ -1,0 +1,211 @@
+"""Local workers forked from one warm interpreter instead of each starting its own.
+
+A worker spends most of its start importing SQLAlchemy, click and the store (a
+quarter of a second here when the machine is idle, seconds under load). The local
+backend starts one *zygote*: an interpreter that imports the ``jobman worker`` command
+once, touches no database, runs no thread, and forks each worker on request. A worker
+forked from it is a ``jobman worker`` process like any other: its own session, its
+log file for stdout and stderr, its own database connections, made after the fork.
+
+The zygote dies with the dispatcher (``PR_SET_PDEATHSIG``), and each worker it forked
+is then told to stop (SIGTERM: it puts its job back), as a worker started by the
+dispatcher itself is when the dispatcher ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..forkserver import _prctl, die_with_parent, hang_up, recv_msg, send_msg
+
+
+def serve(fd: int, parent_pid: int) -> None:
+    """The zygote's loop: fork a worker per request and send its pid back; send each worker's exit
+    status when it ends; until the dispatcher hangs up."""
+    die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
+    import jobman.cli.run  # noqa: F401 - the worker command and the store, imported once
+    from jobman.cli.main import main
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a worker ended: wake the loop through the pipe
+    ctrl = socket.socket(fileno=fd)
+    while True:
+        ready, _, _ = select.select([ctrl, wake_r], [], [])
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+        _send_exits(ctrl)
+        if ctrl not in ready:
+            continue
+        got = recv_msg(ctrl)
+        if got is None:
+            return
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for own in (ctrl.fileno(), wake_r, wake_w):
+                os.close(own)
+            _worker_main(main, got[0])
+        send_msg(ctrl, {"pid": pid})
+
+
+def _send_exits(ctrl: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send_msg(ctrl, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _worker_main(main: Any, request: dict[str, Any]) -> None:
+    from .local import DIE_WITH_VARIABLE
+
+    """In the forked worker: a session and output of its own, then the ``jobman worker`` command."""
+    code = 70
+    try:
+        os.setsid()
+        _name_process(b"jobman-worker")  # what ps -e and top show, instead of the zygote's name
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if DIE_WITH_VARIABLE in os.environ:  # the zygote dies with the dispatcher, so the worker with the zygote
+            os.environ[DIE_WITH_VARIABLE] = str(os.getppid())
+        code = main(request["args"])
+    except BaseException:  # noqa: BLE001 - a worker's error must not return into the zygote's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _name_process(name: bytes) -> None:
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+
+
+class Forked:
+    """A worker forked by the zygote, handled as ``subprocess.Popen`` handles its own children
+    (``returncode`` negative for a signal)."""
+
+    def __init__(self, pid: int, zygote: "Zygote") -> None:
+        self.pid = pid
+        self.zygote = zygote
+        self._fd: int | None = os.pidfd_open(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self._fd is not None and select.select([self._fd], [], [], 0)[0]:
+            os.close(self._fd)
+            self._fd = None
+            self.returncode = self.zygote.exit_code(self.pid)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self._fd is not None:
+            try:
+                signal.pidfd_send_signal(self._fd, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self._fd is not None:
+            select.select([self._fd], [], [], timeout)
+        return self.poll()
+
+
+class Zygote:
+    """The dispatcher's handle on its zygote, started with the first worker."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.ctrl: socket.socket | None = None
+        self.exits: dict[int, int] = {}  # pid: exit code, as the zygote reported them
+
+    def start_worker(self, args: list[str], log_path: str, env: dict[str, str]) -> Forked:
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            self._start()
+        send_msg(self.ctrl, {"args": args, "log": log_path, "env": env})
+        while True:
+            message = self._next(None)
+            if message is None:
+                self.close()
+                raise OSError("the process that starts local workers exited")
+            if "pid" in message:
+                return Forked(message["pid"], self)
+
+    def exit_code(self, pid: int) -> int:
+        """The exit code of a worker that has ended (its zygote reports it at once; 0 if it cannot)."""
+        deadline = time.monotonic() + 5
+        while pid not in self.exits and time.monotonic() < deadline:
+            if self._next(max(0.0, deadline - time.monotonic())) is None and self.ctrl is None:
+                break
+        return self.exits.pop(pid, 0)
+
+    def _next(self, timeout: float | None) -> dict[str, Any] | None:
+        """The zygote's next message (exit reports are kept aside); None if none came or it is gone."""
+        if self.ctrl is None:
+            return None
+        if timeout is not None and not select.select([self.ctrl], [], [], timeout)[0]:
+            return None
+        got = recv_msg(self.ctrl)
+        if got is None:
+            self.close()
+            return None
+        message = got[0]
+        if "exit" in message:
+            self.exits[message["exit"]] = message["code"]
+        return message
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair()
+        try:  # run as a module, as a worker is: the current directory first on sys.path
+            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
+                                         pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        self.ctrl = mine
+
+    def close(self) -> None:
+        hang_up(self)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]))

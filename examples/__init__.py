@@ -1,0 +1,1 @@
+"""The tiny experiments the original jobman documentation imports (``jobman.examples.def_addition``)."""
