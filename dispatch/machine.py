@@ -104,6 +104,8 @@ def gpus_asked(params: dict[str, Any], default: int) -> int:
     """How many GPUs a job asks for: its ``resources`` parameter ({"gpus": 2}, or Slurm's gres
     "gpu:2" as a string, list or dict), else ``default``."""
     resources = params.get("resources")
+    if resources is None:  # a nested parameter is stored flat: resources.gpus, resources.gres
+        resources = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("resources.")} or None
     if isinstance(resources, dict):
         if "gpus" in resources:
             value = resources["gpus"]

@@ -139,7 +139,7 @@ def _subreaper(on: bool) -> None:
 
 class Tree:
     """The jobman processes this test started: dispatchers and workers have the experiment's URL on
-    their command line; a job's process is a descendant of a worker that moved into its workdir
+    their command line (a worker forked by a dispatch's zygote is named ``jobman-worker`` instead); a job's process is a descendant of a worker that moved into its workdir
     (under ``runs``); anything else below a worker (a helper that forks the jobs, a job not yet
     in its workdir) is a "helper"."""
 
@@ -156,7 +156,10 @@ class Tree:
             try:
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
-                seen[p.pid] = (p, p.cmdline(), p.cwd())
+                cmd = p.cmdline()
+                if p.name() == "jobman-worker":  # forked by a dispatch's zygote: its command line is the zygote's
+                    cmd = ["worker", self.url]
+                seen[p.pid] = (p, cmd, p.cwd())
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         ours = {pid for pid, (_p, cmd, _cwd) in seen.items() if self.url in cmd}
