@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -89,6 +90,33 @@ def with_database(rest: str | None = None, *, create: bool = False) -> Callable[
         return db_options(wrapper)
 
     return decorate
+
+
+class _Stderr(logging.Handler):
+    """Log lines on ``err``: whatever stderr is now, and above a live progress display when one is shown."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            err.print(self.format(record), markup=False, highlight=False, emoji=False)
+        except Exception:  # noqa: BLE001 - logging must never break the command
+            self.handleError(record)
+
+
+def log_to_stderr(fmt: str, verbose: bool = False) -> None:
+    """Send the ``jobman`` loggers' lines to stderr in ``fmt`` (a ``logging`` format): info and above,
+    or debug too with ``verbose``. Only the commands' entry points call this, never an import."""
+    root = logging.getLogger("jobman")
+    for handler in [h for h in root.handlers if isinstance(h, _Stderr)]:
+        root.removeHandler(handler)
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter(fmt))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.propagate = False
+
+
+def verbose_option(fn: Callable) -> Callable:
+    return click.option("--verbose", is_flag=True, help="Show debug lines in the log too.")(fn)
 
 
 MAX_JOB_ID = 2**63 - 1  # the largest integer SQLite (and PostgreSQL's bigint) can hold

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from typing import Any, Callable
@@ -18,7 +19,10 @@ from jobman.jobdb.errors import DatabaseError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 
-from .common import STATUS_STYLE, err, fmt_age, fmt_time, out, print_json, with_database
+from .common import (STATUS_STYLE, err, fmt_age, fmt_time, log_to_stderr, out, print_json, verbose_option,
+                     with_database)
+
+logger = logging.getLogger("jobman.monitor")
 
 STATUS_ORDER = [s.value for s in (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.DONE, Status.FAILED,
                                   Status.CRASHED, Status.BLOCKED, Status.CANCELED)]
@@ -43,8 +47,9 @@ RECENT_CRASHES = 8
 @click.option("--dry-run", is_flag=True, help="Find and report; change nothing.")
 @click.option("--rows", type=click.IntRange(0), default=15, show_default=True,
               help="Running jobs shown (those with the oldest heartbeat first).")
+@verbose_option
 def monitor(database, interval, once, fmt, relaunch, max_attempts, include_failed, heartbeat_grace, dry_run,
-            rows) -> int:
+            rows, verbose) -> int:
     """Find RUNNING jobs that are not, mark them CRASHED with the reason, relaunch them.
 
     \b
@@ -59,6 +64,7 @@ def monitor(database, interval, once, fmt, relaunch, max_attempts, include_faile
     Watching shows jobs per phase and status, the running jobs and recent crashes; Ctrl-C stops.
     """
     store = database.open()
+    log_to_stderr("jobman monitor: %(message)s", verbose)
     options = MonitorOptions(relaunch=relaunch, max_attempts=max_attempts, heartbeat_grace=heartbeat_grace,
                              include_failed=include_failed, dry_run=dry_run)
     watcher = Monitor(store, options)
@@ -93,7 +99,7 @@ def _watch(interval: float, tick: Callable[[], object]) -> None:
         try:
             tick()
         except DatabaseError as exc:
-            err.print(f"[red]{fmt_time(time.time())} {exc}[/]: trying again in {interval:g} s")
+            logger.warning("%s %s: trying again in %g s", fmt_time(time.time()), exc, interval)
         time.sleep(interval)
 
 

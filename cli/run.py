@@ -22,7 +22,7 @@ from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import RAN_BADLY
 from jobman.jobdb.url import mask_password
 
-from .common import Database, err, with_database
+from .common import Database, err, log_to_stderr, verbose_option, with_database
 
 DEFAULT_EXPROOT = "jobman_runs"
 SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
@@ -80,8 +80,9 @@ def process_options(fn):
 def _run_worker(database: Database, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
                 outage_wait: float | None = None, processes: JobProcesses = JobProcesses(),
-                save_every: float | None = None) -> WorkerSummary:
+                save_every: float | None = None, verbose: bool = False) -> WorkerSummary:
     store = database.open()
+    log_to_stderr("[jobman worker %(process)d] %(message)s", verbose)
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process,
                        save_every=save_every)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
@@ -106,8 +107,9 @@ def _run_worker(database: Database, exproot: str, timeout: float | None,
 @click.option("--idle-timeout", type=click.FloatRange(0), default=None, help="Stop waiting after this many seconds.")
 @outage_option
 @process_options
+@verbose_option
 def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-           processes) -> int:
+           processes, verbose) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
     \b
@@ -118,7 +120,7 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
     waited for (--outage-wait); the running job goes on meanwhile.
     """
     _run_worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-                processes)
+                processes, verbose=verbose)
     return 0
 
 
@@ -137,7 +139,8 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
               help="Where job workdirs go (DIR/EXPERIMENT/JOB_ID); the same as EXPROOT.")
 @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
               help="Seconds between asking a job to stop and killing it.")
-def sql(args, database, count, timeout, finish_up_after, save_every, workdir, grace) -> int:
+@verbose_option
+def sql(args, database, count, timeout, finish_up_after, save_every, workdir, grace, verbose) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
     Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
@@ -158,7 +161,7 @@ def sql(args, database, count, timeout, finish_up_after, save_every, workdir, gr
     if timeout and finish_up_after and timeout != finish_up_after:
         raise UsageError("--timeout and --finish-up-after are the same limit here; give one of them")
     summary = _run_worker(database, exproot, timeout or finish_up_after, 10.0, grace, count or None, False,
-                          None, save_every=save_every)
+                          None, save_every=save_every, verbose=verbose)
     bad = {s: n for s, n in summary.by_status.items() if s in RAN_BADLY}
     if bad:
         click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
@@ -197,9 +200,10 @@ def sql(args, database, count, timeout, finish_up_after, save_every, workdir, gr
               help="slurm: accept a SQLite database (safe only when every Slurm job runs on this host).")
 @outage_option
 @process_options
+@verbose_option
 def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
              array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, outage_wait,
-             processes) -> int:
+             processes, verbose) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
@@ -257,7 +261,10 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
                          "database (postgresql://user@host/db?table=T), or --allow-sqlite if every job "
                          "runs on this host")
     store = database.open()
+    log_to_stderr("jobman dispatch: %(message)s", verbose)
     worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
+    if verbose:
+        worker_args += ["--verbose"]
     if timeout:
         worker_args += ["--timeout", str(timeout)]
     if outage_wait is not None:
@@ -289,12 +296,8 @@ def _dispatch_local(store, workers, worker_args, exproot, show, outage_wait=None
     watcher = _watcher(store, {"local": local})
     options = DispatchOptions(n, tuple(worker_args), outage_wait=outage_wait)
     with _ProgressView(show) as view, _terminate_as_interrupt():
-        tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update, log=_log_line).run()
+        tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update).run()
     return _report_end(store, tally, view)
-
-
-def _log_line(message: str) -> None:
-    err.print(f"jobman dispatch: {message}", markup=False, highlight=False)
 
 
 class _terminate_as_interrupt:
@@ -414,7 +417,8 @@ def _follow(store, slurm, show: bool, watch: str, run) -> int:
 @limit_options
 @click.option("--assignment-wait", type=click.FloatRange(0), default=60.0, show_default=True,
               help="Inside Slurm: how long to wait for the dispatch to record this Slurm job on the job.")
-def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait) -> int:
+@verbose_option
+def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait, verbose) -> int:
     """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
 
     \b
@@ -431,6 +435,7 @@ def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait)
     if len(args) != 1 or not args[0].isdigit():
         raise UsageError("run-job takes a database URL and one job id, like: jobman run-job DB 42")
     store = database.open()
+    log_to_stderr("[jobman run-job %(process)d] %(message)s", verbose)
     options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace))
     runner = RunJob(store, int(args[0]), options, assignment_wait=assignment_wait)
     runner.install_signal_handlers()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -12,6 +13,8 @@ from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
 from .outage import Outage
+
+logger = logging.getLogger("jobman.dispatch")
 
 
 @dataclass
@@ -87,7 +90,7 @@ class Dispatcher:
         self.options = options
         self.watcher = watcher
         self.on_tick = on_tick or (lambda _t, _w: None)
-        self.log = log or (lambda _m: None)
+        self.log = log or logger.warning  # what goes wrong on the way: failed workers, a database away
         self.outage = Outage(self.log, options.outage_wait)
         self.spec = WorkerSpec(store.target.with_table(), tuple(options.worker_args))
         self.failed_in_a_row = 0
@@ -109,6 +112,7 @@ class Dispatcher:
                     return tally
                 wanted = min(self.options.workers, tally["QUEUED"] + tally["RUNNING"])
                 if tally["QUEUED"] and alive < wanted and time.monotonic() >= self._hold_until:
+                    logger.debug("%d worker(s) alive, %d wanted: starting %d", alive, wanted, wanted - alive)
                     self.backend.start_workers(self.spec, wanted - alive)
                     self.worker_starts += wanted - alive
                 if self.watcher is not None and time.time() - last_scan >= self.options.scan_interval:

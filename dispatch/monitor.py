@@ -20,6 +20,7 @@ workdir and checkpoint; past it, it stays CRASHED and its dependents are BLOCKED
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,8 @@ from jobman.jobdb.status import REQUEUED
 from jobman.jobdb.store import RunningJob, Store
 
 from .backends.base import Backend
+
+logger = logging.getLogger("jobman.monitor")
 
 PID_START_TOLERANCE = 1.0  # seconds: two readings of one process's start time agree within this
 CLOCK_SKEW_TOLERANCE = 60.0  # seconds a heartbeat may seem to come from the future before it is distrusted
@@ -130,6 +133,7 @@ class Monitor:
                                             dry_run=opts.dry_run)
             report.relaunched = sorted(set(report.relaunched) | set(again))
         report.elapsed = time.time() - start
+        logger.debug("scan: %s", report.line())
         return report
 
     # -- the three signs -----------------------------------------------------------------

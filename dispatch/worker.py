@@ -8,10 +8,10 @@ counting an attempt, and the worker exits. It never leaves a job RUNNING.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,12 +67,13 @@ class StoppableLoop:
     and the Slurm one-job runner's. SIGTERM, SIGINT and SIGUSR1 (Slurm's warning before a time limit)
     set ``_stop_signal``; the runner sees it and puts the running job back from its checkpoint."""
 
-    name = "loop"  # how its log lines begin: [jobman NAME PID]
+    name = "loop"  # its logger is jobman.NAME; `jobman worker` prints its lines as [jobman NAME PID] ...
 
     def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.options = options
-        self.log = log or (lambda m: print(f"[jobman {self.name} {os.getpid()}] {m}", file=sys.stderr, flush=True))
+        self.logger = logging.getLogger(f"jobman.{self.name}")
+        self.log = log or self.logger.info
         self._stop_signal: int | None = None
         self.outage = self._outage()
         self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log,
@@ -131,6 +132,7 @@ class Worker(StoppableLoop):
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
                     pause = min(self.options.poll_interval, 0.05 * 2 ** idle_polls)
                     idle_polls += 1
+                    self.logger.debug("nothing ready; looking again in %.2f s", pause)
                     time.sleep(pause * random.uniform(0.7, 1.3))
                     continue
                 idle_polls = 0
@@ -155,7 +157,7 @@ class Worker(StoppableLoop):
                                                        why="its worker was stopped before starting it; put back"),
                              f"putting job {claimed.job.id} back")
         except JobmanError as exc:  # the monitor will find it: its worker is gone
-            self.log(f"could not put job {claimed.job.id} back: {exc}")
+            self.logger.warning("could not put job %s back: %s", claimed.job.id, exc)
 
     def _should_wait(self, idle_since: float) -> bool:
         """Nothing is ready: wait only while running jobs may still unlock others."""
