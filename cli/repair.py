@@ -15,6 +15,7 @@ import click
 from rich.table import Table
 
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.priority import parse_priority
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
 
@@ -256,10 +257,7 @@ def set_priority(args, database, status, phase, everything) -> int:
     """
     if not args:
         raise UsageError("give the priority, after the job ids")
-    try:
-        priority = int(args[-1])
-    except ValueError:
-        raise UsageError(f"the priority must be an integer, not {args[-1]!r}") from None
+    priority = parse_priority(args[-1])
     store = database.open()
     ids = choose(store, parse_ids(args[:-1]), status, phase, everything)
     n = store.set_priority(ids, priority)

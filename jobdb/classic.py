@@ -11,6 +11,7 @@ import copy
 from typing import Any, Callable, Mapping
 
 from .errors import UsageError
+from .priority import check_priority
 from .nested import RESERVED, canonical_params, flatten
 from .status import CODES, Status
 from .store import Store, params_hash
@@ -99,9 +100,7 @@ def insert_dict(jobdict: Mapping[str, Any], db: Database, force_dup: bool = Fals
     target = own.get(EXPERIMENT)
     if not target:
         raise UsageError(f"the job has no {EXPERIMENT!r} key naming its function; use insert_job(fn, state, db)")
-    priority = own.get(PRIORITY, priority)
-    if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-        raise UsageError(f"priority {priority!r} is not a number")
+    priority = check_priority(own.get(PRIORITY, priority))
     result = db.store.schedule([JobSpec(0, "fn", str(target), params, None)], priority=priority,
                                duplicate=force_dup)
     return result.job_ids[0] if result.added else None

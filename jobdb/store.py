@@ -26,6 +26,7 @@ from .clock import ServerClock
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob, StateTooLarge, UsageError
 from .hot import HotStatements, claim_values, owned
 from .identity import canonical_specs, duplicate_hashes
+from .priority import check_priority
 from .records import (CLAIMED_ATTEMPT, CLAIMED_COLUMNS, RUNNING_COLUMNS, Claimed, Event, Found, Job, RunningJob,
                       ScheduleResult, WorkerInfo, to_claimed)
 from .schema import experiment as t_exp
@@ -133,7 +134,7 @@ class Store:
         return self._read(lambda c: c.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all())
 
     # -- schedule -------------------------------------------------------------------
-    def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: int = 0,
+    def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
                  max_attempts: int = 3, progress: Callable[[int], None] | None = None,
                  halving: "_halving.Halving | None" = None, duplicate: bool = False) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
@@ -142,6 +143,7 @@ class Store:
         the jobs are the first rung of a successive-halving search, recorded in the same transaction.
         With ``duplicate`` (jobman's ``force_dup``) every job is added, as a new identity, even if present.
         """
+        check_priority(priority)
         specs = canonical_specs(specs)
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
@@ -583,8 +585,9 @@ class Store:
 
         return self._write(run)
 
-    def set_priority(self, job_ids: Sequence[int], priority: int) -> int:
+    def set_priority(self, job_ids: Sequence[int], priority: float) -> int:
         """Higher runs first among QUEUED jobs."""
+        check_priority(priority)
         def run(conn: Connection) -> int:
             self._check_ids(conn, job_ids)
             n = 0

@@ -406,7 +406,8 @@ def test_ids_and_numbers_past_what_a_database_holds_are_one_sentence(db_url, cap
     for argv in (["show", db_url, huge], ["sqlstatus", db_url, huge, "--set_status", "DONE"],
                  ["sqlstatus", db_url, "1-100000000000"], ["list", db_url, "--phase", huge],
                  ["list", db_url, "--limit", huge], ["report", db_url, "--phase", huge],
-                 ["sqlschedule", db_url, TARGET, "n=3", "--priority", huge],
+                 ["sqlschedule", db_url, TARGET, "n=3", "--priority", "1e400"],
+                 ["sqlschedule", db_url, TARGET, "n=3", "--priority", "nan"], ["set-priority", db_url, "1", huge],
                  ["sqlschedule", db_url, TARGET, "n=4", "--max-attempts", huge]):
         code = main(argv)
         err = capsys.readouterr().err

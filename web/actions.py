@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.priority import parse_priority
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import mask_password
 
@@ -45,11 +46,7 @@ def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
             raise UsageError(f"job {job_id} has finished: there is nothing to cancel")
         return f"job {job_id} cancelled (a running job is asked to stop)"
     if verb == "priority":
-        raw = form.get("priority", "").strip()
-        try:
-            priority = int(raw)
-        except ValueError:
-            raise UsageError(f"a priority is a whole number, not {raw!r}") from None
+        priority = parse_priority(form.get("priority", ""))
         store.set_priority([job_id], priority)
         return f"job {job_id} has priority {priority}"
     raise UsageError(f"there is no action {verb!r} (actions: {', '.join(VERBS)})")

@@ -80,9 +80,9 @@ def _send_exits(ctrl: socket.socket) -> None:
 
 
 def _worker_main(main: Any, request: dict[str, Any]) -> None:
+    """In the forked worker: a session and output of its own, then the ``jobman worker`` command."""
     from .local import DIE_WITH_VARIABLE
 
-    """In the forked worker: a session and output of its own, then the ``jobman worker`` command."""
     code = 70
     try:
         os.setsid()
