@@ -308,6 +308,21 @@ def test_schedule_takes_the_sweep_grammar_with_phases_and_best_is_the_reports_ch
     exp.close()
 
 
+def test_results_is_a_dataframe_when_pandas_is_installed(db_url, tmp_path):
+    import pandas
+
+    def double(x):
+        return {"y": 2 * x}
+
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+    assert [f.result(timeout=60) for f in exp.map(double, jobman.grid(x=[1, 2, 3]))] == [{"y": 2}, {"y": 4}, {"y": 6}]
+    frame = exp.results()
+    assert isinstance(frame, pandas.DataFrame)
+    assert sorted(zip(frame["x"], frame["y"], frame["status"])) == [(1, 2, "DONE"), (2, 4, "DONE"), (3, 6, "DONE")]
+    assert exp.results(as_frame=False) == frame.to_dict("records")
+    exp.close()
+
+
 def test_grid_is_the_sweep_expansion():
     from jobman.jobdb.sweep import expand, parse_sweep
 
