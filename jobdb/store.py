@@ -585,15 +585,21 @@ class Store:
 
         return self._write(run)
 
-    def set_priority(self, job_ids: Sequence[int], priority: float) -> int:
-        """Higher runs first among QUEUED jobs."""
+    def set_priority(self, job_ids: Sequence[int], priority: float, why: str = "by hand") -> int:
+        """Higher runs first among QUEUED jobs. Each change is in the event log (status unchanged)."""
         check_priority(priority)
+
         def run(conn: Connection) -> int:
             self._check_ids(conn, job_ids)
-            n = 0
+            events = []
             for chunk in chunks(list(job_ids)):
-                n += conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(priority=priority)).rowcount
-            return n
+                events += [{"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
+                            "why": f"priority set to {priority} {why}"}
+                           for r in conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk))
+                                                 .values(priority=priority)
+                                                 .returning(t_job.c.id, t_job.c.status, t_job.c.attempt))]
+            self._events(conn, events)
+            return len(events)
         return self._write(run)
 
     def delete(self, job_ids: Sequence[int]) -> int:

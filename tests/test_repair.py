@@ -205,8 +205,11 @@ def test_set_priority_takes_negative_numbers_and_selectors(store, db_url, cli):
     assert [store.job(i).priority for i in (root, a, b)] == [0, -5, -5]
     code, out, err = cli("set-priority", db_url, "--phase", "0", "7")
     assert store.job(root).priority == 7 and "1 job(s) now have priority 7" in out
+    code, out, err = cli("set-priority", db_url, str(a), "1.5")
+    assert code == 0 and store.job(a).priority == 1.5, err
+    assert [e.why for e in store.events(a)][-1] == "priority set to 1.5 by hand"
     code, _, err = cli("set-priority", db_url, root, "high")
-    assert code == 2 and "must be an integer" in err
+    assert code == 2 and "a priority is a number" in err
 
 
 def test_rm_asks_first_previews_and_releases_dependents(store, db_url, cli):

@@ -232,8 +232,9 @@ def test_actions_go_through_the_store_and_are_logged_from_the_web_page(filled):
 
     page = _act(c, name, child, action="priority", priority="7")
     assert store.job(child).priority == 7
+    assert store.events(child)[-1].why == "priority set to 7 from the web page"
     page = _act(c, name, child, action="priority", priority="high")
-    assert "a priority is a whole number" in page and store.job(child).priority == 7
+    assert "a priority is a number" in page and store.job(child).priority == 7
     page = _act(c, name, child, action="explode")
     assert "there is no action" in page
 

@@ -47,7 +47,7 @@ def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
         return f"job {job_id} cancelled (a running job is asked to stop)"
     if verb == "priority":
         priority = parse_priority(form.get("priority", ""))
-        store.set_priority([job_id], priority)
+        store.set_priority([job_id], priority, why=FROM_WEB)
         return f"job {job_id} has priority {priority}"
     raise UsageError(f"there is no action {verb!r} (actions: {', '.join(VERBS)})")
 
