@@ -58,19 +58,26 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_dispatch(tmp: Path, jobs: int) -> tuple[float, float, float]:
-    """``jobman dispatch -j 2`` over every job: wall seconds, CPU seconds of every process it took
-    (dispatcher, workers, jobs), and the steady jobs/s between the first job's start and the last one's end."""
-    url, env = prepare(tmp, jobs, "dispatch")
+def timed_dispatch(tmp: Path, jobs: int, name: str, *extra: str) -> tuple[str, float, float]:
+    """``jobman dispatch -j 2`` of ``jobs`` no-op jobs made by :func:`prepare`: the database URL,
+    and the wall and CPU seconds it took (every process counted: dispatcher, workers, jobs)."""
+    url, env = prepare(tmp, jobs, name)
     argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", url, "-j", "2", "--no-progress",
-            "--exproot", str(tmp / "runs")]
+            "--exproot", str(tmp / f"runs-{name}"), *extra]
     cpu = children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     cpu = children_cpu() - cpu
     if proc.returncode != 0:
-        raise SystemExit(f"jobman dispatch failed ({proc.returncode}): {proc.stderr}")
+        raise SystemExit(f"jobman dispatch failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return url, seconds, cpu
+
+
+def run_dispatch(tmp: Path, jobs: int) -> tuple[float, float, float]:
+    """``jobman dispatch -j 2`` over every job: wall seconds, CPU seconds of every process it took
+    (dispatcher, workers, jobs), and the steady jobs/s between the first job's start and the last one's end."""
+    url, seconds, cpu = timed_dispatch(tmp, jobs, "dispatch")
     store = Store.open(url)
     done = store.jobs(status=[Status.DONE], with_deps=False)
     store.dispose()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Figure, machine, say  # noqa: E402
-from dispatch_overhead import children_cpu, prepare, run_processes  # noqa: E402
+from dispatch_overhead import children_cpu, run_processes, timed_dispatch  # noqa: E402
 
 from jobman.jobdb.status import Status  # noqa: E402
 from jobman.jobdb.store import Store  # noqa: E402
@@ -57,16 +57,7 @@ OPTUNA_WORKER = textwrap.dedent('''
 
 def dispatch(tmp: Path, jobs: int, name: str, *extra: str) -> tuple[float, float]:
     """``jobman dispatch -j 2`` of ``jobs`` no-op jobs: wall and CPU seconds (every process counted)."""
-    url, env = prepare(tmp, jobs, name)
-    argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", url, "-j", "2", "--no-progress",
-            "--exproot", str(tmp / f"runs-{name}"), *extra]
-    cpu = children_cpu()
-    start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    cpu = children_cpu() - cpu
-    if proc.returncode != 0:
-        raise SystemExit(f"jobman dispatch failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    url, seconds, cpu = timed_dispatch(tmp, jobs, name, *extra)
     store = Store.open(url)
     done = store.counts()
     store.dispose()
