@@ -1,9 +1,11 @@
-"""Reading a database for a person looking at it: every experiment's progress, a page of jobs.
+"""Reading a database: the store's reads, and what a person looking at it is shown.
 
-The web dashboard's queries, kept beside the store's: a paged, sorted and filtered job
-listing that never loads an experiment's 100,000 rows to show fifty of them, the status
-counts and pace of every experiment in two grouped queries, and how the phases depend on
-each other. Read-only; each function is one read transaction.
+The store's read verbs (``Store.jobs``, ``job``, ``events``, ``counts``, the monitor's scan of
+RUNNING jobs, ...) are functions of a read transaction's connection here, below. Above them,
+the web dashboard's queries: a paged, sorted and filtered job listing that never loads an
+experiment's 100,000 rows to show fifty of them, the status counts and pace of every
+experiment in two grouped queries, and how the phases depend on each other; each of those
+takes a store and is one read transaction.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import engine as _engine
-from .errors import NoSuchExperiment, UsageError
+from . import graph
+from .errors import NoSuchExperiment, NoSuchJob, UsageError
+from .hot import HotStatements
+from .records import RUNNING_COLUMNS, Event, Job, RunningJob
 from .report import Condition
 from .schema import experiment as t_exp
 from .schema import job as t_job
 from .schema import job_dep as t_dep
-from .status import FINISHED, Status
+from .schema import job_event as t_event
+from .schema import job_metric as t_metric
+from .status import FINISHED, OUTSTANDING, Status, names_of
+from .sweep import canonical_target
+from .txn import chunks
 
 if TYPE_CHECKING:
     from .store import Store
@@ -217,3 +226,152 @@ def phase_links(store: "Store") -> list[tuple[int, int, int]]:
         return [tuple(r) for r in conn.execute(q)]
 
     return _read(store, run)
+
+
+# -- the store's reads: functions of a read transaction, for experiment ``exp`` ----------------
+
+def experiments(conn: Connection) -> list[str]:
+    """Every experiment in the database, by name."""
+    return list(conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars())
+
+
+def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: int | None = None,
+         ids: Sequence[int] = (), with_deps: bool = True, limit: int | None = None) -> list[Job]:
+    """Jobs of the experiment, by id, optionally filtered."""
+    q = sa.select(t_job).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
+    if status:
+        q = q.where(t_job.c.status.in_([s.value for s in status]))
+    if phase is not None:
+        q = q.where(t_job.c.phase == phase)
+    if ids:
+        q = q.where(t_job.c.id.in_(list(ids)))
+    if limit:
+        q = q.limit(limit)
+    rows = conn.execute(q).all()
+    deps: dict[int, list[int]] = {}
+    if with_deps and rows:
+        dq = sa.select(t_dep.c.job_id, t_dep.c.depends_on).join(t_job, t_job.c.id == t_dep.c.job_id) \
+            .where(t_job.c.experiment_id == exp).order_by(t_dep.c.depends_on)
+        for child, parent in conn.execute(dq).all():
+            deps.setdefault(child, []).append(parent)
+    return [Job.from_row(r, deps.get(r.id, [])) for r in rows]
+
+
+def job(conn: Connection, exp: int, experiment: str, job_id: int) -> Job:
+    """One job of experiment ``exp`` (named ``experiment``), with the ids it depends on."""
+    row = conn.execute(sa.select(t_job).where(t_job.c.id == job_id, t_job.c.experiment_id == exp)).first()
+    if row is None:
+        raise NoSuchJob(f"no job {job_id} in experiment {experiment!r}")
+    return Job.from_row(row, graph.parent_ids(conn, job_id))
+
+
+def parents(conn: Connection, job_id: int) -> list[Job]:
+    """The jobs ``job_id`` depends on, whole."""
+    rows = conn.execute(sa.select(t_job).join(t_dep, t_dep.c.depends_on == t_job.c.id)
+                        .where(t_dep.c.job_id == job_id).order_by(t_job.c.id)).all()
+    return [Job.from_row(r) for r in rows]
+
+
+def events(conn: Connection, job_id: int) -> list[Event]:
+    """A job's event log, oldest first."""
+    rows = conn.execute(sa.select(t_event).where(t_event.c.job_id == job_id).order_by(t_event.c.id)).all()
+    return [_event(r) for r in rows]
+
+
+def recent_events(conn: Connection, exp: int, *, to_status: Sequence[Status] = (), since: float | None = None,
+                  limit: int = 20) -> list[Event]:
+    """The experiment's latest status changes, newest first."""
+    q = (sa.select(t_event).join(t_job, t_job.c.id == t_event.c.job_id)
+         .where(t_job.c.experiment_id == exp).order_by(t_event.c.id.desc()).limit(limit))
+    if to_status:
+        q = q.where(t_event.c.to_status.in_([str(s) for s in to_status]))
+    if since is not None:
+        q = q.where(t_event.c.at >= since)
+    return [_event(r) for r in conn.execute(q)]
+
+
+def _event(r: Any) -> Event:
+    return Event(r.id, r.job_id, r.at, r.from_status, r.to_status, r.attempt, r.why, r.source,
+                 json.loads(r.data) if r.data else None)
+
+
+def metrics(conn: Connection, job_ids: Sequence[int]) -> list[tuple[int, int, str, float]]:
+    """(job_id, step, name, value) of the given jobs, in step order."""
+    out = []
+    for chunk in chunks(list(job_ids)):
+        out.extend(conn.execute(sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name, t_metric.c.value)
+                                .where(t_metric.c.job_id.in_(chunk))
+                                .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)).all())
+    return out
+
+
+def report_rows(conn: Connection, exp: int, phase: int | None = None) -> list[tuple[int, int, str, str, str, str | None]]:
+    """(id, phase, status, target, params JSON, results JSON) of every job, in one query."""
+    q = sa.select(t_job.c.id, t_job.c.phase, t_job.c.status, t_job.c.target, t_job.c.params,
+                  t_job.c.results).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
+    if phase is not None:
+        q = q.where(t_job.c.phase == phase)
+    return [tuple(r) for r in conn.execute(q)]
+
+
+def counts(conn: Connection, exp: int) -> dict[tuple[int, str], int]:
+    """Number of jobs per (phase, status)."""
+    q = sa.select(t_job.c.phase, t_job.c.status, sa.func.count()).where(t_job.c.experiment_id == exp) \
+        .group_by(t_job.c.phase, t_job.c.status)
+    return {(p, s): n for p, s, n in conn.execute(q).all()}
+
+
+def outstanding(conn: Connection, exp: int) -> dict[str, int]:
+    """How many jobs are QUEUED, RUNNING and WAITING."""
+    wanted = names_of(OUTSTANDING)
+    q = sa.select(t_job.c.status, sa.func.count()).where(
+        t_job.c.experiment_id == exp, t_job.c.status.in_(wanted)).group_by(t_job.c.status)
+    found = dict(conn.execute(q).all())
+    return {s: found.get(s, 0) for s in wanted}
+
+
+def matching(found: Sequence[Job], params: dict[str, Any] | None, target: str | None) -> list[int]:
+    """The ids of the jobs of ``found`` with these parameter values and this target (in any spelling)."""
+    spelled = canonical_target(target) if target is not None else None
+    out = []
+    for j in found:
+        if target is not None and j.target != target and (j.kind != "fn" or canonical_target(j.target) != spelled):
+            continue
+        if params and any(j.params.get(k, _MISSING) != v for k, v in params.items()):
+            continue
+        out.append(j.id)
+    return out
+
+
+_MISSING = object()
+
+
+def find(conn: Connection, hot: HotStatements, exp: int, hashes: Sequence[str]) -> dict[str, Job]:
+    """The jobs of the experiment whose identity (``params_hash``) is one of ``hashes``."""
+    if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
+        names = t_job.c.keys()
+        return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
+                for r in hot.by_hash.rows(conn, exp=exp, h=hashes[0])}
+    out: dict[str, Job] = {}
+    for chunk in chunks(list(hashes)):
+        rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
+                                                   t_job.c.params_hash.in_(chunk))).all()
+        out.update((r.params_hash, Job.from_row(r)) for r in rows)
+    return out
+
+
+def running_select(exp: int, *columns: Any) -> sa.Select:
+    """RUNNING jobs of an experiment: the monitor's scan."""
+    return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp,
+                                                   t_job.c.status == Status.RUNNING.value)
+
+
+def running(conn: Connection, exp: int) -> list[Job]:
+    """Every RUNNING job of the experiment, whole."""
+    return [Job.from_row(r) for r in conn.execute(running_select(exp)).all()]
+
+
+def running_brief(conn: Connection, exp: int) -> list[RunningJob]:
+    """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
+    cols = [t_job.c[name] for name in RUNNING_COLUMNS]
+    return [RunningJob.from_row(r) for r in conn.execute(running_select(exp, *cols).order_by(t_job.c.id)).all()]

@@ -66,6 +66,10 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
 def children(conn: Connection, job_id: int) -> list[int]:
     return list(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == job_id)).scalars())
 
+def parent_ids(conn: Connection, job_id: int) -> list[int]:
+    """The ids of the jobs ``job_id`` depends on, in order."""
+    return sorted(conn.execute(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == job_id)).scalars())
+
 def descendants(conn: Connection, roots: Sequence[int]) -> list[int]:
     """Every job downstream of ``roots`` (not the roots themselves), one recursive query."""
     if not roots:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
@@ -18,6 +18,9 @@ from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .status import Status
+
+if TYPE_CHECKING:
+    from .records import WorkerInfo
 
 b = sa.bindparam
 
@@ -111,6 +114,13 @@ def claim_values() -> dict[str, Any]:
         backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
         started_at=b("now"), heartbeat_at=b("now"), finished_at=sa.null(), error=sa.null(), exit_code=sa.null(),
         workdir=sa.func.coalesce(t_job.c.workdir, b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
+
+
+def claim_args(worker: "WorkerInfo", workdir_root: str | None, now: float) -> dict[str, Any]:
+    """The values a claim binds (:func:`claim_values`): the claiming worker, the time, the workdir root."""
+    return dict(host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at, backend=worker.backend,
+                backend_id=worker.backend_id, log_path=worker.log_path, now=now,
+                root=workdir_root.rstrip("/") + "/" if workdir_root is not None else None)
 
 
 class HotStatements:

@@ -28,15 +28,21 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import graph
-from .errors import UsageError
+from .canonical import dump_json
+from .errors import LeaseLost, NoSuchJob, StateTooLarge, UsageError
 from .graph import Log
-from .hot import HotStatements, owned
+from .hot import HotStatements, claim_args, claim_values, owned
+from .records import CLAIMED_ATTEMPT, Claimed, Found, Job, WorkerInfo
 from .schema import job as t_job
+from .schema import job_dep as t_dep
+from .schema import job_event as t_event
+from .schema import job_metric as t_metric
 from .status import BLOCKING, PENDING, REQUEUED, Outcome, Status, names_of
 from .txn import chunks
 
+MAX_STATE_BYTES = 4 * 1024 * 1024  # a job's results/checkpoint JSON; weights belong in its workdir
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
-_RUNNING, _DONE = Status.RUNNING.value, Status.DONE.value
+_QUEUED, _RUNNING, _DONE = Status.QUEUED.value, Status.RUNNING.value, Status.DONE.value
 _RECHECK = "its dependencies are not all DONE"
 Clock = Callable[[Connection], float]  # the time to stamp a move with (the store's: the database server's)
 Ended = Callable[[Connection, int], None]  # told of a job that ended, in the transaction that ends it
@@ -57,6 +63,121 @@ def current(conn: Connection, job_id: int) -> Any:
     """A job's id, status and attempt as they are now in this transaction, its row locked."""
     return conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
                         .where(t_job.c.id == job_id).with_for_update()).one()
+
+
+# -- the claim ------------------------------------------------------------------------------
+
+def claim(conn: Connection, log: Log, hot: HotStatements, exp: int, worker: WorkerInfo, workdir_root: str | None,
+          now: float, pending: list[dict[str, Any]] | None = None) -> Found | None:
+    """Take the first QUEUED job of ``exp`` (by priority, then order, then id), or None. With
+    ``pending``, its event is left there for the caller to write; the answer becomes a
+    :class:`Claimed` (``records.to_claimed``) once the write lock is released."""
+    rows = hot.claim.rows(conn, exp=exp, **claim_args(worker, workdir_root, now))
+    if not rows:
+        return None
+    row = rows[0]
+    log_claim(conn, log, row[0], row[CLAIMED_ATTEMPT], worker, pending)
+    return row, [r[0] for r in hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
+
+
+def claim_job(conn: Connection, log: Log, exp: int, job_id: int, worker: WorkerInfo, workdir_root: str | None,
+              now: float, assigned_to: str | None = None) -> Claimed | None:
+    """Take one given QUEUED job, or None; with ``assigned_to``, only if that backend id is the job's."""
+    where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == _QUEUED]
+    if assigned_to is not None:
+        where.append(t_job.c.backend_id == assigned_to)
+    row = conn.execute(sa.update(t_job).where(*where).values(**claim_values()).returning(*t_job.c),
+                       claim_args(worker, workdir_root, now)).first()
+    if row is None:
+        return None
+    job = Job.from_row(row, graph.parent_ids(conn, row.id))
+    log_claim(conn, log, job.id, job.attempt, worker)
+    return Claimed(job, job.lease)
+
+
+def log_claim(conn: Connection, log: Log, job_id: int, attempt: int, worker: WorkerInfo,
+              pending: list[dict[str, Any]] | None = None) -> None:
+    """Log a claim (QUEUED -> RUNNING) in the claiming transaction, or leave its event in ``pending``."""
+    event = {"job_id": job_id, "from_status": _QUEUED, "to_status": _RUNNING, "attempt": attempt,
+             "why": f"claimed by {worker.host}:{worker.pid}"
+             + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}
+    if pending is None:
+        log(conn, [event])
+    else:
+        pending.append(event)
+
+
+def assign(conn: Connection, log: Log, exp: int, job_id: int, backend: str, backend_id: str,
+           log_path: str | None) -> bool:
+    """Allocation ``backend_id`` was made to run this QUEUED job; False if the job is not QUEUED any
+    more or another allocation already waits for it."""
+    row = conn.execute(sa.update(t_job).where(
+        t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == _QUEUED,
+        sa.or_(t_job.c.backend_id.is_(None), t_job.c.pid.isnot(None)))
+        .values(backend=backend, backend_id=backend_id, log_path=log_path, host=None, pid=None,
+                pid_started_at=None).returning(t_job.c.attempt)).first()
+    if row is not None:
+        log(conn, [{"job_id": job_id, "from_status": _QUEUED, "to_status": _QUEUED, "attempt": row.attempt,
+                    "why": f"submitted as {backend} job {backend_id}"}])
+    return row is not None
+
+
+# -- a run's writes, under its lease -----------------------------------------------------------
+
+def refusal(conn: Connection, job_id: int, lease: int, what: str) -> LeaseLost:
+    """The error for a write (``what``) from lease ``lease`` of a job the caller no longer owns."""
+    row = conn.execute(sa.select(t_job.c.status, t_job.c.lease, t_job.c.attempt)
+                       .where(t_job.c.id == job_id)).first()
+    if row is None:
+        return LeaseLost(f"job {job_id} was deleted while it ran; its {what} was dropped")
+    return LeaseLost(f"job {job_id} is {row.status} at lease {row.lease}; the {what} of lease {lease} was refused")
+
+
+def refuse_logged(conn: Connection, log: Log, job_id: int, lease: int, what: str) -> LeaseLost:
+    """Record a refused write from a caller that lost the job, then return the error to raise."""
+    err = refusal(conn, job_id, lease, what)
+    if conn.execute(sa.select(t_job.c.id).where(t_job.c.id == job_id)).first() is not None:
+        log(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                    "why": f"refused a stale {what} from lease {lease}"}])
+    return err
+
+
+def checkpoint_blob(job_id: int, results: dict[str, Any]) -> str:
+    """A checkpoint as stored JSON; one too large to keep is refused."""
+    blob = dump_json(results, "job state")
+    if len(blob) > MAX_STATE_BYTES:
+        raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                            "limit: keep large arrays in files in the job's workdir")
+    return blob
+
+
+def result_blob(results: dict[str, Any] | None, outcome: str,
+                error: str | None) -> tuple[str | None, str, str | None]:
+    """The results as stored JSON; results too large to keep make the run FAILED with why."""
+    blob = dump_json(results, "job results") if results is not None else None
+    if blob is not None and len(blob) > MAX_STATE_BYTES:
+        blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                                      "limit: keep large arrays in files in its workdir"), Outcome.FAILED.value
+    return blob, outcome, error
+
+
+def set_gpus(conn: Connection, log: Log, job_id: int, lease: int, gpus: str) -> bool:
+    """Record the devices a running job was given, on the job and in its log; False if not owned."""
+    mine = sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == _RUNNING)
+    if not conn.execute(sa.update(t_job).where(mine).values(gpus=gpus)).rowcount:
+        return False
+    log(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
+                "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
+    return True
+
+
+def log_metrics(conn: Connection, job_id: int, lease: int, rows: list[dict[str, Any]]) -> bool:
+    """Append learning-curve points of a job the caller owns; False if not owned."""
+    if conn.execute(sa.select(t_job.c.id).where(owned()), {"id": job_id, "lease": lease}).first() is None:
+        return False
+    if rows:
+        conn.execute(sa.insert(t_metric), rows)
+    return True
 
 
 # -- the end of a run ------------------------------------------------------------------------
@@ -233,6 +354,53 @@ def release(conn: Connection, log: Log, exp: int, job_id: int, backend_id: str, 
 
 
 # -- repairs -------------------------------------------------------------------------------
+
+def check_ids(conn: Connection, exp: int, experiment: str, job_ids: Sequence[int]) -> None:
+    """Refuse an empty selection, or one naming a job not in experiment ``exp`` (``experiment``)."""
+    if not job_ids:
+        raise UsageError("no job was selected")
+    found: set[int] = set()
+    for chunk in chunks(list(job_ids)):
+        found.update(conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
+                                                              t_job.c.id.in_(chunk))).scalars())
+    missing = sorted(set(job_ids) - found)
+    if missing:
+        raise NoSuchJob(f"no job {missing[0]} in experiment {experiment!r}")
+
+
+def check_not_running(conn: Connection, job_ids: Sequence[int]) -> None:
+    """The rule of a reset by hand: a RUNNING job is cancelled first (or the reset forced)."""
+    for chunk in chunks(list(job_ids)):  # every chunk, not the first
+        busy = conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == _RUNNING)).first()
+        if busy is not None:
+            raise UsageError(f"job {busy.id} is RUNNING: cancel it with --running first, or reset with --force")
+
+
+def set_priority(conn: Connection, log: Log, job_ids: Sequence[int], priority: float, why: str) -> int:
+    """Higher runs first among QUEUED jobs; each change is in the event log (status unchanged)."""
+    events = []
+    for chunk in chunks(list(job_ids)):
+        events += [{"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
+                    "why": f"priority set to {priority} {why}"}
+                   for r in conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(priority=priority)
+                                         .returning(t_job.c.id, t_job.c.status, t_job.c.attempt))]
+    log(conn, events)
+    return len(events)
+
+
+def delete(conn: Connection, log: Log, job_ids: Sequence[int]) -> int:
+    """Remove jobs with their events and metrics; their dependents lose that dependency (re-derived)."""
+    affected = set()
+    n = 0
+    for chunk in chunks(list(job_ids)):
+        affected.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
+        for table, col in ((t_metric, t_metric.c.job_id), (t_event, t_event.c.job_id),
+                           (t_dep, t_dep.c.job_id), (t_dep, t_dep.c.depends_on)):
+            conn.execute(sa.delete(table).where(col.in_(chunk)))
+        n += conn.execute(sa.delete(t_job).where(t_job.c.id.in_(chunk))).rowcount
+    graph.refresh(conn, log, sorted(affected - set(job_ids)), why="a dependency was deleted")
+    return n
+
 
 def relaunchable(conn: Connection, exp: int, *, include_failed: bool, ids: Sequence[int] | None = None,
                  max_attempts: int | None = None, ignore_limit: bool = False) -> list[int]:

@@ -20,7 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import engine as _engine
+from .errors import NoSuchExperiment
 from .hot import HotStatements
+from .schema import experiment as t_exp
 from .url import DbTarget
 
 T = TypeVar("T")
@@ -95,6 +97,13 @@ class Transactions:
         self.recorder: Recorder | None = None
         self._conn: Connection | None = None
         self._conn_pid = 0
+        self._experiment_id: int | None = None
+
+    def experiment(self, conn: Connection, create: bool = False) -> int:
+        """The id of the target's experiment (made first with ``create``), read once per store."""
+        if self._experiment_id is None:
+            self._experiment_id = experiment_id(conn, self.target, create=create)
+        return self._experiment_id
 
     def writer(self) -> Connection:
         """The connection this process writes on: kept between transactions (a worker is one thread)."""
@@ -160,6 +169,29 @@ class Transactions:
             yield recorder
         finally:
             self.recorder = None
+
+
+def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -> int:
+    """The id of ``target``'s experiment; with ``create``, made if it is new. Without, a missing
+    experiment is refused naming those there are."""
+    name = target.experiment
+    found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar()
+    if found is not None:
+        return found
+    if not create:
+        names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
+        known = ", ".join(names) if names else "none yet"
+        raise NoSuchExperiment(f"no experiment {name!r} in {target.display} (experiments: {known})")
+    # Two processes may make the same new experiment at once (PostgreSQL lets both try):
+    # the second waits for the first's commit, inserts nothing, and reads its row.
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    found = conn.execute(dialect.insert(t_exp).values(name=name, created_at=time.time())
+                         .on_conflict_do_nothing(index_elements=["name"]).returning(t_exp.c.id)).scalar()
+    if found is None:
+        found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar_one()
+    return found
 
 
 class _Retry(Exception):

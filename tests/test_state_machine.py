@@ -62,7 +62,7 @@ class StoreMachine(RuleBasedStateMachine):
     # -- helpers ------------------------------------------------------------------------
     def _rows(self) -> dict[int, tuple[str, int]]:
         with self.store.engine.connect() as conn:
-            exp = self.store._experiment(conn)
+            exp = self.store._exp(conn)
             rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.lease)
                                 .where(t_job.c.experiment_id == exp)).all()
         return {r.id: (r.status, r.lease) for r in rows}
@@ -186,7 +186,7 @@ class StoreMachine(RuleBasedStateMachine):
         if self.store is None:
             return
         with self.store.engine.connect() as conn:
-            exp = self.store._experiment(conn)
+            exp = self.store._exp(conn)
             p = t_job.alias("p")
             rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, p.c.id, p.c.status)
                                 .join(t_dep, t_dep.c.job_id == t_job.c.id).join(p, p.c.id == t_dep.c.depends_on)

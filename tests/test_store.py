@@ -9,13 +9,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from jobman.jobdb.canonical import load_json
+from jobman.jobdb.canonical import dump_json, load_json
 from jobman.jobdb.errors import DatabaseError, LeaseLost, NoSuchJob, UsageError
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.schema import metadata
 from jobman.jobdb.status import Status
-from jobman.jobdb.store import Store, WorkerInfo, dump_json
+from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 W = WorkerInfo(host="testhost", pid=4242, pid_started_at=1.0)
