@@ -12,7 +12,7 @@ import click
 
 from jobman.jobdb.errors import UsageError
 
-from .common import db_options, split_db_arg, target_of
+from .common import Database, with_database
 
 INSTALL_HINT = "jobman serve needs the web extra: pip install 'jobman-sql[web]'"
 
@@ -44,7 +44,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 @click.command("serve")
 @click.argument("url", required=False, metavar="[DB]")
-@db_options
+@with_database()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8787, show_default=True,
               help="Port to listen on (0: any free port).")
@@ -52,8 +52,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
               help="The token every request needs (default: a new random one, printed in the link).")
 @click.option("--no-token", is_flag=True, help="Serve without a token (only on 127.0.0.1).")
 @click.option("--allow-actions", is_flag=True, help="Offer reset, retry, cancel and priority on job pages.")
-def serve(url: str | None, db: str | None, table: str | None, host: str, port: int, token: str | None,
-          no_token: bool, allow_actions: bool) -> int:
+def serve(database: Database, host: str, port: int, token: str | None, no_token: bool, allow_actions: bool) -> int:
     """Serve a live web dashboard of the database: experiments, jobs, reports, learning curves.
 
     \b
@@ -77,16 +76,14 @@ def serve(url: str | None, db: str | None, table: str | None, host: str, port: i
     if token is not None and len(token) < 8:
         raise UsageError("a token needs at least 8 characters")
     token = None if no_token else (token or secrets.token_urlsafe(24))
-    url_arg, _ = split_db_arg([url] if url else [])
-    if url and not url_arg:
-        raise UsageError(f"{url!r} is not a database URL (sqlite:///file.db, postgresql://user@host/db)")
-    target = target_of(db, table, url_arg)
-    raw_url = url_arg or db
+    if database.url_arg and "://" not in database.url_arg:
+        raise UsageError(f"{database.url_arg!r} is not a database URL (sqlite:///file.db, postgresql://user@host/db)")
+    target, raw_url = database.target, database.raw_url
     sock = listening_socket(host, port)
     port = sock.getsockname()[1]
     app = create_app(raw_url or "", token=token, allow_actions=allow_actions, host=host, port=port)
     shown = f"[{host}]" if ":" in host else host
-    path = f"/e/{quote(target.experiment)}" if table or (raw_url and "table=" in raw_url) else "/"
+    path = f"/e/{quote(target.experiment)}" if database.table or (raw_url and "table=" in raw_url) else "/"
     link = f"http://{shown}:{port}{path}" + (f"?token={token}" if token else "")
     click.echo(f"jobman serve: {link}")
     click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))
