@@ -42,10 +42,26 @@ def job_state(params: Mapping[str, Any], results: Mapping[str, Any] | None,
               info: Mapping[str, Any] | None = None) -> DD:
     """The ``state`` a job is called with: its parameters and what it saved before, nested by their
     dots, and ``state.jobman`` (which is never stored as a parameter or a result)."""
-    state = expand({**params, **(results or {})})
+    groups = {k.split(".", 1)[0] for k in params if "." in k}
+    # A result inside a group of parameters (state.hyper.best) is stored by its dotted path and nests
+    # back; any other result comes back under the name it was written with, dots and all (state['a.b']).
+    nested = {k: v for k, v in (results or {}).items() if k.split(".", 1)[0] in groups}
+    state = expand({**params, **nested})
+    for key, value in (results or {}).items():
+        if key not in nested:
+            state[key] = _as_written(value)
     if info is not None:
         state[RESERVED] = expand(info)
     return state
+
+
+def _as_written(value: Any) -> Any:
+    """A stored result as the job wrote it: its dicts with attribute access, their keys unsplit."""
+    if isinstance(value, Mapping):
+        return DD({k: _as_written(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_as_written(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,48 @@ def dump_json(value: Any, what: str = "value") -> str:
     """Canonical JSON (sorted keys, no NaN), or a UsageError naming what could not be stored."""
     try:
         if _C_ENCODER is not None and type(value) is dict:
-            return "".join(_C_ENCODER(value, 0))
-        return _ENCODER.encode(value)
+            text = "".join(_C_ENCODER(value, 0))
+        else:
+            text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise UsageError(f"the {what} cannot be stored as JSON: {exc}") from None
+    check_nul(text, value, what)
+    return text
+
+
+# A NUL character, as the ASCII encoder writes it. PostgreSQL's jsonb (and its text columns) cannot
+# hold one, so it is refused on every engine alike, before anything is written.
+_NUL_ESCAPE = "\\u0000"
+
+
+def check_nul(text: str, value: Any, what: str) -> None:
+    """Refuse ``value`` (encoded as ``text``) if a key or a string in it holds a NUL character."""
+    if _NUL_ESCAPE not in text:  # the common case: one C-speed scan of the text
+        return
+    where = _nul_path(value, "")
+    if where is not None:
+        raise UsageError(f"the {what} cannot be stored: {where or 'the value'!s} contains a NUL character "
+                         "(\\x00), which jobman does not store on any database")
+
+
+def _nul_path(value: Any, path: str) -> str | None:
+    """The dotted path of the first key or string holding a NUL, '' for ``value`` itself, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return repr(name)
+            found = _nul_path(item, name)
+            if found is not None:
+                return found if found.startswith("'") else repr(found)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _nul_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found if found.startswith("'") else repr(found)
+    return None
 
 
 _SCAN = json.scanner.c_make_scanner(json.JSONDecoder()) if json.scanner.c_make_scanner is not None else None

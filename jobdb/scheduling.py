@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from . import graph
 from . import halving as _halving
-from .canonical import dump_json
+from .canonical import check_nul, dump_json
 from .errors import NoSuchJob, UsageError
 from .graph import Log
 from .hot import HotStatements
@@ -64,6 +64,9 @@ class ReadySweep:
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         self.encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters")
                         for s in self.specs]
+        for s, text in zip(self.specs, self.encoded):
+            if s.params_json is not None:  # encoded by the sweep's expansion: its NUL check is here
+                check_nul(text, s.params, "parameters")
         hashes = params_hashes(self.specs, self.encoded)
         self.duplicate = duplicate
         self.hashes = duplicate_hashes(hashes) if duplicate else hashes

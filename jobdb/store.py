@@ -173,7 +173,7 @@ class Store:
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
         """
-        blob, outcome, error = transitions.result_blob(results, outcome, error)
+        blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
         status = self._write(lambda conn: transitions.finish(conn, self._events, self.hot, job_id, lease, outcome,
                                                              blob, error, exit_code, why, relaunch, **self._ends))
         if status is None:
@@ -189,7 +189,7 @@ class Store:
         The claim may take a dependent that this finish has just queued. Nothing is claimed
         if the finish is refused (LeaseLost, as from ``finish``).
         """
-        blob, outcome, error = transitions.result_blob(results, outcome, error)
+        blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement

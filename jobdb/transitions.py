@@ -151,14 +151,20 @@ def checkpoint_blob(job_id: int, results: dict[str, Any]) -> str:
     return blob
 
 
-def result_blob(results: dict[str, Any] | None, outcome: str,
-                error: str | None) -> tuple[str | None, str, str | None]:
-    """The results as stored JSON; results too large to keep make the run FAILED with why."""
+def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
+                why: str | None) -> tuple[str | None, str, str | None, str | None]:
+    """The results as stored JSON; results too large to keep make the run FAILED with why. The error
+    and why texts as they can be stored: a NUL character (which PostgreSQL refuses) spelled \\x00."""
     blob = dump_json(results, "job results") if results is not None else None
+    error, why = _no_nul(error), _no_nul(why)
     if blob is not None and len(blob) > MAX_STATE_BYTES:
         blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                                       "limit: keep large arrays in files in its workdir"), Outcome.FAILED.value
-    return blob, outcome, error
+    return blob, outcome, error, why
+
+
+def _no_nul(text: str | None) -> str | None:
+    return text.replace("\x00", "\\x00") if text and "\x00" in text else text
 
 
 def set_gpus(conn: Connection, log: Log, job_id: int, lease: int, gpus: str) -> bool:
@@ -173,6 +179,10 @@ def set_gpus(conn: Connection, log: Log, job_id: int, lease: int, gpus: str) -> 
 
 def log_metrics(conn: Connection, job_id: int, lease: int, rows: list[dict[str, Any]]) -> bool:
     """Append learning-curve points of a job the caller owns; False if not owned."""
+    for row in rows:
+        if "\x00" in str(row["name"]):
+            raise UsageError(f"metric {row['name']!r} cannot be stored: its name contains a NUL character "
+                             "(\\x00), which jobman does not store on any database")
     if conn.execute(sa.select(t_job.c.id).where(owned()), {"id": job_id, "lease": lease}).first() is None:
         return False
     if rows:

@@ -19,7 +19,7 @@ from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import parse_db
 
-from conftest import run_jobman
+from conftest import experiment_module, run_jobman
 from test_migrations import fresh_url  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -360,3 +360,127 @@ def test_original_options_kept_or_explained(tmp_path, jobman):
     assert "SyntaxError" in one_sentence(jobman("sqlstatus", url, "--fselect", "x=lambda v v"))
     assert "--restart is --set_status START" in one_sentence(
         jobman("sqlstatus", url, "1", "--restart", "--set_status", "DONE"))
+
+
+MAIN_SCRIPT = textwrap.dedent("""\
+    import os, sys
+    from jobman import sql
+
+    def adder(state, channel):
+        state.total = state.first + state.second
+        return channel.COMPLETE
+
+    db = sql.db(os.environ['TUTORIAL_DB'])
+    print(sql.insert_job(adder, {'first': 2, 'second': 5}, db))
+    print(sql.insert_job(adder, {'first': 2, 'second': 5}, db))
+    """)
+
+
+def test_insert_job_stores_a_scripts_own_function_by_value(db_url, tmp_path, jobman):
+    (tmp_path / "insert_main.py").write_text(MAIN_SCRIPT)
+    r = run_script(tmp_path / "insert_main.py", {"TUTORIAL_DB": db_url}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.split()
+    assert first.isdigit() and second == "None"  # the second insertion adds nothing
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = jobman("sql", "-n0", db_url, ".", cwd=elsewhere)
+    assert r.code == 0, r.err
+    store = Store.open(db_url)
+    try:
+        (job,) = store.jobs()
+        assert (job.status.name, job.target, job.results) == ("DONE", "__main__:adder", {"total": 7})
+    finally:
+        store.dispose()
+
+
+NUL_MODULE = textwrap.dedent('''
+    def nul_result(state, channel):
+        state.fine = 1
+        channel.save()
+        state.text = "a\\x00b"
+        return channel.COMPLETE
+
+    def nul_save(state, channel):
+        state.text = "a\\x00b"
+        try:
+            channel.save()
+        except Exception as exc:
+            state.save_refused = str(exc)
+            del state["text"]
+        return channel.COMPLETE
+
+    def nul_error(state, channel):
+        raise ValueError("bad\\x00byte")
+    ''')
+
+
+def test_nul_is_refused_alike_on_both_engines(db_url, tmp_path, jobman):
+    """PostgreSQL cannot hold a NUL character: on every engine a parameter with one is refused before
+    anything is written, and a job's result with one ends the job FAILED once, saying why."""
+    from jobman import sql
+    from jobman.examples.def_addition import addition_example
+    from jobman.jobdb.sweep import expand, parse_sweep
+
+    store = Store.open(db_url)
+    db = sql.db(db_url)
+    try:
+        with pytest.raises(UsageError, match=r"'first' contains a NUL character \(\\x00\)"):
+            sql.insert_job(addition_example, {"first": "a\x00b", "second": 1}, db)
+        with pytest.raises(UsageError, match=r"'a\\x00' contains a NUL"):
+            sql.insert_dict({"jobman.experiment": "m.f", "a\x00": 1}, db)
+        specs = expand(parse_sweep(["m:f", "k={{1,2}}"]))
+        specs = [specs[0], specs[1]._replace(params={"k": "x\x00"}, params_json='{"k": "x\\u0000"}')]
+        with pytest.raises(UsageError, match="'k' contains a NUL"):
+            store.schedule(specs)
+        name = parse_db(db_url).experiment
+        assert query(db_url, f"SELECT count(*) FROM experiment WHERE name = '{name}'") == [(0,)]  # nothing written
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path / "mods"), os.environ.get("PYTHONPATH")) if p)}
+        (tmp_path / "mods").mkdir()
+        (tmp_path / "mods" / "jm_nul_exp.py").write_text(NUL_MODULE)
+        for name in ("nul_result", "nul_save", "nul_error"):
+            assert jobman("sqlschedule", db_url, f"jm_nul_exp.{name}", "x=1", env=env).code == 0
+        r = jobman("sql", "-n0", db_url, str(tmp_path / "runs"), env=env, timeout=120)
+        assert r.code == 1 and "worker ran 3 job(s): 1 DONE, 2 FAILED" in r.err, r.err
+        jobs = {j.target.rpartition(":")[2]: j for j in store.jobs()}
+        bad = jobs["nul_result"]
+        assert (bad.status.name, bad.attempt, bad.results) == ("FAILED", 1, {"fine": 1})
+        assert "'text' contains a NUL character (\\x00), which jobman does not store" in bad.error
+        saved = jobs["nul_save"]
+        assert saved.status.name == "DONE" and "NUL character" in saved.results["save_refused"]
+        assert jobs["nul_error"].status.name == "FAILED" and "bad\\x00byte" in jobs["nul_error"].error
+        assert [e.to_status for e in store.events(bad.id)].count("FAILED") == 1
+    finally:
+        db.close()
+        store.dispose()
+
+
+DOTS_MODULE = textwrap.dedent('''
+    def dotted(state, channel):
+        if "a.b" not in state:
+            state["a.b"] = 1
+            state.c = {"x.y": 2}
+            state.hyper.best = 3
+            channel.save()
+            return channel.INCOMPLETE
+        state.seen = sorted(k for k in state if k != "jobman")
+        state.inner = sorted(state.c)
+        state.best = state.hyper.best
+        return channel.COMPLETE
+    ''')
+
+
+def test_dotted_result_names_come_back_as_written(db_url, tmp_path, jobman):
+    env = {"PYTHONPATH": experiment_module(tmp_path, "jm_dots_exp", DOTS_MODULE)}
+    assert jobman("sqlschedule", db_url, "jm_dots_exp.dotted", "hyper.lr=0.1", env=env).code == 0
+    r = jobman("sql", "-n0", db_url, str(tmp_path / "runs"), env=env, timeout=120)
+    assert r.code == 0, r.err
+    store = Store.open(db_url)
+    try:
+        (job,) = store.jobs()
+        assert job.status.name == "DONE", job.error
+        assert job.results["seen"] == ["a.b", "c", "hyper"]
+        assert (job.results["inner"], job.results["best"]) == (["x.y"], 3)
+        assert (job.results["a.b"], job.results["c"], job.results["hyper.best"]) == (1, {"x.y": 2}, 3)
+    finally:
+        store.dispose()
