@@ -28,11 +28,17 @@ _LAZY = {
     "DD": "jobman.tools",
     "flatten": "jobman.tools",
     "expand": "jobman.tools",
+    "make": "jobman.tools",
+    "make2": "jobman.tools",
+    "reval": "jobman.tools",
+    "resolve": "jobman.tools",
+    "defaults_merge": "jobman.tools",
     "sample": "jobman.dispatch.client",
     **{name: "jobman.jobdb.distributions" for name in (
         "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }
-_MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools"}
+_MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools",
+            "experiments": "jobman.experiments"}
 
 __all__ = [*_LAZY, *_MODULES, "__version__"]
 

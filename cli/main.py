@@ -19,7 +19,7 @@ from jobman.jobdb.url import mask_password
 COMMAND_MODULES: dict[str, str] = {
     "sqlschedule": "schedule", "sqlschedules": "schedule", "schedule": "schedule",
     "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
-    "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "run",
+    "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "cmdline",
     "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
     "set-priority": "repair", "rm": "repair", "monitor": "monitor", "report": "report", "sqlview": "view",
     "serve": "serve", "demo": "demo", "help": "view",

@@ -1,10 +1,9 @@
-"""Running jobs: ``jobman worker``, jobman's ``jobman sql``, ``jobman dispatch`` and ``jobman cmdline``."""
+"""Running jobs: ``jobman worker``, jobman's ``jobman sql`` and ``jobman dispatch``."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import shlex
 import sys
@@ -16,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
-from jobman.dispatch.runner import EXIT_INCOMPLETE, RunLimits
+from jobman.dispatch.runner import RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import RAN_BADLY
@@ -495,91 +494,4 @@ class _ProgressView:
         self.progress.update(self.task, total=tally.total, completed=done, detail=detail)
 
 
-@click.command("cmdline")
-@click.argument("args", nargs=-1, required=True, metavar="TARGET [k=v]...")
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="Where the run keeps its files and checkpoint (state.json). Default: a new directory "
-                   "jobman_DATE_TIME_XXXX here.")
-@click.option("--resume", is_flag=True, help="Continue the run saved in --workdir (same target and parameters).")
-def cmdline(args, workdir, resume) -> int:
-    """Run one experiment here, without a database (jobman's cmdline).
-
-    Each run gets a new directory unless --workdir names one; a directory holding
-    an earlier run's state is resumed only with --resume, and only by the same
-    target and parameters.
-
-    Exits 0 when the run is DONE, 75 when it returned INCOMPLETE (run it again
-    with --resume to continue), 1 when it FAILED.
-
-    \b
-    Example:
-      jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1
-      jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 --workdir /tmp/run1 --resume
-    """
-    from jobman.dispatch.experiment import TargetError, resolve, run_direct
-    from jobman.jobdb.sweep import canonical_target, parse_sweep
-
-    parsed = parse_sweep(list(args))
-    if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
-        raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
-    params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
-    target = canonical_target(parsed.phases[0].target)
-    if resume and workdir is None:
-        raise UsageError("--resume continues the run saved in a directory: name it with --workdir")
-    try:
-        fn = resolve(target)
-    except TargetError as exc:
-        raise UsageError(str(exc)) from None
-    run_dir = Path(workdir) if workdir is not None else _fresh_run_directory()
-    _check_saved_run(run_dir, target, params, resume)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CMDLINE_RECORD).write_text(json.dumps({"target": target, "params": params}, sort_keys=True))
-    outcome = run_direct(fn, params, run_dir, resume=resume)
-    click.echo(json.dumps({"status": outcome.status, "results": outcome.results, "workdir": str(run_dir)},
-                          indent=2))
-    if outcome.error:
-        click.echo(outcome.error, err=True)
-    # As a command job would say it: 75 asks to be run again and resumed (a cmdline wrapped in one does).
-    return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(outcome.status, 1)
-
-
-CMDLINE_RECORD = "cmdline.json"  # the target and parameters of the run a directory holds
-
-
-def _fresh_run_directory() -> Path:
-    """A new directory for one run, as the original jobman made: jobman_DATE_TIME_XXXX in this directory."""
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix=time.strftime("jobman_%Y%m%d_%H%M%S_"), dir="."))
-
-
-def _check_saved_run(run_dir: Path, target: str, params: dict, resume: bool) -> None:
-    """Refuse to run over another run's saved state: resumed only when asked, and only the same run."""
-    from jobman.dispatch.channel import DirectChannel
-
-    state_file = run_dir / DirectChannel.STATE_FILE
-    if not state_file.exists():
-        return
-    if not resume:
-        raise UsageError(f"{run_dir} holds the saved state of an earlier run: add --resume to continue it, "
-                         "or give another --workdir")
-    try:
-        record = json.loads((run_dir / CMDLINE_RECORD).read_text())
-        saved_target, saved = record["target"], record["params"]
-    except (OSError, ValueError, KeyError, TypeError):  # a state saved some other way: its values are the record
-        saved_target, saved = target, {k: v for k, v in json.loads(state_file.read_text()).items() if k in params}
-    if saved_target != target:
-        raise UsageError(f"{run_dir} holds a run of {saved_target}, not {target}: give another --workdir")
-    differ = sorted(k for k in set(saved) | set(params) if saved.get(k, _UNSET) != params.get(k, _UNSET))
-    if differ:
-        key = differ[0]
-        was = json.dumps(saved[key]) if key in saved else "unset"
-        now = json.dumps(params[key]) if key in params else "unset"
-        raise UsageError(f"{run_dir} holds a run with other parameters ({key} was {was}, now {now}): "
-                         "give another --workdir to start a new run")
-
-
-_UNSET = object()
-
-
-COMMANDS = [worker, sql, dispatch, run_job, cmdline]
+COMMANDS = [worker, sql, dispatch, run_job]

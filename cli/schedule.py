@@ -24,6 +24,18 @@ class SweepCommand(click.Command):
         return super().parse_args(ctx, [_SEP if a == PHASE_SEPARATOR else a for a in args])
 
 
+def original_forms(tokens: list[str], *, later_wins: bool = False) -> list[str]:
+    """The original's parameter forms (``file.conf``, ``key <- file.conf``, ``key::builder``,
+    ``key:=expression``) as ``key=value`` tokens; the tokens as they are when there are none."""
+    from jobman.jobdb.conf import expand_tokens, is_conf_token
+
+    if not later_wins and not any(t != PHASE_SEPARATOR and is_conf_token(t) for t in tokens):
+        return tokens  # the common case: a sweep's errors keep naming the user's own arguments
+    from jobman.dispatch.builders import evaluate
+
+    return expand_tokens(tokens, evaluate=evaluate, later_wins=later_wins)
+
+
 def check_targets(targets: list[str]) -> None:
     """Refuse a sweep whose function targets cannot be imported here (``--no-check`` skips this)."""
     from jobman.dispatch.experiment import TargetError, resolve
@@ -128,11 +140,18 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
       quniform(a,b,q) qloguniform(a,b,q) qnormal(mu,sigma,q)
     Scheduling the same sweep twice adds nothing; a larger --samples adds only
     the new points.
+
+    \b
+    The original jobman's forms are read too:
+      defaults.conf          key=value lines (# comments, other files), overridden by later keys
+      'key <- file.conf'     that file's keys under key. (key.a, key.b, ...)
+      obj::pkg.mod.Class     obj.__builder__, for make(state.obj) in the job
+      'x:=@random.random()'  the value of the expression, computed once here and stored
     """
     if parser is not None and parser != "filemerge":
         click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
                    err=True)
-    tokens = [PHASE_SEPARATOR if t == _SEP else t for t in sweep]
+    tokens = original_forms([PHASE_SEPARATOR if t == _SEP else t for t in sweep])
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
         raise UsageError("--cmd needs a command line, such as 'python train.py'")

@@ -172,13 +172,15 @@ def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
 
 
 def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], workdir: str | Path,
-               *, resume: bool = True) -> Outcome:
+               *, resume: bool = True, save_every: float | None = None, deadline: float | None = None) -> Outcome:
     """Run one experiment in ``workdir`` without a database (``jobman cmdline``).
 
-    With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first.
+    With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first;
+    ``save_every`` and ``deadline`` are the channel's (``channel.switch()`` answers).
     """
     fn = resolve(target) if isinstance(target, str) else target
-    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params))
+    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params),
+                            save_every=save_every, deadline=deadline)
     channel.workdir.mkdir(parents=True, exist_ok=True)
     name = target if isinstance(target, str) else f"{fn.__module__}.{fn.__qualname__}"
     state = job_state(params, channel.saved_results() if resume else None,

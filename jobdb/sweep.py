@@ -216,7 +216,8 @@ def format_value(value: Any) -> str:
 def parse_assignment(token: str, arg_index: int) -> Assignment:
     """``k=v`` or ``k={{a,b,c}}``."""
     if "=" not in token:
-        raise _fail(arg_index, token, "'=' is missing: parameters are written key=value")
+        raise _fail(arg_index, token, "'=' is missing: parameters are written key=value"
+                    + (" (and no such configuration file exists)" if token.endswith(".conf") else ""))
     key, _, raw = token.partition("=")
     if not _KEY.match(key):
         raise _fail(arg_index, token, f"{key!r} is not a valid parameter name", 0)

@@ -156,6 +156,16 @@ def test_the_tutorial_runs_from_a_non_editable_install(tmp_path):
                            cwd=work, env={**os.environ, **env}, capture_output=True, text=True)
     assert where.stdout.startswith(str(site)), where.stdout
     assert query(db, "SELECT count(*) FROM job WHERE status = 'DONE'") == [(30,)]
+    # The other examples ship too: the MLP tutorial's files, copied out, and make2's test.conf.
+    r = subprocess.run([sys.executable, "-m", "jobman.examples", "."], cwd=work, env={**os.environ, **env},
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and (work / "mlp_jobman.conf").read_text().startswith("learning_rate=0.01"), r.stderr
+    r = run_jobman("cmdline", "jobman.examples.def_make2.experiment", "test.conf", "-n", cwd=work, env=env)
+    assert r.code == 0 and r.out.startswith("it's a me, luigi!"), r.out + r.err
+    mlp = f"{db}/mlp_dumi"
+    assert run_jobman("sqlschedule", mlp, "mlp_jobman.experiment", "mlp_jobman.conf", cwd=work, env=env).code == 0
+    assert run_jobman("sql", mlp, ".", cwd=work, env=env).code == 0
+    assert query(db, "SELECT count(*) FROM job WHERE status = 'DONE'") == [(31,)]
 
 
 def test_the_original_url_form():
