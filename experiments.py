@@ -7,6 +7,12 @@ import time
 from jobman.jobdb.nested import flatten
 
 
+def example1(state, channel):
+    """The smallest experiment: say so, and finish."""
+    print("example experiment")
+    return channel.COMPLETE
+
+
 def print_state(state, channel):
     """Print the state it is given, one ``key = value`` line per parameter, and finish."""
     for key, value in sorted(flatten({k: v for k, v in state.items() if k != "jobman"}).items()):

@@ -21,7 +21,7 @@ COMMAND_MODULES: dict[str, str] = {
     "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
     "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "cmdline",
     "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
-    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "report": "report", "sqlview": "view",
+    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "condor_check": "monitor", "report": "report", "sqlview": "view",
     "serve": "serve", "demo": "demo", "help": "view",
 }
 

@@ -93,6 +93,21 @@ def monitor(database, interval, once, fmt, relaunch, max_attempts, include_faile
     return 0
 
 
+@click.command("condor_check", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[DB] [MONITOR OPTIONS]")
+def condor_check(args: tuple[str, ...]) -> int:
+    """The original's check that RUNNING jobs are still running: `jobman monitor --once --dry-run`.
+
+    \b
+    Example:
+      jobman condor_check postgres://me@dbhost/lab/mlp_dumi
+    """
+    click.echo("condor_check: jobman runs no Condor; this is `jobman monitor --once --dry-run`, which checks each "
+               "RUNNING job's process, heartbeat and Slurm job (run `jobman monitor` to mark the dead ones CRASHED)",
+               err=True)
+    return monitor.main(args=[*args, "--once", "--dry-run"], prog_name="jobman condor_check", standalone_mode=False)
+
+
 def _watch(interval: float, tick: Callable[[], object]) -> None:
     """Call ``tick`` every ``interval`` seconds until Ctrl-C; a database that is away is waited for."""
     while True:
@@ -180,4 +195,4 @@ def _age(ts: float | None, now: float) -> float | None:
     return round(now - ts, 3) if ts else None
 
 
-COMMANDS = [monitor]
+COMMANDS = [monitor, condor_check]

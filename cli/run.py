@@ -149,6 +149,9 @@ def sql(args, database, count, timeout, finish_up_after, save_every, workdir, gr
       jobman sql -n0 'sqlite:///sweeps.db?table=mlp' ~/exp
       jobman sql -n0 postgres://me@dbhost/lab/mlp . --finish-up-after 3600 --save-every 600
     """
+    if args == ("help",):  # the original's `jobman sql help`
+        click.echo(click.get_current_context().get_help())
+        return 0
     if len(args) > 1:
         raise UsageError("jobman sql takes a database URL and at most one EXPROOT")
     if args and workdir and args[0] != workdir:

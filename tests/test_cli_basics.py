@@ -85,7 +85,7 @@ def _all_commands(group: click.Group, path=()):
 def test_every_command_has_help_with_an_example(jobman):
     r = jobman("--help")
     assert r.code == 0 and "Usage: jobman" in r.out
-    listed = set(re.findall(r"^  ([a-z][a-z-]*)\s", r.out.split("Commands:")[1], re.M))
+    listed = set(re.findall(r"^  ([a-z][a-z_-]*)\s", r.out.split("Commands:")[1], re.M))
     commands = list(_all_commands(cli))
     names = {path[0] for path, _ in commands}
     assert listed == names, (listed, names)

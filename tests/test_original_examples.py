@@ -204,3 +204,20 @@ def test_examples_copy_keeps_what_is_there(tmp_path):
     assert r.returncode == 0 and "kept" in r.stdout
     assert (tmp_path / "test.conf").read_text() == "mine = 1\n"
     assert "def experiment" in (tmp_path / "mlp_jobman.py").read_text()
+
+
+def test_the_originals_other_commands(tmp_path, jobman):
+    """`jobman sql help` (doc/addition_exp_sql.txt), `condor_check` (doc/advanced.txt) and the
+    experiment the original's help suggests trying, jobman.experiments.example1."""
+    url = f"sqlite:///{tmp_path / 'o.db'}/t"
+    r = jobman("sql", "help")
+    assert r.code == 0 and r.out.startswith("Usage: jobman sql"), r.err
+    assert jobman("sqlschedule", url, "jobman.experiments.example1", "a=1").code == 0
+    r = jobman("condor_check", url)
+    assert r.code == 0 and "jobman monitor --once --dry-run" in r.err and "dry run: checked 0 running" in r.out
+    r = jobman("sql", url, str(tmp_path / "runs"))
+    assert r.code == 0, r.err
+    (out,) = (tmp_path / "runs").glob("t/*/stdout.txt")
+    assert out.read_text() == "example experiment\n"
+    r = jobman("sqlstatus", "--restart", url, "1,")  # the doc's "JOB_ID1, JOB_ID2, ..."
+    assert r.code == 0 and "1 job(s) set to QUEUED (0)" in r.out, r.out + r.err
