@@ -176,9 +176,9 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])
     if dry_run:
-        click.echo(f"{len(specs)} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
+        click.echo(f"{len(specs) * repeat} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
         if rules is not None and rules.rungs:
-            click.echo(_rungs_line(rules, specs))
+            click.echo(_rungs_line(rules, specs, repeat))
         return
     store = database.open()
     after_ids: list[int] = []
@@ -199,20 +199,14 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
 
         with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                       TimeRemainingColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("schedule", total=len(specs))
+            task = bar.add_task("schedule", total=len(specs) * repeat)
             result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n), halving=rules, duplicate=force)
+                                    progress=lambda n: bar.update(task, completed=n), halving=rules, duplicate=force,
+                                    repeat=repeat)
     else:
         result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules,
-                                duplicate=force)
-    copies = repeat - 1 if force or result.existing == 0 else 0
-    if copies:
-        repeated = [s._replace(parent=None if s.parent is None else s.parent + k * len(specs))
-                    for k in range(copies) for s in specs]
-        more = store.schedule(repeated, after=after_ids, priority=priority, max_attempts=max_attempts,
-                              duplicate=True)
-        result = dataclasses.replace(result, added=result.added + more.added, job_ids=result.job_ids + more.job_ids)
-    elif repeat > 1:
+                                duplicate=force, repeat=repeat)
+    if repeat > 1 and not result.repeated:
         click.echo("the jobs were already there, so they are not repeated (use -f to add copies anyway)", err=True)
     where = f"experiment {store.experiment!r} of {store.target.display}"
     if result.added == 0:
@@ -221,7 +215,7 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
     if rules is not None and rules.rungs:
-        click.echo(_rungs_line(rules, specs))
+        click.echo(_rungs_line(rules, specs, repeat if result.repeated else 1))
     if rules is not None and rules.prune:
         click.echo(f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
                    f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)")
@@ -239,9 +233,9 @@ def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maxim
     return rules, Sweep([Phase(parsed.phases[0].target, [*parsed.phases[0].assignments, first])], parsed.kind)
 
 
-def _rungs_line(rules: Halving, specs: list) -> str:
+def _rungs_line(rules: Halving, specs: list, repeat: int = 1) -> str:
     configs = len({config_of(s.params, rules.resource) for s in specs})
-    runs = len(specs) // max(1, configs)  # folds or seeds of each configuration
+    runs = repeat * len(specs) // max(1, configs)  # folds, seeds or copies of each configuration
     sizes = rung_sizes(configs, rules.eta, len(rules.rungs))
     steps = ", ".join(f"{n * runs} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
     how = "as each job finishes (async)" if rules.asynchronous else "once each rung is finished"

@@ -201,7 +201,8 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
         return []
     rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
                         .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
-                        .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)).all()
+                        .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)
+                        .order_by(t_job.c.id)).all()
     jobs: dict[str, list[Any]] = {}
     promoted: set[str] = set()
     # The rung is closed when every job below it has ended: no configuration can join it any more.
@@ -235,13 +236,27 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
 
 def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, config: str, rules: Halving,
            why: str, hash_of: Callable[[int, str, str, dict], str], now: float) -> list[int]:
-    """The job that continues ``parent`` at ``rung``; made unless it exists, linked unless it is."""
+    """The job that continues ``parent`` at ``rung``; made unless it exists, linked unless it is.
+
+    Runs of one configuration with equal parameters (``sqlschedule -r`` copies) are promoted together,
+    each to a child of its own: the first keeps the parameters' identity, the others take one derived
+    from their parent's id, so that deciding the promotion again finds the same children.
+    """
+    child = conn.execute(sa.select(t_dep.c.job_id).join(t_sjob, t_sjob.c.job_id == t_dep.c.job_id)
+                         .where(t_dep.c.depends_on == parent, t_sjob.c.rung == rung).limit(1)).scalar()
     p = conn.execute(sa.select(t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority,
                                t_job.c.max_attempts).where(t_job.c.id == parent)).one()
     params = {**load_json(p.params), rules.resource: rules.rungs[rung]}
     digest = hash_of(p.phase + 1, p.kind, p.target, params)
-    child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
-                                                     t_job.c.params_hash == digest)).scalar()
+    if child is None:
+        child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
+                                                         t_job.c.params_hash == digest)).scalar()
+        if child is not None and conn.execute(sa.select(t_sjob.c.job_id).where(
+                t_sjob.c.job_id == child, t_sjob.c.search_id == search_id, t_sjob.c.rung == rung)).first():
+            # Another run of this configuration was promoted to that job: this run is a copy.
+            digest = hashlib.sha256(f"{digest}\x1fcontinues\x1f{parent}".encode()).hexdigest()
+            child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
+                                                             t_job.c.params_hash == digest)).scalar()
     made = child is None
     if made:
         child = conn.execute(sa.insert(t_job).values(

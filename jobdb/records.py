@@ -105,6 +105,7 @@ class ScheduleResult:
     added: int
     existing: int
     job_ids: list[int]
+    repeated: bool = False  # the copies asked for (``repeat``) were added
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class ReadySweep:
     """A sweep made ready outside the transaction: its specs in canonical form, each one's
     parameters as canonical JSON, and each one's identity."""
 
-    def __init__(self, specs: Sequence[JobSpec], duplicate: bool) -> None:
+    def __init__(self, specs: Sequence[JobSpec], duplicate: bool, repeat: int = 1) -> None:
         specs = canonical_specs(specs)
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:
@@ -70,6 +70,13 @@ class ReadySweep:
         hashes = params_hashes(self.specs, self.encoded)
         self.duplicate = duplicate
         self.hashes = duplicate_hashes(hashes) if duplicate else hashes
+        # Copies (``repeat``): each a new identity, each phase's copies depending on their own copy
+        # of the phase before. They are added only to a sweep new in its experiment (or forced).
+        size = len(self.specs)
+        self.copy_specs = [s._replace(parent=None if s.parent is None else s.parent + k * size)
+                           for k in range(1, repeat) for s in self.specs]
+        self.copy_hashes = duplicate_hashes(hashes * (repeat - 1)) if repeat > 1 else []
+        self.repeat = repeat
 
 
 def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experiment: str, sweep: ReadySweep, *,
@@ -90,6 +97,9 @@ def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experimen
     ids: dict[str, int] = dict(hot.ids_by_hash.rows(conn, exp=exp, after=0))
     hashes = (older_spellings(conn, exp, specs, encoded, sweep.hashes, ids) if ids and not sweep.duplicate
               else sweep.hashes)
+    repeated = bool(sweep.copy_specs) and (sweep.duplicate or not set(hashes) & set(ids))
+    if repeated:  # a repeated command adds nothing, copies included
+        specs, encoded, hashes = [*specs, *sweep.copy_specs], encoded * sweep.repeat, [*hashes, *sweep.copy_hashes]
     unique = len(set(hashes)) == len(hashes)
     if not ids and unique:  # a new sweep in a new experiment: every job is new
         existing, fresh = 0, range(len(specs))
@@ -139,8 +149,9 @@ def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experimen
         graph.refresh(conn, log, waiting_ids, why="scheduled")
     job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
     if halving is not None:
-        _halving.register(conn, exp, halving, list(job_ids), [s.params for s in specs])
-    return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids))
+        members = {ids[h]: s.params for h, s in zip(hashes, specs)}  # one per job, however often listed
+        _halving.register(conn, exp, halving, list(members), list(members.values()))
+    return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids), repeated=repeated)
 
 
 def lock_experiment(conn: Connection, exp: int) -> None:

@@ -81,15 +81,21 @@ class Store:
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
                  max_attempts: int = 3, progress: Callable[[int], None] | None = None,
-                 halving: "_halving.Halving | None" = None, duplicate: bool = False) -> ScheduleResult:
+                 halving: "_halving.Halving | None" = None, duplicate: bool = False,
+                 repeat: int = 1) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
         the jobs are the first rung of a successive-halving search, recorded in the same transaction.
         With ``duplicate`` (jobman's ``force_dup``) every job is added, as a new identity, even if present.
+        ``repeat`` N adds N - 1 copies of each job (new identities, each phase's copies depending on
+        their own copy of the phase before) when none of the sweep's jobs was there yet, or with
+        ``duplicate``; the copies join the search as runs of the same configurations.
         """
+        if repeat < 1:
+            raise UsageError(f"repeat must be at least 1, not {repeat}")
         check_priority(priority)
-        sweep = scheduling.ReadySweep(specs, duplicate)
+        sweep = scheduling.ReadySweep(specs, duplicate, repeat)
         return self._write(lambda conn: scheduling.schedule(
             conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, after=after,
             priority=priority, max_attempts=max_attempts, progress=progress, halving=halving))

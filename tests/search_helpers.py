@@ -13,3 +13,11 @@ def experiment_module(tmp_path: Path, name: str, source: str):
     (moddir / f"{name}.py").write_text(source)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
     return type("Exp", (), {"env": env, "runs": tmp_path / "runs"})
+
+
+def by_phase(store) -> dict[int, list]:
+    """The experiment's jobs by phase: a search's jobs by rung."""
+    out: dict[int, list] = {}
+    for job in store.jobs():
+        out.setdefault(job.phase, []).append(job)
+    return out

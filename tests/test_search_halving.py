@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from jobman.jobdb.halving import allowed, choose, rung_sizes, rung_values
 from jobman.jobdb.status import Status
-from search_helpers import experiment_module
+from search_helpers import by_phase, experiment_module
 from jobman.jobdb.store import Store
 
 MODULE = "jm_halving_exp"
@@ -111,13 +111,6 @@ def search(jobman, url, exp, *extra):
 def work(jobman, url, exp, env=None):
     result = jobman("worker", url, "--exproot", str(exp.runs), *FAST, env={**exp.env, **(env or {})}, timeout=120)
     assert result.code == 0, result.err
-
-
-def by_phase(store: Store) -> dict[int, list]:
-    out: dict[int, list] = {}
-    for job in store.jobs():
-        out.setdefault(job.phase, []).append(job)
-    return out
 
 
 def best_of(jobs, n):
