@@ -1,4 +1,5 @@
-"""PNG plots of a report: the metric against each hyperparameter, and learning curves of the best configurations.
+"""PNG plots of a report: the metric against each hyperparameter, the rungs of a successive-halving
+search, and learning curves of the best configurations.
 
 matplotlib is an optional extra (``pip install 'jobman-sql[plot]'``); the Agg backend
 draws without a display, on a cluster node as well as on a laptop.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.halving import Rungs
 from jobman.jobdb.report import ConfigRow, Report, format_param
 
 MAX_CURVE_PANELS = 4  # learning-curve metrics drawn side by side, the report's metric first
@@ -31,44 +34,80 @@ def require_matplotlib() -> None:
     matplotlib.use("Agg")
 
 
-def write_plots(report: Report, outdir: Path, fetch_metrics: MetricFetcher, *, curves: int = 5) -> list[Path]:
-    """Draw every plot of ``report`` into ``outdir``; return the files written."""
+def figures(report: Report, fetch_metrics: MetricFetcher, *, curves: int = 5,
+            space: Mapping[str, Distribution] | None = None, searches: Sequence[Rungs] = ()) -> list[tuple[str, Any]]:
+    """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
+
+    ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
+    one); ``searches``: the successive-halving searches, drawn rung by rung.
+    """
     require_matplotlib()
-    outdir.mkdir(parents=True, exist_ok=True)
-    written = []
+    space = space or {}
+    out = []
     rows = [r for r in report.rows if r.n]
+    resources = {s.rules.resource for s in searches}
     for key in report.varying:
         if key == report.outer:
             continue
-        path = outdir / _file_name(f"{report.metric}_vs_{key}.png")
-        if plot_metric_vs(report, rows, key, path):
-            written.append(path)
+        by = next((r for r in report.varying if r in resources and r != key), None)
+        fig = metric_vs_figure(report, rows, key, space.get(key), by=by)
+        if fig is not None:
+            out.append((_file_name(f"{report.metric}_vs_{key}.png"), fig))
+    for search in searches:
+        fig = rungs_figure(search, space)
+        if fig is not None:
+            suffix = f"_search{search.search_id}" if len(searches) > 1 else ""
+            out.append((_file_name(f"{search.rules.metric}_rungs{suffix}.png"), fig))
     if curves:
         top = sorted(rows, key=lambda r: (not r.eligible, r.rank, str(r.outer)))[:curves]
         ids = [i for r in top for i in r.job_ids]
         points = fetch_metrics(ids) if ids else []
-        path = outdir / _file_name(f"{report.metric}_learning_curves.png")
-        if plot_learning_curves(report, top, points, path):
-            written.append(path)
+        fig = learning_curves_figure(report, top, points)
+        if fig is not None:
+            out.append((_file_name(f"{report.metric}_learning_curves.png"), fig))
+    return out
+
+
+def write_plots(report: Report, outdir: Path, fetch_metrics: MetricFetcher, *, curves: int = 5,
+                space: Mapping[str, Distribution] | None = None, searches: Sequence[Rungs] = ()) -> list[Path]:
+    """Draw every plot of ``report`` into ``outdir``; return the files written."""
+    import matplotlib.pyplot as plt
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches):
+        fig.savefig(outdir / name)
+        plt.close(fig)
+        written.append(outdir / name)
     return written
 
 
-def plot_metric_vs(report: Report, rows: list[ConfigRow], key: str, path: Path) -> bool:
-    """Mean ± std of the metric per configuration against one hyperparameter; False if nothing to draw."""
+def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Distribution | None = None,
+                     by: str | None = None) -> Any:
+    """Mean ± std of the metric per configuration against one hyperparameter; None if nothing to draw.
+
+    ``drawn``: the distribution the parameter was sampled from, whose scale the axis takes (without
+    one, a log axis when the values look log-spaced). ``by``: a parameter whose values get a colour
+    each (the resource of a successive-halving search: one colour per rung).
+    """
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if key in r.params]
     if not rows:
-        return False
+        return None
     values = [r.params[key] for r in rows]
     means = np.array([r.mean for r in rows], dtype=float)
     stds = np.array([r.std if r.std is not None else 0.0 for r in rows], dtype=float)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    continuous = drawn is not None and drawn.name not in ("choice", "randint")
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     rng = np.random.default_rng(0)
     if numeric:
         x = np.array(values, dtype=float)
-        log = _looks_log_spaced(x)
+        if drawn is not None and drawn.name != "choice":
+            log = drawn.log_scale and bool(np.all(x > 0))
+        else:
+            log = _looks_log_spaced(x)
         tx = np.log10(x) if log else x  # where the values sit, in axis units
         distinct = np.unique(tx)
         if distinct.size > 1:
@@ -87,7 +126,15 @@ def plot_metric_vs(report: Report, rows: list[ConfigRow], key: str, path: Path) 
             ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xticks(line_x)
             ax.set_xticklabels([format_param(_plain(v)) for v in line_x])
+        elif log and x.max() / x.min() < 1000:  # within a few decades: ticks at 1, 2 and 5 of each, in plain numbers
+            from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_param(_plain(v))))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         xlabel = key + (" (log scale)" if log else "")
+        if drawn is not None:
+            xlabel += f", drawn from {_spelled(drawn)}"
     else:
         labels = sorted({format_param(v) for v in values}, key=_natural)
         per_label = {lab: i for i, lab in enumerate(labels)}
@@ -102,8 +149,18 @@ def plot_metric_vs(report: Report, rows: list[ConfigRow], key: str, path: Path) 
         xlabel = key
     alpha = 1.0 if len(rows) <= 20 else max(0.2, 20 / len(rows))
     eligible = np.array([r.eligible for r in rows])
-    ax.errorbar(xs[eligible], means[eligible], yerr=stds[eligible], fmt="o", ms=4, color="tab:blue",
-                ecolor="tab:blue", alpha=alpha, elinewidth=1, capsize=2, label="configuration (mean ± std)")
+    levels = sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) \
+        if by else []
+    if len(levels) > 1:  # one colour per rung: the configurations that went on stand out
+        colors = plt.get_cmap("viridis", len(levels))
+        for i, level in enumerate(levels):
+            here = eligible & np.array([r.params.get(by) == level for r in rows])
+            if here.any():
+                ax.errorbar(xs[here], means[here], yerr=stds[here], fmt="o", ms=4, color=colors(i), alpha=alpha,
+                            elinewidth=1, capsize=2, label=f"{by}={format_param(level)} (mean ± std)")
+    else:
+        ax.errorbar(xs[eligible], means[eligible], yerr=stds[eligible], fmt="o", ms=4, color="tab:blue",
+                    ecolor="tab:blue", alpha=alpha, elinewidth=1, capsize=2, label="configuration (mean ± std)")
     if (~eligible).any():
         ax.errorbar(xs[~eligible], means[~eligible], yerr=stds[~eligible], fmt="o", ms=4, mfc="none",
                     color="tab:gray", alpha=alpha, elinewidth=1, capsize=2, label="incomplete (not eligible)")
@@ -113,7 +170,7 @@ def plot_metric_vs(report: Report, rows: list[ConfigRow], key: str, path: Path) 
         here = np.flatnonzero((slot == i) & eligible) if eligible.any() else np.flatnonzero(slot == i)
         if here.size:
             envelope.append((line_x[i], means[here][pick(means[here])]))
-    if len(envelope) > 1:
+    if len(envelope) > 1 and not continuous:  # a line through every draw of a continuous one says nothing
         ex, ey = zip(*envelope)
         ax.plot(ex, ey, "-", color="tab:orange", lw=1.5, label=f"best {report.metric} at each {key}")
     winners = [i for i, r in enumerate(rows) if r.best]
@@ -129,19 +186,81 @@ def plot_metric_vs(report: Report, rows: list[ConfigRow], key: str, path: Path) 
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def plot_learning_curves(report: Report, rows: list[ConfigRow], points: list[tuple[int, int, str, float]],
-                         path: Path) -> bool:
-    """Per logged metric, the mean over a configuration's runs at each step (band: ± std)."""
+def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None) -> Any:
+    """A successive-halving search rung by rung: each configuration's mean metric against the resource,
+    one line per configuration, coloured by the highest rung it reached; None if nothing finished."""
+    import matplotlib.pyplot as plt
+
+    rules = search.rules
+    points = {c: [(rules.rungs[k], m) for k, m in sorted(by_rung.items()) if m is not None and k < len(rules.rungs)]
+              for c, by_rung in search.means.items()}
+    points = {c: p for c, p in points.items() if p}
+    if not points:
+        return None
+    reached = {c: max(search.means[c]) for c in points}
+    last = len(rules.rungs) - 1
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    colors = plt.get_cmap("viridis", max(2, last + 1))
+    sign = -1.0 if rules.mode == "max" else 1.0
+    labelled: set[int] = set()
+    for config in sorted(points, key=lambda c: (reached[c], -sign * points[c][-1][1])):
+        xs, ys = zip(*points[config])
+        top = reached[config]
+        went_on = top > 0
+        label = None
+        if top not in labelled:
+            labelled.add(top)
+            label = (f"{rules.resource}={format_param(rules.rungs[0])} only" if not went_on else
+                     f"promoted to {rules.resource}={format_param(rules.rungs[top])}")
+        (line,) = ax.plot(xs, ys, "-o", color=colors(top) if went_on else "tab:gray", lw=1 + top, ms=3 + top,
+                          alpha=0.9 if went_on else 0.45, label=label, zorder=2 + top)
+        line.set_gid(f"config:{config}")
+    at_top = [(sign * points[c][-1][1], c) for c in points if points[c][-1][0] == rules.rungs[reached[c]]
+              and reached[c] == max(reached.values())]
+    if at_top:
+        best = min(at_top)[1]
+        (star,) = ax.plot([points[best][-1][0]], [points[best][-1][1]], "*", color="tab:red", ms=14, mec="black",
+                          mew=0.6, zorder=10, label="best at the highest rung reached: "
+                          + _short(_config_label(search.params.get(best, {}), space), 40))
+        star.set_gid("best")
+    ax.set_xscale("log")  # the rungs are MIN, MIN*eta, ...: evenly spaced on a log axis
+    from matplotlib.ticker import NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(list(rules.rungs))
+    ax.set_xticklabels([format_param(_plain(v)) for v in rules.rungs])
+    better = "lower" if rules.mode == "min" else "higher"
+    how = "asynchronous (ASHA)" if rules.asynchronous else "synchronous"
+    ax.set_title(f"{rules.metric} at each rung: successive halving, {how}, eta {rules.eta}\n"
+                 f"{len(points)} configurations, mean over their runs; {better} is better", fontsize=11)
+    ax.set_xlabel(f"{rules.resource} (log scale)")
+    ax.set_ylabel(rules.metric)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def _config_label(params: Mapping[str, Any], space: Mapping[str, Distribution] | None) -> str:
+    """A configuration in a few words: its drawn parameters (all of them when nothing was drawn)."""
+    keys = [k for k in params if space and k in space] or list(params)
+    return ", ".join(f"{k}={format_param(params[k])}" for k in keys)
+
+
+def _spelled(drawn: Distribution) -> str:
+    return f"{drawn.name}({','.join(format_param(a) for a in drawn.args)})"
+
+
+def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[tuple[int, int, str, float]]) -> Any:
+    """Per logged metric, the mean over a configuration's runs at each step (band: ± std); None if none."""
     import matplotlib.pyplot as plt
 
     names = sorted({name for _, _, name, _ in points})
     if not names:
-        return False
+        return None
     names = ([report.metric] if report.metric in names else []) + [n for n in names if n != report.metric]
     names = names[:MAX_CURVE_PANELS]
     config_of = {job_id: i for i, r in enumerate(rows) for job_id in r.job_ids}
@@ -177,9 +296,7 @@ def plot_learning_curves(report: Report, rows: list[ConfigRow], points: list[tup
     fig.suptitle(f"Learning curves of the {len(rows)} best configurations by {report.metric} "
                  f"(mean over runs, band ± std)", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def _looks_log_spaced(x: np.ndarray) -> bool:

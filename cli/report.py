@@ -79,8 +79,9 @@ def _outer_option(value: str | None) -> str | None:
 @click.option("--allow-incomplete", is_flag=True,
               help="Let a configuration with missing or failed runs be chosen as best.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Write PNGs to DIR: the metric against each hyperparameter, and learning curves "
-                   "(needs matplotlib: pip install 'jobman-sql[plot]').")
+              help="Write PNGs to DIR: the metric against each hyperparameter (a log axis for one drawn "
+                   "from a log-scale distribution), the rungs of a successive-halving search, and learning "
+                   "curves (needs matplotlib: pip install 'jobman-sql[plot]').")
 @click.option("--curves", type=click.IntRange(0), default=5, show_default=True,
               help="With --plot: learning curves of this many best configurations.")
 def report(database: Database, metric: str, mode: str, phase: int | None,
@@ -112,7 +113,8 @@ def report(database: Database, metric: str, mode: str, phase: int | None,
     if plot_dir is not None:
         from . import plots
 
-        written = plots.write_plots(result, Path(plot_dir), store.metrics, curves=curves)
+        written = plots.write_plots(result, Path(plot_dir), store.metrics, curves=curves, space=store.search_space(),
+                                    searches=store.search_rungs())
         names = ", ".join(p.name for p in written) if written else "none (nothing to plot)"
         err.print(f"[dim]plots in {escape(str(plot_dir))}: {escape(names)}[/]")
 

@@ -8,7 +8,8 @@ import click
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.halving import PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes
+from jobman.jobdb.halving import (PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes,
+                                  sampled, sweep_space)
 from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
                                 parse_sweep)
 
@@ -172,6 +173,7 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         rules = parse_prune(prune, metric, maximize)
     elif metric is not None or maximize or asynchronous:
         raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX or --prune median")
+    rules = sampled(sweep_space(parsed), rules)  # the distributions drawn, kept for report --plot
     specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets([s.target for s in specs if s.kind == "fn"])

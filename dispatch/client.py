@@ -31,6 +31,7 @@ from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, 
 from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
 from jobman.jobdb.distributions import Distribution
+from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.sweep import Assignment, JobSpec, Phase, Sweep, canonical_target, expand, parse_sweep
 
 from .channel import DD, Channel, job_info, job_state
@@ -494,7 +495,8 @@ class Experiment:
                     resolve(target)
                 except TargetError as exc:
                     raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
-        scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts)
+        scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts,
+                                        halving=sampled(sweep_space(parsed)))
         targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
         futures = [self._future(job_id, targets.get(job_id, ""), None, None) for job_id in scheduled.job_ids]
         if any(not f.done() for f in futures):

@@ -14,6 +14,7 @@ The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` ta
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .canonical import dump_json, load_json
+from .distributions import Distribution
 from .errors import UsageError
 from .schema import job as t_job
 from .schema import job_dep as t_dep
@@ -49,14 +51,39 @@ class Halving:
     mode: str = "min"  # or "max"
     asynchronous: bool = False
     prune: str | None = None  # "median": stop running jobs whose curve is worse than the finished jobs'
+    # The distributions the sweep drew its parameters from: (key, name, arguments), by key.
+    space: tuple[tuple[str, str, tuple[Any, ...]], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "rungs": list(self.rungs)}, sort_keys=True)
+        data = {**asdict(self), "rungs": list(self.rungs), "space": {k: [n, *a] for k, n, a in self.space}}
+        if not self.space:  # a search without draws is written as it was before draws were recorded
+            del data["space"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Halving":
         data = json.loads(text)
-        return cls(**{**data, "rungs": tuple(data["rungs"])})
+        space = tuple((k, v[0], tuple(v[1:])) for k, v in sorted(data.pop("space", {}).items()))
+        return cls(**{**data, "rungs": tuple(data["rungs"]), "space": space})
+
+    def distributions(self) -> dict[str, Distribution]:
+        """The sampled parameters and their distributions."""
+        return {key: Distribution(name, args) for key, name, args in self.space}
+
+
+def sampled(space: Mapping[str, Distribution], rules: Halving | None = None) -> Halving | None:
+    """``rules`` with the distributions a sweep drew from recorded beside them (a search of its own
+    when there are no rules: it only remembers the draws, for plots); None when nothing is drawn."""
+    if not space:
+        return rules
+    recorded = tuple((key, d.name, tuple(d.args)) for key, d in sorted(space.items()))
+    return dataclasses.replace(rules or Halving("", (), 0, ""), space=recorded)
+
+
+def sweep_space(sweep: Any) -> dict[str, Distribution]:
+    """The parameters a parsed sweep draws, and their distributions (the last phase's, if several)."""
+    return {a.key: a.distribution for phase in sweep.phases for a in phase.assignments
+            if a.distribution is not None}
 
 
 def rung_values(low: float, high: float, eta: int) -> list[Any]:
@@ -166,13 +193,17 @@ def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
              params: Sequence[Mapping[str, Any]]) -> int:
     """Record a search over the rung-0 jobs ``job_ids``; the same search twice is one row."""
     spec = rules.to_json()
-    key = hashlib.sha256((spec + "|" + ",".join(map(str, sorted(job_ids)))).encode()).hexdigest()
+    only_draws = not rules.rungs and not rules.prune  # it remembers the distributions; no job needs it
+    members = "" if only_draws else "|" + ",".join(map(str, sorted(job_ids)))
+    key = hashlib.sha256((spec + members).encode()).hexdigest()
     found = conn.execute(sa.select(t_search.c.id).where(t_search.c.experiment_id == exp,
                                                         t_search.c.key == key)).scalar()
     if found is not None:
         return found
     search_id = conn.execute(sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec,
                                                         created_at=time.time())).inserted_primary_key[0]
+    if only_draws or not job_ids:
+        return search_id
     conn.execute(sa.insert(t_sjob), [{"job_id": j, "search_id": search_id, "rung": 0,
                                       "config": config_of(p, rules.resource)} for j, p in zip(job_ids, params)])
     return search_id
@@ -323,6 +354,8 @@ def summaries(conn: Connection, exp: int) -> list[str]:
             reached.setdefault(rung, set()).add(config)
             pruned += bool((load_json(results) or {}).get("pruned"))
         parts = []
+        if not rules.rungs and not rules.prune:  # it only records the draws
+            continue
         if rules.rungs:
             steps = [f"{len(reached.get(k, ()))} at {rules.resource}={v}" for k, v in enumerate(rules.rungs)]
             parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: " + ", ".join(steps))
@@ -343,4 +376,48 @@ def rungs_of(conn: Connection, exp: int) -> dict[int, tuple[int, int, str]]:
             continue
         if job_id not in out or out[job_id][0] < rung:
             out[job_id] = (rung, len(rules.rungs), rules.resource)
+    return out
+
+
+def space_of(conn: Connection, exp: int) -> dict[str, Distribution]:
+    """Every parameter the experiment's searches drew, and its distribution (the latest search's)."""
+    out: dict[str, Distribution] = {}
+    for (spec,) in conn.execute(sa.select(t_search.c.spec).where(t_search.c.experiment_id == exp)
+                                .order_by(t_search.c.id)):
+        out.update(Halving.from_json(spec).distributions())
+    return out
+
+
+@dataclass
+class Rungs:
+    """One successive-halving search as it stands: each configuration's mean metric at each rung it reached."""
+
+    search_id: int
+    rules: Halving
+    means: dict[str, dict[int, float | None]]  # config: rung: mean over its DONE runs (None: none yet)
+    params: dict[str, dict[str, Any]]  # config: the parameters of its first run, the resource left out
+
+
+def rungs_detail(conn: Connection, exp: int) -> list[Rungs]:
+    """The experiment's successive-halving searches, for plots of the metric against the resource."""
+    out = []
+    for search_id, spec in conn.execute(sa.select(t_search.c.id, t_search.c.spec)
+                                        .where(t_search.c.experiment_id == exp).order_by(t_search.c.id)):
+        rules = Halving.from_json(spec)
+        if not rules.rungs:
+            continue
+        values: dict[str, dict[int, list[float]]] = {}
+        params: dict[str, dict[str, Any]] = {}
+        for rung, config, status, job_params, results in conn.execute(
+                sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.status, t_job.c.params, t_job.c.results)
+                .join(t_job, t_job.c.id == t_sjob.c.job_id).where(t_sjob.c.search_id == search_id)
+                .order_by(t_job.c.id)):
+            params.setdefault(config, {k: v for k, v in load_json(job_params).items() if k != rules.resource})
+            runs = values.setdefault(config, {}).setdefault(rung, [])
+            value = (load_json(results) or {}).get(rules.metric) if status == Status.DONE.value else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                runs.append(float(value))
+        means = {c: {r: (sum(v) / len(v) if v else None) for r, v in sorted(by_rung.items())}
+                 for c, by_rung in values.items()}
+        out.append(Rungs(search_id, rules, means, params))
     return out

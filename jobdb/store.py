@@ -362,6 +362,14 @@ class Store:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
         return self._read(lambda conn: _halving.summaries(conn, self._exp(conn)))
 
+    def search_space(self) -> "dict[str, _halving.Distribution]":
+        """The parameters this experiment's sweeps drew, and the distribution of each (for plots)."""
+        return self._read(lambda conn: _halving.space_of(conn, self._experiment(conn)))
+
+    def search_rungs(self) -> "list[_halving.Rungs]":
+        """This experiment's successive-halving searches: each configuration's mean metric at each rung."""
+        return self._read(lambda conn: _halving.rungs_detail(conn, self._experiment(conn)))
+
     def rungs(self) -> dict[int, tuple[int, int, str]]:
         """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""
         return self._read(lambda conn: _halving.rungs_of(conn, self._exp(conn)))
