@@ -55,6 +55,8 @@ class ReadySweep:
     parameters as canonical JSON, and each one's identity."""
 
     def __init__(self, specs: Sequence[JobSpec], duplicate: bool, repeat: int = 1) -> None:
+        if repeat < 1:
+            raise UsageError(f"repeat must be at least 1, not {repeat}")
         specs = canonical_specs(specs)
         for i, s in enumerate(specs):
             if s.parent is not None and not 0 <= s.parent < i:

@@ -92,8 +92,6 @@ class Store:
         their own copy of the phase before) when none of the sweep's jobs was there yet, or with
         ``duplicate``; the copies join the search as runs of the same configurations.
         """
-        if repeat < 1:
-            raise UsageError(f"repeat must be at least 1, not {repeat}")
         check_priority(priority)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
         return self._write(lambda conn: scheduling.schedule(
@@ -364,11 +362,11 @@ class Store:
 
     def search_space(self) -> "dict[str, _halving.Distribution]":
         """The parameters this experiment's sweeps drew, and the distribution of each (for plots)."""
-        return self._read(lambda conn: _halving.space_of(conn, self._experiment(conn)))
+        return self._read(lambda conn: _halving.space_of(conn, self._exp(conn)))
 
     def search_rungs(self) -> "list[_halving.Rungs]":
         """This experiment's successive-halving searches: each configuration's mean metric at each rung."""
-        return self._read(lambda conn: _halving.rungs_detail(conn, self._experiment(conn)))
+        return self._read(lambda conn: _halving.rungs_detail(conn, self._exp(conn)))
 
     def rungs(self) -> dict[int, tuple[int, int, str]]:
         """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""
