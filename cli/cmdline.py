@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -103,18 +104,19 @@ def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None,
         run_dir = _fresh_run_directory(Path(workdir_dir) if workdir_dir else Path("."))
     _check_saved_run(run_dir, target, params, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
+    shown, run_dir = run_dir, run_dir.resolve()  # the run works inside it: its paths must not be relative
     (run_dir / CMDLINE_RECORD).write_text(json.dumps({"target": target, "params": params}, sort_keys=True))
     experiment = target.replace(":", ".")
     started = time.ctime()
     _write_conf(run_dir / ORIG_CONF, params, {"experiment": experiment, "time": started})
     deadline = time.time() + finish_up_after if finish_up_after else None
     try:
-        with _redirected(run_dir, redirect or redirect_stdout, redirect or redirect_stderr):
+        with _inside(run_dir), _redirected(run_dir, redirect or redirect_stdout, redirect or redirect_stderr):
             outcome = run_direct(fn, params, run_dir, resume=resume, save_every=save_every, deadline=deadline)
         _write_conf(run_dir / CURRENT_CONF, {**params, **outcome.results},
                     {"experiment": experiment, "time": started, "status": _CODES.get(outcome.status, 5)})
         click.echo(json.dumps({"status": outcome.status, "results": outcome.results,
-                               "workdir": "(removed: --dry-run)" if dry_run else str(run_dir)}, indent=2))
+                               "workdir": "(removed: --dry-run)" if dry_run else str(shown)}, indent=2))
     finally:
         if dry_run:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -137,6 +139,17 @@ def _write_conf(path: Path, values: dict[str, Any], own: dict[str, Any]) -> None
         except (TypeError, ValueError):
             continue  # a value the line form cannot hold is in state.json
     path.write_text("".join(line + "\n" for line in lines))
+
+
+@contextlib.contextmanager
+def _inside(run_dir: Path) -> Iterator[None]:
+    """The run's own directory as the current one while it runs, as the original set it."""
+    before = os.getcwd()
+    os.chdir(run_dir)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 @contextlib.contextmanager

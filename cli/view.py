@@ -40,24 +40,67 @@ def sqlview(args: tuple[str, ...], database: Database, drop: bool) -> None:
     click.echo(f"view {viewname} of experiment {store.experiment!r}: {names}")
 
 
+# The original's help topics, beside its commands.
+TOPICS = {
+    "experiment": """\
+An experiment is a function of a module Python can import:
+
+    def my_experiment(state, channel):
+        state.result = state.first + state.second   # what it adds to state is its result
+        return channel.COMPLETE                     # or None; channel.INCOMPLETE to be resumed
+
+Name it as mypkg.mymodule.my_experiment (or mypkg.mymodule:my_experiment). state holds the
+parameters, nested by their dots (state.hyper.lr), and state.jobman what jobman knows of the
+run (id, experiment, sql.host_name, sql.host_workdir, ...). The function runs in its own
+working directory; channel.save() checkpoints state, and a job run again is handed back what
+it saved. channel.switch() (or channel()) answers 'stop' or 'finish-up' when it should save
+and return INCOMPLETE, 'save' when it should checkpoint, else None.""",
+    "parameters": """\
+Parameters, after the experiment, on cmdline, sqlschedule and sqlschedules:
+
+    key=value             state.key; typed as int, float, bool, None, text or [list]; a dotted
+                          key nests (c.d=hello gives state.c.d)
+    key={{a,b,c}}         sqlschedule(s): one job per value, several give their product
+    key::pkg.mod.Builder  state.key.__builder__; make(state.key) builds the object
+    key:=expression       the expression's value, computed once and stored (@a.b.c imports
+                          a.b.c): "x:=@random.uniform(0, 100)"
+    path/to/file.conf     one such form per line (# comments), or another file's path
+    'key <- file.conf'    that file's keys under key.
+
+A file's values are defaults: a key given after it wins.""",
+    "example": """\
+    jobman cmdline jobman.examples.def_addition.addition_example first=2 second=5
+    jobman sqlschedule 'sqlite:///add.db/test_add_' jobman.examples.def_addition.addition_example \\
+        'first={{0,2,4}}' 'second={{1,3}}'
+    jobman sql -n0 'sqlite:///add.db/test_add_' .
+    jobman sqlview 'sqlite:///add.db/test_add_' test_add_view""",
+}
+
+
 @click.command("help")
-@click.argument("command", nargs=-1, metavar="[COMMAND]")
+@click.argument("command", nargs=-1, metavar="[COMMAND | TOPIC]")
 @click.pass_context
 def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
-    """Show help for jobman or for one of its commands, as ``COMMAND --help`` does.
+    """Show help for jobman or for one of its commands, as ``COMMAND --help`` does, or a topic:
+    experiment (how to write one), parameters (how to give them), example.
 
     \b
     Example:
       jobman help sqlschedule
+      jobman help parameters
     """
     group = ctx.parent.command if ctx.parent else None
     if not command:
         click.echo(group.get_help(ctx.parent))
+        click.echo("\nTopics (jobman help TOPIC): " + ", ".join(TOPICS))
         return
     name = command[0]
+    if name in TOPICS:
+        click.echo(TOPICS[name])
+        return
     cmd = group.get_command(ctx.parent, name)
     if cmd is None:
-        raise UsageError(f"no command named {name!r}; 'jobman help' lists them")
+        raise UsageError(f"no command or topic named {name!r}; 'jobman help' lists them")
     with click.Context(cmd, info_name=name, parent=ctx.parent) as sub:
         click.echo(cmd.get_help(sub))
 

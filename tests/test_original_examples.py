@@ -14,6 +14,7 @@ import pytest
 from jobman.jobdb.errors import SweepError
 from jobman.jobdb.store import Store
 
+from conftest import experiment_module
 from test_migrations import fresh_url  # noqa: F401 - a fixture
 from test_original_jobman import one_sentence, query
 
@@ -71,6 +72,17 @@ def test_the_cmdline_documentation_as_written(tmp_path, jobman):
         r = jobman("cmdline", "-f", "-w", ".", "jobman.experiments.print_state", "nhid=30", cwd=tmp_path / "sub")
         assert r.code == 0 and printed(r) == ["nhid = 30"], r.err
     assert (tmp_path / "sub" / "current.conf").exists()
+
+
+def test_cmdline_runs_the_experiment_inside_its_directory(tmp_path, jobman):
+    env = {"PYTHONPATH": experiment_module(tmp_path, "jm_cwd_exp", (
+        "import os\n"
+        "def write(state, channel):\n"
+        "    open('here.txt', 'w').write(os.getcwd())\n"))}
+    r = jobman("cmdline", "jm_cwd_exp.write", "-w", "w1", cwd=tmp_path, env=env)
+    assert r.code == 0, r.err
+    assert (tmp_path / "w1" / "here.txt").read_text() == str((tmp_path / "w1").resolve())
+    assert not (tmp_path / "here.txt").exists()
 
 
 def test_cmdline_options_of_the_original(tmp_path, jobman):

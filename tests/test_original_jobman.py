@@ -306,7 +306,11 @@ def test_jobman_help(jobman):
     assert r.code == 0 and "sqlview" in r.out
     r = jobman("help", "sqlschedule")
     assert r.code == 0 and "Usage: jobman sqlschedule" in r.out
-    assert "no command named 'nope'" in one_sentence(jobman("help", "nope"))
+    assert "no command or topic named 'nope'" in one_sentence(jobman("help", "nope"))
+    for topic, says in (("parameters", "key::pkg.mod.Builder"), ("experiment", "def my_experiment(state, channel)"),
+                        ("example", "jobman sql -n0")):
+        r = jobman("help", topic)
+        assert r.code == 0 and says in r.out, r.out
 
 
 COUNTER = textwrap.dedent('''
