@@ -178,7 +178,10 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
         ax.plot(xs[winners], means[winners], "*", color="tab:red", ms=14, mec="black", mew=0.6,
                 label="best configuration" if len(winners) == 1 else "best per outer fold", zorder=5)
     better = "lower" if report.mode == "min" else "higher"
-    over = f"over {', '.join(report.group_over)}" if report.group_over else "one job each"
+    if report.group_over:
+        over = f"over {', '.join(report.group_over)}"
+    else:
+        over = "over copies" if any(len(r.all_job_ids) > 1 for r in report.rows) else "one job each"
     ax.set_title(f"{report.metric} vs {key}\n{len(rows)} configurations, mean ± sample std {over}; "
                  f"{better} is better", fontsize=11)
     ax.set_xlabel(xlabel)
