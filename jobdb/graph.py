@@ -63,8 +63,12 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
             sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)).scalars()]
         block_many(conn, log, still, "a dependency is BLOCKED")
 
-def children(conn: Connection, job_id: int) -> list[int]:
-    return list(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == job_id)).scalars())
+def dependents(conn: Connection, job_ids: Sequence[int]) -> list[int]:
+    """The jobs that depend directly on any of ``job_ids``, by id."""
+    out: set[int] = set()
+    for chunk in chunks(list(job_ids)):
+        out.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
+    return sorted(out)
 
 def parent_ids(conn: Connection, job_id: int) -> list[int]:
     """The ids of the jobs ``job_id`` depends on, in order."""
@@ -82,10 +86,6 @@ def descendants(conn: Connection, roots: Sequence[int]) -> list[int]:
         out.update(conn.execute(sa.select(down.c.id)).scalars())
     return sorted(out - set(roots))
 
-def block_downstream(conn: Connection, log: Log, job_id: int, why: str) -> int:
-    """Dependents of a job that ended badly can never run: BLOCKED, transitively."""
-    return block_many(conn, log, [job_id], why)
-
 def block_many(conn: Connection, log: Log, dead: Sequence[int], why: str) -> int:
     """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
     if not dead:
@@ -102,9 +102,3 @@ def block_many(conn: Connection, log: Log, dead: Sequence[int], why: str) -> int
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
     log(conn, events)
     return len(ids)
-
-def promote_children(conn: Connection, log: Log, job_id: int) -> None:
-    """The commit that marks a job DONE queues its dependents that are now ready."""
-    kids = children(conn, job_id)
-    if kids:
-        refresh(conn, log, kids, why=f"job {job_id} is DONE")

@@ -373,7 +373,7 @@ class Store:
         return self._read(lambda conn: _halving.rungs_of(conn, self._exp(conn)))
 
     def children(self, job_id: int) -> list[int]:
-        return self._read(lambda c: sorted(graph.children(c, job_id)))
+        return self._read(lambda c: graph.dependents(c, [job_id]))
 
     def parents(self, job_id: int) -> list[Job]:
         """The jobs ``job_id`` depends on, whole (a job reads its parents' workdirs and results)."""

@@ -59,10 +59,20 @@ def check_settable(status: Status) -> None:
         raise UsageError("a job becomes RUNNING only when a worker claims it; set QUEUED to have it run")
 
 
-def current(conn: Connection, job_id: int) -> Any:
-    """A job's id, status and attempt as they are now in this transaction, its row locked."""
-    return conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
-                        .where(t_job.c.id == job_id).with_for_update()).one()
+def current(conn: Connection, job_ids: Sequence[int]) -> list[Any]:
+    """Jobs' id, status and attempt as they are now in this transaction, by id, their rows locked."""
+    rows: list[Any] = []
+    for chunk in chunks(sorted(set(job_ids))):
+        rows.extend(conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                                 .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id).with_for_update()))
+    return rows
+
+
+def named(ids: Sequence[int]) -> str:
+    """``job 3``, or ``jobs 1, 2, 3, 4, 5 and 7 more``: jobs named in a reason."""
+    if len(ids) == 1:
+        return f"job {ids[0]}"
+    return "jobs " + ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 # -- the claim ------------------------------------------------------------------------------
@@ -332,11 +342,10 @@ def ended_downstream(conn: Connection, log: Log, dead: dict[int, Status]) -> Non
     """Jobs that ended badly (id -> status) block everything downstream of them, in one query."""
     ids = sorted(dead)
     if len(ids) == 1:
-        graph.block_downstream(conn, log, ids[0], f"job {ids[0]} is {dead[ids[0]].value}")
+        graph.block_many(conn, log, ids, f"job {ids[0]} is {dead[ids[0]].value}")
     elif ids:
-        named = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
         ended = " or ".join(sorted({s.value for s in dead.values()}))
-        graph.block_many(conn, log, ids, f"jobs {named} ended {ended}")
+        graph.block_many(conn, log, ids, f"{named(ids)} ended {ended}")
 
 
 def release(conn: Connection, log: Log, exp: int, job_id: int, backend_id: str, reason: str) -> Status | None:
@@ -470,51 +479,61 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
 
 def cancel(conn: Connection, log: Log, job_ids: Sequence[int], *, running: bool, why: str) -> list[int]:
     """Jobs not started become CANCELED (their dependents BLOCKED); RUNNING ones, with ``running``, are
-    asked to stop (their run ends CANCELED). Finished jobs are left alone. Returns the jobs changed."""
-    changed = []
-    for job_id in sorted(set(job_ids)):
-        r = current(conn, job_id)  # cancelling an earlier one may have blocked this one
+    asked to stop (their run ends CANCELED). Finished jobs are left alone. Returns the jobs changed.
+    Every job of the set moves from the status it had, in one statement (a chunk of ids at a time)."""
+    rows = current(conn, job_ids)
+    busy = [r.id for r in rows if r.status == _RUNNING]
+    if busy and not running:
+        raise UsageError(f"job {busy[0]} is RUNNING: add --running to ask it to stop")
+    stopped = [r.id for r in rows if r.status in names_of(PENDING)]
+    now = time.time()
+    for chunk in chunks(busy):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(stop_requested=True))
+    for chunk in chunks(stopped):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.CANCELED.value,
+                                                                           finished_at=now))
+    events = []
+    for r in rows:  # by id, as a job at a time would log them
         if r.status == _RUNNING:
-            if not running:
-                raise UsageError(f"job {r.id} is RUNNING: add --running to ask it to stop")
-            conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(stop_requested=True))
-            log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
-                        "why": f"{why}: stop requested"}])
-            changed.append(r.id)
+            events.append({"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
+                           "why": f"{why}: stop requested"})
         elif r.status in names_of(PENDING):
-            conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(status=Status.CANCELED.value,
-                                                                             finished_at=time.time()))
-            log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": Status.CANCELED.value,
-                        "attempt": r.attempt, "why": why}])
-            ended_downstream(conn, log, {r.id: Status.CANCELED})
-            changed.append(r.id)
-    return changed
+            events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.CANCELED.value,
+                           "attempt": r.attempt, "why": why})
+    log(conn, events)
+    ended_downstream(conn, log, dict.fromkeys(stopped, Status.CANCELED))
+    return sorted(busy + stopped)
 
 
 def set_status(conn: Connection, log: Log, job_ids: Sequence[int], status: Status, why: str) -> list[int]:
-    """Force a status, keeping the graph consistent around it (see :func:`check_settable`)."""
+    """Force a status, keeping the graph consistent around it (see :func:`check_settable`): the jobs
+    move in one statement (a chunk of ids at a time), then what depends on them follows, as after
+    the other moves. Jobs already at ``status`` are left alone. Returns the jobs changed."""
     check_settable(status)
-    changed = []
-    for job_id in sorted(set(job_ids)):
-        r = current(conn, job_id)  # an earlier one's dependents may include this one
-        if r.status == status.value:
-            continue
-        values: dict[str, Any] = {"status": status.value}
-        if status is Status.QUEUED:
-            values.update(queued_at=time.time(), resume=False)
-        conn.execute(sa.update(t_job).where(t_job.c.id == r.id).values(**values))
-        log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value, "attempt": r.attempt,
-                    "why": why}])
-        changed.append(r.id)
-        if status in REQUEUED:  # QUEUED exactly when every dependency is DONE
-            graph.refresh(conn, log, [r.id], why=_RECHECK)
-        if status is Status.DONE:
-            graph.promote_children(conn, log, r.id)
-        elif status in BLOCKING:
-            graph.block_downstream(conn, log, r.id, f"job {r.id} is {status.value}")
-        elif r.status in names_of((*BLOCKING, Status.DONE)):  # its dependents lose a DONE parent
-            graph.refresh(conn, log, graph.descendants(conn, [r.id]), why=f"job {r.id} is {status.value}")
-    return changed
+    rows = [r for r in current(conn, job_ids) if r.status != status.value]
+    ids = [r.id for r in rows]
+    values: dict[str, Any] = {"status": status.value}
+    if status is Status.QUEUED:
+        values.update(queued_at=time.time(), resume=False)
+    for chunk in chunks(ids):
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values))
+    log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value, "attempt": r.attempt, "why": why}
+               for r in rows])
+    if not ids:
+        return []
+    if status in BLOCKING:  # everything downstream is BLOCKED
+        ended_downstream(conn, log, dict.fromkeys(ids, status))
+        return ids
+    if status in REQUEUED:  # QUEUED exactly when every dependency is DONE
+        graph.refresh(conn, log, ids, why=_RECHECK)
+    # Downstream, re-derived: the dependents of a DONE job may run; those of a job that was DONE, or
+    # that blocked them, lose that parent.
+    lost = [r.id for r in rows if r.status in names_of(BLOCKING if status is Status.DONE else (*BLOCKING, Status.DONE))]
+    down = set(graph.descendants(conn, lost))
+    if status is Status.DONE:
+        down.update(graph.dependents(conn, ids))
+    graph.refresh(conn, log, sorted(down), why=f"{named(ids)} {'is' if len(ids) == 1 else 'are'} {status.value}")
+    return ids
 
 
 def _status(conn: Connection, job_id: int) -> Status:

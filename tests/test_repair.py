@@ -292,3 +292,42 @@ def test_reset_of_many_jobs_finds_a_running_one_past_the_first_chunk(store):
     with pytest.raises(UsageError, match=f"job {ids[-1]} is RUNNING"):
         store.reset(ids)
     assert store.job(ids[0]).status is S.QUEUED
+
+
+def test_set_status_done_of_a_failed_job_releases_everything_downstream(store):
+    ids = store.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"i": 0}, None), JobSpec(1, "fn", "pkg.mod:fn", {"i": 0}, 0),
+                          JobSpec(2, "fn", "pkg.mod:fn", {"i": 0}, 1)]).job_ids
+    run_all(store, "FAILED")
+    assert status(store, *ids) == [S.FAILED, S.BLOCKED, S.BLOCKED]
+    store.set_status([ids[0]], S.DONE)
+    # The grandchild's parent can run again: it waits for it, rather than staying BLOCKED for good.
+    assert status(store, *ids) == [S.DONE, S.QUEUED, S.WAITING]
+    assert [(e.from_status, e.to_status, e.why) for e in store.events(ids[2])][-1] == \
+        ("BLOCKED", "WAITING", f"job {ids[0]} is DONE")
+
+
+def test_cancel_and_set_status_of_many_jobs_move_them_all_in_one_verb(store):
+    """Past one chunk of ids, a chain of parents and children given together: each job moves once,
+    from the status it had, and what is downstream of the set follows."""
+    n = 1000
+    specs = [JobSpec(0, "fn", "pkg.mod:fn", {"i": i}, None) for i in range(n)]
+    specs += [JobSpec(1, "fn", "pkg.mod:fn", {"i": i}, i) for i in range(n)]
+    specs += [JobSpec(2, "fn", "pkg.mod:fn", {"i": i}, n + i) for i in range(n)]
+    ids = store.schedule(specs).job_ids
+    roots, kids, grandkids = ids[:n], ids[n:2 * n], ids[2 * n:]
+    c = store.claim(W)  # one root runs: asked to stop, not cancelled
+    changes = store.changes_of(lambda: store.cancel(roots + kids, running=True))[1]
+    assert store.counts() == {(0, "CANCELED"): n - 1, (0, "RUNNING"): 1, (1, "CANCELED"): n, (2, "BLOCKED"): n}
+    assert store.job(c.job.id).stop_requested
+    moved = [(ch["job_id"], ch["from_status"], ch["to_status"]) for ch in changes]
+    assert len(moved) == 3 * n and len({m[0] for m in moved}) == 3 * n  # each job once
+    assert {m[1:] for m in moved if m[0] in kids} == {("WAITING", "CANCELED")}
+    assert {m[1:] for m in moved if m[0] in grandkids} == {("WAITING", "BLOCKED")}
+
+    store.finish(c.job.id, c.lease, "DONE")  # it finished before it heard: its result is kept
+    assert store.set_status(roots + kids, S.DONE) == sorted(set(roots + kids) - {c.job.id})
+    assert store.counts() == {(0, "DONE"): n, (1, "DONE"): n, (2, "QUEUED"): n}
+    store.set_status(roots, S.QUEUED)  # their DONE dependents stay DONE: the grandchildren still run
+    assert store.counts() == {(0, "QUEUED"): n, (1, "DONE"): n, (2, "QUEUED"): n}
+    store.set_status(kids, S.QUEUED)  # their parents are not DONE: they wait, and so do theirs
+    assert store.counts() == {(0, "QUEUED"): n, (1, "WAITING"): n, (2, "WAITING"): n}
