@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
 from jobman.jobdb.status import BAD, ENDED, Status
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
+from .interrupted import mark_interrupted
 from .outage import Outage
 
 logger = logging.getLogger("jobman.dispatch")
@@ -119,10 +121,38 @@ class Dispatcher:
                     self._scan()
                     last_scan = time.time()
                 self.backend.wait(self.options.poll_interval)
-        except BaseException:
+        except BaseException as exc:
             if self.options.stop_on_interrupt:
                 self.backend.stop_workers()
+                self._put_back_jobs_of_stopped_workers(exc)
             raise
+
+    def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:
+        """After its workers were stopped: any job still RUNNING under one of them (a worker that could
+        not write, or was killed after its grace) is put back without spending an attempt; where the
+        database refuses even that, the job is marked as interrupted (``dispatch.interrupted``), for the
+        next dispatch or monitor on this host to put back once it can."""
+        started = getattr(self.backend, "started_ids", None)
+        if started is None:
+            return
+        ours = started()
+        cause = str(exc) or type(exc).__name__
+        why = f"its dispatch stopped ({cause.splitlines()[0][:300]})"
+        try:
+            running = self.store.running_brief()
+        except JobmanError as err:
+            self.log(f"could not look for jobs left running by the stopped workers: {err}")
+            return
+        host = socket.gethostname()
+        for job in running:
+            if job.backend_id not in ours or job.host != host:
+                continue
+            try:
+                self.store.finish(job.id, job.lease, "REQUEUE", why=f"{why}; put back")
+            except LeaseLost:
+                pass
+            except JobmanError as err:
+                mark_interrupted(job.workdir, job.lease, f"{why}, and the database refused to put it back: {err}")
 
     def _count_exits(self) -> None:
         """Workers that exited with an error, counted in a row; too many, and dispatch gives up."""

@@ -18,8 +18,14 @@ server; the server forwards it the next request, and it answers once any stop
 signal meant for the job before has been discarded, so a signal the worker sends
 after the reply reaches the new job's handlers.
 
+Command jobs are its children too: it forks and executes them (argv and environment
+come in the request), so that what they leave behind is orphaned to it, a subreaper,
+and killed when they end. Each job process has a process group and, where the machine
+allows, a cgroup of its own (``dispatch.cgroup``).
+
 Lifetimes are chained: the server dies with its worker and a job with its server
-(``PR_SET_PDEATHSIG``), so no job runs unwatched. The server ignores SIGTERM, SIGINT
+(``PR_SET_PDEATHSIG``), so no job runs unwatched; told of its worker's death, the
+server first kills its job's cgroup, process group and orphans. The server ignores SIGTERM, SIGINT
 and SIGUSR1: stopping a job is its worker's decision (it signals the job itself),
 and a signal sent to a whole process group must not kill the server under a job
 that is checkpointing.
@@ -44,6 +50,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from .cgroup import cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Channel, Parent, job_state, to_jsonable
 from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
 
@@ -185,10 +192,11 @@ def child_pids() -> list[int]:
         return [p.pid for p in psutil.Process().children()]
 
 
-def end_job_processes(group: int | None, keep: tuple[int, ...] = ()) -> int:
-    """Kill what a job left behind: its process group, and every child of this process (a subreaper)
-    but ``keep`` -- processes the job started in sessions of their own end up there. How many died."""
-    killed = 0
+def end_job_processes(group: int | None, keep: tuple[int, ...] = (), cgroup: Path | None = None) -> int:
+    """Kill what a job left behind: its cgroup, if it has one, its process group, and every child of
+    this process (a subreaper) but ``keep`` -- processes the job started in sessions of their own end
+    up there. How many died."""
+    killed = kill_cgroup(cgroup)
     if group:
         try:
             os.killpg(group, signal.SIGKILL)
@@ -280,13 +288,16 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
                  link: socket.socket | None, jobs: int) -> None:
     """A job process: the job it was forked for, then up to ``jobs - 1`` more sent over ``link``."""
     os.setpgid(0, 0)  # a process group of its own: what its jobs start dies with them
+    mine = enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
     die_with_parent(oom_score_adj=500)
     for done in range(1, jobs + 1):
         _job_main(function_of(targets, request), request, sock, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         sock.close()
-        if link is not None:
-            end_job_processes(None)  # the next job in this process does not inherit this one's processes
+        if link is not None:  # the next job in this process does not inherit this one's processes
+            if mine:
+                kill_cgroup(cgroup_of(os.getpid(), _cgroup_folder), remove=False, keep=(os.getpid(),))
+            end_job_processes(None)
         if link is None or done == jobs:
             return
         send_msg(link, {"done": done})
@@ -302,24 +313,80 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
         send_msg(link, {"started": done + 1})
 
 
+# -- command jobs ------------------------------------------------------------------------------
+def _start_command(request: dict[str, Any]) -> int:
+    """Fork and exec a command job: in its own process group and cgroup, its output appended to the
+    workdir's stdout.txt and stderr.txt. Its pid; OSError if it could not be started."""
+    argv, env, workdir = request["argv"], request["env"], request["workdir"]
+    failed, report = os.pipe()  # closed by a successful exec; else the reason comes through it
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {LAST_RITES})
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(failed)
+            os.setpgid(0, 0)
+            enter_own_cgroup(_cgroup_folder)
+            die_with_parent(oom_score_adj=500)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, LAST_RITES, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            os.chdir(workdir)
+            for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
+                                    (1, "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+                                    (2, "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)):
+                opened = os.open(name, flags, 0o644)
+                os.dup2(opened, fd)
+                os.close(opened)
+            os.closerange(3, report)
+            os.closerange(report + 1, 1 << 16)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as exc:  # noqa: BLE001 - said to the server, which says it to the worker
+            code = getattr(exc, "errno", None)
+            text = str(OSError(code, os.strerror(code), argv[0])) if code else str(exc)
+            try:
+                os.write(report, text.encode()[:4000])
+            except OSError:
+                pass
+        finally:
+            os._exit(127)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.close(report)
+    why = b""
+    while True:
+        chunk = os.read(failed, 4096)
+        if not chunk:
+            break
+        why += chunk
+    os.close(failed)
+    if why:
+        os.waitpid(pid, 0)
+        raise OSError(why.decode(errors="replace"))
+    return pid
+
+
 # -- the server ----------------------------------------------------------------------------
 _running_job: int | None = None  # the job the server waits for, if any
+_cgroup_folder: Path | None = None  # where its job processes make their cgroups, if anywhere
 
 
 def _last_rites(_signum: int, _frame: object) -> None:
     """The worker died: kill the running job with all it started, then exit."""
+    kill_cgroup(_cgroup_folder)  # every job process's cgroup, and the worker's folder of them
     end_job_processes(_running_job)
     os._exit(0)
 
 
 def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
     """The fork server's loop: one request, one job, its exit status; until the worker hangs up."""
+    global _cgroup_folder
     signal.signal(LAST_RITES, _last_rites)
     if not signal_on_parent_death(LAST_RITES):
         die_with_parent()
     if os.getppid() != worker_pid:  # the worker died before the line above
         os._exit(0)
     become_subreaper()
+    if os.environ.get("JOBMAN_JOB_CGROUP", "1") != "0":
+        _cgroup_folder = worker_folder(job_cgroup_base(), worker_pid)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
@@ -327,6 +394,8 @@ def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
         _serve_requests(ctrl, jobs_per_process)
     except ConnectionError:  # the worker was killed (its end of the socket closes before we are)
         pass
+    finally:
+        kill_cgroup(_cgroup_folder)
 
 
 class _Reused:
@@ -392,6 +461,10 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
     if "path" in request:
         sys.path[:] = request["path"]
     job_sock = socket.socket(fileno=fds[0])
+    if "argv" in request:
+        job_sock.close()
+        _serve_command(ctrl, request, tuple(p.pid for p in reused))
+        return
     try:
         function_of(targets, request)
     except TargetError as exc:
@@ -436,17 +509,40 @@ def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reus
     job_sock.close()
     pid = process.pid if process is not None else pid
     _running_job = pid
-    send_msg(ctrl, {"pid": pid})
+    send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
     if process is None:
         status = os.waitpid(pid, 0)[1]
-        end_job_processes(pid, keep=tuple(p.pid for p in reused))
+        end_job_processes(pid, keep=tuple(p.pid for p in reused), cgroup=cgroup_of(pid, _cgroup_folder))
     else:
         status = process.wait_job()
         if status is None:  # it lives on for the next job, having ended the processes this one started
             reused.append(process)
-        end_job_processes(None if status is None else pid, keep=tuple(p.pid for p in reused))
+        end_job_processes(None if status is None else pid, keep=tuple(p.pid for p in reused),
+                          cgroup=None if status is None else cgroup_of(pid, _cgroup_folder))
         status = status or 0
     _running_job = None  # ended before the worker hears of the end: nothing of the job outlives it
+    send_msg(ctrl, {"exit": pid, "status": status})
+
+
+def _cgroup_text(pid: int) -> str | None:
+    """The job process's cgroup, for its worker to kill should this server die first."""
+    where = cgroup_of(pid, _cgroup_folder)
+    return str(where) if where is not None else None
+
+
+def _serve_command(ctrl: socket.socket, request: dict[str, Any], keep: tuple[int, ...]) -> None:
+    """A command job: started, its pid sent, waited for, everything it started killed, its exit sent."""
+    global _running_job
+    try:
+        pid = _start_command(request)
+    except OSError as exc:
+        send_msg(ctrl, {"error": str(exc)})
+        return
+    _running_job = pid
+    send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
+    status = os.waitpid(pid, 0)[1]
+    end_job_processes(pid, keep=keep, cgroup=cgroup_of(pid, _cgroup_folder))
+    _running_job = None
     send_msg(ctrl, {"exit": pid, "status": status})
 
 
@@ -462,6 +558,7 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.ctrl: socket.socket | None = None
         self._path_sent: list[str] | None = None
+        self.last_cgroup: Path | None = None  # of the job last started, if it could have one
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
@@ -478,7 +575,9 @@ class ForkServer:
     def start_job(self, request: dict[str, Any]) -> tuple[int, socket.socket]:
         """Send a job to the server: its pid and the worker's end of its socket.
 
-        Raises TargetError if the server cannot import the target, ForkServerGone if it died.
+        A request with ``argv`` is a command job, forked and executed by the server (so it is its
+        child, and what it leaves behind is the server's to kill). Raises TargetError if the server
+        cannot import the target or start the command, ForkServerGone if it died.
         """
         if self.proc is None or self.proc.poll() is not None:
             self.close()
@@ -502,6 +601,7 @@ class ForkServer:
         if "error" in answer:
             mine.close()
             raise TargetError(answer["error"])
+        self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
         return answer["pid"], mine
 
     def close(self) -> None:

@@ -12,7 +12,9 @@ does, so the monitor looks for three signs, most specific first:
   backend does not know (UNKNOWN) is not taken for success;
 * its heartbeat is older than the grace.
 
-A job that is slow but heartbeats is never touched. What is found is written in
+A job that is slow but heartbeats is never touched. When a worker of this host
+is found gone, what its jobs left running in their cgroups (where the machine let
+them have one, ``dispatch.cgroup``) is killed. What is found is written in
 one transaction, fenced by each job's lease, so a job that finished meanwhile is
 left alone. Within max_attempts a crashed job goes back to the queue keeping its
 workdir and checkpoint; past it, it stays CRASHED and its dependents are BLOCKED.
@@ -28,10 +30,13 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
+from jobman.jobdb.errors import LeaseLost
 from jobman.jobdb.status import REQUEUED
 from jobman.jobdb.store import RunningJob, Store
 
 from .backends.base import Backend
+from .cgroup import folders_of_dead_worker, kill_cgroup
+from .interrupted import clear_interruption, interruption
 
 logger = logging.getLogger("jobman.monitor")
 
@@ -75,6 +80,7 @@ class ScanReport:
     crashed: list[Finding] = field(default_factory=list)
     finished_meanwhile: list[int] = field(default_factory=list)
     relaunched: list[int] = field(default_factory=list)
+    put_back: list[int] = field(default_factory=list)  # interrupted by the database, not crashed: no attempt spent
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what looked wrong but was left alone, and why
     dry_run: bool = False
@@ -94,6 +100,9 @@ class ScanReport:
         if self.relaunched:
             verb = "would relaunch" if self.dry_run else "relaunched"
             parts.append(f"{verb} {len(self.relaunched)}: {_ids_text(self.relaunched)}")
+        if self.put_back:
+            parts.append(f"put back {len(self.put_back)} interrupted by the database, no attempt spent: "
+                         f"{_ids_text(self.put_back)}")
         parts.extend(f"note: {n}" for n in self.notes)
         parts.extend(f"error: {e}" for e in self.errors)
         return ", ".join(parts)
@@ -116,15 +125,18 @@ class Monitor:
         running = self.store.running_brief()
         report.checked = len(running)
         found = self.find_dead(running, report.errors, report.notes)
-        report.crashed = found
         opts = self.options
+        if found and not opts.dry_run:
+            self._end_leftovers(running, found, report.notes)
+            found = self._put_back_interrupted(running, found, report)
+        report.crashed = found
         if found and not opts.dry_run:
             outcome = self.store.crash_many([(f.job_id, f.lease, f.reason) for f in found],
                                             relaunch=opts.relaunch, max_attempts=opts.max_attempts)
             for f in found:
                 new = outcome.get(f.job_id)
                 f.status = new.value if new is not None else None
-            report.finished_meanwhile = [f.job_id for f in found if f.status is None]
+            report.finished_meanwhile += [f.job_id for f in found if f.status is None]
             report.crashed = [f for f in found if f.status is not None]
             report.relaunched = [f.job_id for f in report.crashed if f.status in REQUEUED]
         if opts.relaunch:
@@ -135,6 +147,38 @@ class Monitor:
         report.elapsed = time.time() - start
         logger.debug("scan: %s", report.line())
         return report
+
+    def _end_leftovers(self, running: Sequence[RunningJob], found: Sequence[Finding], notes: list[str]) -> None:
+        """Kill what the jobs of workers found gone from this host left in their cgroups."""
+        dead = {f.job_id for f in found if f.sign == "process"}
+        for job in running:
+            if job.id in dead:
+                killed = sum(kill_cgroup(folder) for folder in folders_of_dead_worker(job.pid, job.pid_started_at))
+                if killed:
+                    notes.append(f"job {job.id}: killed {killed} process(es) it left running in its cgroup")
+
+    def _put_back_interrupted(self, running: Sequence[RunningJob], found: list[Finding],
+                              report: ScanReport) -> list[Finding]:
+        """Jobs whose worker, gone from this host, left the mark of a database it could not write to
+        (``dispatch.interrupted``) are put back to resume, without spending an attempt; the others
+        are returned, to be declared crashed."""
+        by_id = {j.id: j for j in running}
+        left = []
+        for f in found:
+            job = by_id[f.job_id]
+            why = interruption(job.workdir, job.lease) if f.sign == "process" else None
+            if why is None:
+                left.append(f)
+                continue
+            try:
+                self.store.finish(job.id, job.lease, "REQUEUE",
+                                  why=f"{why or 'its worker could not write to the database'}; {f.reason}; "
+                                      "put back without spending an attempt")
+                report.put_back.append(job.id)
+            except LeaseLost:
+                report.finished_meanwhile.append(job.id)
+            clear_interruption(job.workdir, job.lease)
+        return left
 
     # -- the three signs -----------------------------------------------------------------
     def find_dead(self, running: Sequence[RunningJob], errors: list[str] | None = None,

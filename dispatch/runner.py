@@ -3,8 +3,10 @@
 Function jobs run in a child of the worker's fork server (``dispatch.forkserver``),
 so imports stay warm and a segfault, ``os._exit`` or a memory blow-up kills only
 the child; the job's checkpoints and metrics come to the worker, which writes
-them under the job's lease. Command jobs run
-as their own process group, parameters passed as argv (never through a shell).
+them under the job's lease. Command jobs are executed by the same fork server,
+parameters passed as argv (never through a shell). Either way the job's process
+has a process group (and, where the machine allows, a cgroup) of its own, and its
+fork server, a subreaper, kills all of it when the job ends or the worker dies.
 The worker supervises single-threaded: it heartbeats, enforces the time limit,
 forwards stop requests, and is the only writer of the job's final status.
 """
@@ -19,7 +21,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import time
 import weakref
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .channel import job_info
 from .experiment import TargetError, by_value
-from .forkserver import (ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg,
-                         signal_on_parent_death)
+from .interrupted import mark_interrupted
+from .forkserver import ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg
 from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage
@@ -80,45 +81,13 @@ def command_argv(command: str, params: dict[str, Any]) -> list[str]:
     return argv
 
 
-class _Command:
-    """A command job's process group, the worker's own child."""
+class _Child:
+    """The process of a running job, as its worker sees it."""
 
-    def __init__(self, pid: int, deadline: float | None, children_before: tuple[int, ...] = ()) -> None:
-        self.pid = pid
-        self.deadline = deadline  # the job's wall-time limit, as time.time()
-        self.children_before = children_before  # the worker's children then: not the job's leftovers
-        self.oom = OomWatch()
-        self.report: dict[str, Any] | None = None
-        self.status: int | None = None  # os.waitpid status once reaped
-        try:  # readable the moment the process exits (Linux 5.3+), so no polling delay
-            self.exit_fd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.exit_fd = None
-
-    def send(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def pump(self, wait: float) -> None:
-        """Wait at most ``wait`` seconds, or until the process exits."""
-        if self.exit_fd is None:
-            time.sleep(min(max(0.0, wait), 0.01))
-        else:
-            select.select([self.exit_fd], [], [], max(0.0, wait))
-
-    def reap(self) -> bool:
-        """True once the process has exited."""
-        if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == 0:
-                return False
-            self.status = status
-            if self.exit_fd is not None:
-                os.close(self.exit_fd)
-                self.exit_fd = None
-        return True
+    pid: int
+    deadline: float | None  # the job's wall-time limit, as time.time()
+    status: int | None  # its os.waitpid status, once it has exited
+    cgroup: Path | None = None  # its own cgroup, if it could make one
 
     @property
     def signal(self) -> int | None:
@@ -129,20 +98,20 @@ class _Command:
         return os.WEXITSTATUS(self.status) if self.status is not None and os.WIFEXITED(self.status) else None
 
 
-class _Forked(_Command):
-    """A function job forked by the fork server: its requests and report come on its socket,
-    its exit status from the server."""
+class _Forked(_Child):
+    """A job started by the fork server, its child: a function job's requests and report come on
+    its socket, its exit status from the server."""
 
-    def __init__(self, pid: int, deadline: float | None, sock: socket.socket, ctrl: socket.socket,
-                 answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(self, pid: int, deadline: float | None, sock: socket.socket | None, ctrl: socket.socket,
+                 answer: Callable[[dict[str, Any]], dict[str, Any]], cgroup: Path | None = None) -> None:
         self.pid = pid
         self.deadline = deadline
         self.sock: socket.socket | None = sock
         self.ctrl = ctrl
         self.answer = answer
-        self.report = None
-        self.status = None
-        self.exit_fd = None
+        self.cgroup = cgroup
+        self.report: dict[str, Any] | None = None
+        self.status: int | None = None
         self.server_gone = False
         self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
@@ -213,6 +182,17 @@ class _Forked(_Command):
             self.sock.close()
             self.sock = None
         return True
+
+
+class _ServedCommand(_Forked):
+    """A command job, executed by the fork server: signals go to its whole process group."""
+
+    def send(self, sig: int) -> None:
+        if self.status is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 class Runner:
@@ -286,8 +266,9 @@ class Runner:
                 self._continue_parent(job, workdir)
             parents = self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents") \
                 if job.depends_on else []
+            before = tuple(child_pids())
             if job.kind == "fn":
-                child: _Command = self._start_function(job, lease, parents, workdir)
+                child: _Forked = self._start_function(job, lease, parents, workdir)
             else:
                 child = self._spawn_command(job, parents, workdir)
         except (TargetError, JobmanError, OSError, ForkServerGone) as exc:
@@ -297,22 +278,19 @@ class Runner:
         except LeaseLost as exc:
             self.log(str(exc))
             return LOST, None
+        except BaseException:  # we leave on an error: the job goes too (the fork server ends the rest)
+            if child.status is None:
+                child.send(signal.SIGKILL)
+            raise
         finally:
-            if job.kind == "cmd":  # a function job's leftovers are ended by the fork server
-                self._end_leftovers(child)
+            if child.server_gone:  # the server could not end what the job left: it is ours to end
+                self._end_leftovers(child, before)
         return self._record(child, job, lease, workdir, kill_reason, then)
 
-    def _end_leftovers(self, child: _Command) -> None:
-        """Kill what a command job left running: its process group, and processes orphaned to this
-        worker (a subreaper, when run as ``jobman worker``) while it ran."""
-        if child.status is None:  # we leave on an error: the job itself goes too
-            child.send(signal.SIGKILL)
-        keep = child.children_before
-        if self.server.proc is not None:
-            keep += (self.server.proc.pid,)
-        end_job_processes(child.pid, keep=keep)
-        if child.status is None:
-            child.reap()
+    def _end_leftovers(self, child: _Forked, keep: tuple[int, ...]) -> None:
+        """The fork server died under a job: kill the job's cgroup and process group, and what was
+        orphaned to this worker (a subreaper, when run as ``jobman worker``) meanwhile."""
+        end_job_processes(child.pid, keep=keep, cgroup=child.cgroup)
 
     # -- starting -----------------------------------------------------------------
     def _continue_parent(self, job: Job, workdir: Path) -> None:
@@ -342,7 +320,8 @@ class Runner:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
-        return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message))
+        return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message),
+                       self.server.last_cgroup)
 
     def _code_of(self, target: str) -> str:
         """The stored code of a function run by value, as text for the fork server's JSON request."""
@@ -368,7 +347,7 @@ class Runner:
             return {"error": str(exc), "kind": type(exc).__name__}
         return {}
 
-    def _spawn_command(self, job: Job, parents: list[Job], workdir: Path) -> _Command:
+    def _spawn_command(self, job: Job, parents: list[Job], workdir: Path) -> _ServedCommand:
         state = {**job.params, **(job.results or {})}
         state_path, results_path = workdir / "jobman_state.json", workdir / "jobman_results.json"
         state_path.write_text(json.dumps({"params": job.params, "state": state, "job_id": job.id,
@@ -381,15 +360,17 @@ class Runner:
         env = {**os.environ, **self.job_env, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
                "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
-        argv = command_argv(job.target, job.params)
-        before = tuple(child_pids())
-        with open(workdir / "stdout.txt", "ab") as out, open(workdir / "stderr.txt", "ab") as err:
-            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, preexec_fn=_die_with_worker)
-        return _Command(proc.pid, deadline_of(self.limits.timeout), before)
+        request = {"argv": command_argv(job.target, job.params), "env": env, "workdir": str(workdir)}
+        try:  # the fork server runs it: its child, so what it leaves behind dies with it, even if we die
+            pid, sock = self.server.start_job(request)
+        except ForkServerGone:  # killed between two jobs: a new one, once
+            pid, sock = self.server.start_job(request)
+        sock.close()
+        return _ServedCommand(pid, deadline_of(self.limits.timeout), None, self.server.ctrl, lambda _m: {},
+                              self.server.last_cgroup)
 
     # -- watching -------------------------------------------------------------------
-    def _supervise(self, child: _Command, job: Job, lease: int) -> str | None:
+    def _supervise(self, child: _Forked, job: Job, lease: int) -> str | None:
         """Wait for the child; heartbeat, enforce limits. Returns why we stopped it, if we did."""
         deadline = child.deadline
         next_beat = time.time() + self.limits.heartbeat_interval
@@ -438,7 +419,7 @@ class Runner:
         return reason
 
     # -- recording --------------------------------------------------------------------
-    def _record(self, child: _Command, job: Job, lease: int, workdir: Path, reason: str | None,
+    def _record(self, child: _Forked, job: Job, lease: int, workdir: Path, reason: str | None,
                 then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         results: dict[str, Any] | None = None
         error: str | None = None
@@ -453,7 +434,7 @@ class Runner:
             results, error = _read_results(workdir / "jobman_results.json")
             if error:
                 outcome = "FAILED"
-        elif getattr(child, "server_gone", False):
+        elif child.server_gone:
             outcome, error = "CRASHED", "the worker's fork server died, and the job's process with it"
         elif child.signal is not None:
             name = signal.Signals(child.signal).name
@@ -483,6 +464,16 @@ class Runner:
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:
+        """Record how the job ended (and claim the next). If the database cannot be told, the job is
+        marked as interrupted by it, so that it is put back without spending an attempt."""
+        try:
+            return self._record_end(job, lease, then, outcome, **kwargs)
+        except DatabaseError as exc:
+            mark_interrupted(job.workdir, lease, f"its worker could not record its end: {exc}")
+            raise
+
+    def _record_end(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
+                    **kwargs: Any) -> tuple[str, Claimed | None]:
         delay = 1.0
         for attempt in range(4):
             try:  # a result computed must not be dropped for a database outage: it is waited out
@@ -510,11 +501,6 @@ class Runner:
                 time.sleep(delay)
                 delay = min(delay * 2, 30)
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _die_with_worker() -> None:
-    """In a command job's process before it starts: SIGKILL when its worker dies."""
-    signal_on_parent_death(signal.SIGKILL)
 
 
 def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -21,6 +21,7 @@ from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .forkserver import become_subreaper
+from .interrupted import mark_interrupted
 from .outage import Outage
 from .runner import LOST, Runner, RunLimits
 
@@ -111,7 +112,7 @@ class Worker(StoppableLoop):
     def install_signal_handlers(self) -> None:
         super().install_signal_handlers()
         stop_with_dispatcher(self._on_signal)
-        become_subreaper()  # what a command job starts in a session of its own is found when it ends
+        become_subreaper()  # should the fork server die under a job, what the job started is found
 
     def run(self) -> WorkerSummary:
         summary = WorkerSummary()
@@ -156,7 +157,8 @@ class Worker(StoppableLoop):
             self.outage.call(lambda: self.store.finish(claimed.job.id, claimed.lease, "REQUEUE",
                                                        why="its worker was stopped before starting it; put back"),
                              f"putting job {claimed.job.id} back")
-        except JobmanError as exc:  # the monitor will find it: its worker is gone
+        except JobmanError as exc:  # the monitor will find it, its worker gone, and this mark
+            mark_interrupted(claimed.job.workdir, claimed.lease, f"its worker could not put it back: {exc}")
             self.logger.warning("could not put job %s back: %s", claimed.job.id, exc)
 
     def _should_wait(self, idle_since: float) -> bool:

@@ -169,11 +169,14 @@ class RunningJob:
     started_at: float | None
     heartbeat_at: float | None
     stop_requested: bool
+    workdir: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> "RunningJob":
         m = row._mapping
-        return cls(**{name: m[name] for name in RUNNING_COLUMNS[:-1]}, stop_requested=bool(m["stop_requested"]))
+        values = {name: m[name] for name in RUNNING_COLUMNS}
+        values["stop_requested"] = bool(values["stop_requested"])
+        return cls(**values)
 
 
 # The columns of a RUNNING job the monitor's liveness check reads: those of RunningJob.

@@ -45,7 +45,10 @@ EXPERIMENTS = textwrap.dedent('''
 
 
     def fill(state, channel):
-        """Take every free byte of the disk that holds the database."""
+        """Take every free byte of the disk that holds the database, once (``flag`` says it was done)."""
+        if os.path.exists(state.flag):
+            return
+        open(state.flag, "w").close()
         fd = os.open(os.path.join(state.where, "filler"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         for size in (65536, 4096, 512, 1):
             try:
@@ -287,7 +290,9 @@ def _dispatch_that_must_give_up(url: str, tmp_path: Path, mods: dict[str, str]) 
 def test_dispatch_on_a_full_disk_stops_with_the_cause_after_a_few_worker_starts(small_disk, mods, tmp_path, jobman):
     url = f"sqlite:///{small_disk / 'jobs.db'}?table=faults"
     store = Store.open(url)
-    store.schedule([JobSpec(0, "fn", f"{MODULE}:fill", {"i": i, "where": str(small_disk)}, None) for i in range(10)])
+    flag = str(tmp_path / "filled")
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:fill", {"i": i, "where": str(small_disk), "flag": flag}, None)
+                    for i in range(10)])
     store.dispose()
     code, text, starts, elapsed = _dispatch_that_must_give_up(url, tmp_path, mods)
     assert code == 1, text[-3000:]
@@ -297,13 +302,25 @@ def test_dispatch_on_a_full_disk_stops_with_the_cause_after_a_few_worker_starts(
     assert "Traceback" not in text
     assert 2 <= starts <= 8, f"{starts} workers were started"
     assert elapsed < 90
-    (small_disk / "filler").unlink()  # space is back: the jobs of the failed workers are found at once
+    assert processes_naming(str(tmp_path / "runs")) == [], "a job process outlived its dispatch"
+    # The jobs whose end could not be written are still RUNNING (nothing can be written), each marked
+    # in its workdir as interrupted by the database.
+    store = Store.open(url)
+    stuck = [j for j in store.jobs() if j.status == Status.RUNNING]
+    assert stuck and all(list(Path(j.workdir).glob(".jobman-interrupted-*")) for j in stuck), stuck
+    store.dispose()
+    (small_disk / "filler").unlink()  # space is back: the monitor puts them back, no attempt spent
     r = jobman("monitor", url, "--once", "--relaunch")
     assert r.code == 0, r.err
     store = Store.open(url)
+    assert {j.status for j in store.jobs()} == {Status.QUEUED}, [(j.id, j.status, j.error) for j in store.jobs()]
+    for job in stuck:
+        assert "put back without spending an attempt" in store.events(job.id)[-1].why, store.events(job.id)
+    r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", env=mods)
+    assert r.code == 0, r.err
     jobs = store.jobs()
-    assert Status.RUNNING not in {j.status for j in jobs}
-    assert max(j.attempt for j in jobs) <= 1, [(j.id, j.status, j.attempt) for j in jobs]
+    assert {(j.status, j.attempt) for j in jobs} == {(Status.DONE, 1)}, [(j.id, j.status, j.attempt) for j in jobs]
+    assert not any(e.to_status == Status.CRASHED.value for j in jobs for e in store.events(j.id))
     store.dispose()
 
 
@@ -387,19 +404,56 @@ def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, job
     store.dispose()
 
 
-def test_what_a_function_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path):
-    mark = str(800000 + os.getpid())
-    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+def _run_spawner_until_it_spawned(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path
+                                  ) -> tuple[Store, int, subprocess.Popen]:
+    """A worker (in a session of its own) running one job that left three sleepers behind."""
     store = Store.open(url)
-    store.schedule(spawning_jobs(mark, 60)[:1])
+    spec = spawning_jobs(mark, 60)[0 if kind == "fn" else 2]
+    [job_id] = store.schedule([spec]).job_ids
     worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
                                str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
+    return store, job_id, worker
+
+
+def _crashed_and_relaunched(store: Store, job_id: int, url: str, jobman) -> None:
+    """As for any worker killed: the monitor finds it gone, and the job is queued again."""
+    r = jobman("monitor", url, "--once", "--relaunch")
+    assert r.code == 0, r.err
+    job = store.job(job_id)
+    assert job.status == Status.QUEUED, (job.status, job.error)
+    events = store.events(job_id)
+    assert any(e.to_status == Status.CRASHED.value and "is gone" in (e.why or "") for e in events), events
+
+
+@pytest.mark.parametrize("kind", ["fn", "cmd"])
+@pytest.mark.parametrize("killed", ["worker", "worker and fork server"])
+def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, jobman, kind, killed):
+    """The worker alone SIGKILLed: its fork server kills the job's processes in every session. The
+    worker and its fork server at once: nobody is left to act, what the job started waits in the job's
+    cgroup, and the monitor that finds the worker gone kills it."""
+    from jobman.dispatch.cgroup import job_cgroup_base
+
+    alone = killed == "worker"
+    if not alone and job_cgroup_base() is None:
+        pytest.skip("no cgroup can be made for a job here (cgroup v2 or the v1 pids controller, writable)")
+    mark = str(800000 + 10 * os.getpid() + 2 * (kind == "cmd") + alone)
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    store, job_id, worker = _run_spawner_until_it_spawned(url, kind, mark, mods, tmp_path)
     try:
-        wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
-        worker.kill()
+        if alone:
+            worker.kill()
+        else:
+            os.killpg(worker.pid, signal.SIGKILL)  # the job's process has a group of its own: spared
         worker.wait()
-        wait_until(lambda: sleepers(mark) == [], 10, "the job's processes to die with its worker")
+        if alone:
+            wait_until(lambda: sleepers(mark) == [], 10, "the job's processes to die with its worker")
+        else:
+            time.sleep(0.5)
+            assert len(sleepers(mark)) == 3  # orphaned, but in the job's cgroup
+        _crashed_and_relaunched(store, job_id, url, jobman)
+        wait_until(lambda: sleepers(mark) == [], 10, "the monitor to kill what the job left")
     finally:
         if worker.poll() is None:
             worker.kill()

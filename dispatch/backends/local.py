@@ -73,6 +73,10 @@ class LocalBackend:
             ids.append(str(proc.pid))
         return ids
 
+    def started_ids(self) -> set[str]:
+        """The backend ids (pids) of every worker this backend started."""
+        return {str(p.pid) for p in self.procs}
+
     def running_workers(self) -> int:
         return sum(p.poll() is None for p in self.procs)
 

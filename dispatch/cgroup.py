@@ -1,0 +1,223 @@
+"""A cgroup of a job's own, where the machine lets us make one: everything the job starts, in
+whatever session and however often it forks, is in it, and is killed with it.
+
+A process group and a subreaper already catch what a job leaves behind while the process that
+watches it lives; a cgroup holds the job's processes even when that process is gone too. It is
+made in a hierarchy that only groups processes: cgroup v2 (``cgroup.kill`` ends every process in it
+at once, Linux 5.14+), else the v1 ``pids`` controller (its processes killed until none is left). It
+is not a memory cgroup: out-of-memory kills are named from the memory cgroup the worker runs in and
+from the kernel's log (``dispatch.oom``). Where no hierarchy is writable (not root, no delegation)
+there is no job cgroup, and the process group and subreaper do the work alone.
+
+Job cgroups live under ``jobman/`` at the top of the hierarchy (or below this process's own cgroup
+where only that is writable), one folder per worker, named by its pid and start time:
+``jobman/w<pid>-<start>/job-<pid>``. Each job process makes its own and moves into it before it
+runs anything, so nothing it starts is outside. Whoever finds the worker dead (its fork server, the
+worker itself, the monitor on its host) kills what is left in its folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+TOP = "jobman"
+
+_base: Path | None | bool = False  # where job cgroups go, looked up once per process
+
+
+def _mount_points() -> dict[str, Path]:
+    """The mounted cgroup hierarchies: "2" for v2, else the v1 controller names."""
+    found: dict[str, Path] = {}
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, extra = left.split(), right.split()
+        if len(fields) < 5 or not extra:
+            continue
+        if extra[0] == "cgroup2":
+            found.setdefault("2", Path(fields[4]))
+        elif extra[0] == "cgroup" and len(extra) >= 3:
+            for option in extra[2].split(","):
+                found.setdefault(option, Path(fields[4]))
+    return found
+
+
+def _candidates() -> list[tuple[Path, str]]:
+    """Where job cgroups may go, with the file that says the hierarchy is usable: v2 first, then v1 pids."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    mounts = _mount_points()
+    own = {}
+    for line in lines:
+        _num, controllers, path = line.split(":", 2)
+        if controllers == "":
+            own["2"] = path
+        for name in controllers.split(","):
+            own[name] = path
+    out = []
+    for key, marker in (("2", "cgroup.kill"), ("pids", "pids.max")):
+        if key in mounts:
+            out.append((mounts[key] / TOP, marker))
+            if key in own and own[key].strip("/"):
+                out.append((mounts[key] / own[key].strip("/") / TOP, marker))
+    return out
+
+
+def job_cgroup_base() -> Path | None:
+    """The directory worker folders of job cgroups are made in, or None where none can be made."""
+    global _base
+    if _base is not False:
+        return _base
+    _base = None
+    for where, marker in _candidates():
+        probe = where / f"probe-{os.getpid()}"
+        try:
+            where.mkdir(exist_ok=True)
+            probe.mkdir()
+        except OSError:
+            continue
+        usable = (probe / marker).exists()
+        try:
+            probe.rmdir()
+        except OSError:
+            pass
+        if usable:
+            _base = where
+            return _base
+    return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def worker_folder(base: Path | None, worker_pid: int) -> Path | None:
+    """Where the job cgroups of worker ``worker_pid`` go (made if need be); None where none can be."""
+    ticks = start_ticks(worker_pid)
+    if base is None or ticks is None:
+        return None
+    where = base / f"w{worker_pid}-{ticks}"
+    try:
+        where.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return where
+
+
+def cgroup_of(pid: int, folder: Path | None) -> Path | None:
+    """The cgroup the job process ``pid`` made for itself (None where none could be made)."""
+    return None if folder is None else folder / f"job-{pid}"
+
+
+def enter_own_cgroup(folder: Path | None) -> bool:
+    """In a job process, first thing: make its cgroup and move into it. False where it cannot."""
+    if folder is None:
+        return False
+    where = folder / f"job-{os.getpid()}"
+    try:
+        where.mkdir()
+        with open(where / "cgroup.procs", "w") as fh:
+            fh.write("0")
+        return True
+    except OSError:
+        try:
+            where.rmdir()
+        except OSError:
+            pass
+        return False
+
+
+def folders_of_dead_worker(pid: int, started_at: float | None, tolerance: float = 1.0) -> list[Path]:
+    """The folders of job cgroups left by worker ``pid`` (started at ``started_at``, epoch seconds),
+    in any hierarchy this host uses; [] while a process with that pid and start time lives."""
+    if started_at is None:
+        return []
+    try:
+        import psutil
+
+        boot, hertz = psutil.boot_time(), os.sysconf("SC_CLK_TCK")
+    except (ImportError, ValueError, OSError):
+        return []
+    out = []
+    for base, _marker in _candidates():
+        try:
+            names = [p for p in base.iterdir() if p.name.startswith(f"w{pid}-")]
+        except OSError:
+            continue
+        for folder in names:
+            try:
+                ticks = int(folder.name.split("-", 1)[1])
+            except ValueError:
+                continue
+            if abs(boot + ticks / hertz - started_at) <= tolerance and start_ticks(pid) != ticks:
+                out.append(folder)
+    return out
+
+
+def members(where: Path) -> list[int]:
+    try:
+        return [int(p) for p in (where / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_cgroup(where: Path | None, remove: bool = True, keep: tuple[int, ...] = ()) -> int:
+    """Kill every process in the cgroup and those below it but ``keep`` (and what they fork meanwhile),
+    and remove them; how many were in them."""
+    if where is None or not where.is_dir():
+        return 0
+    try:
+        below = [p for p in where.iterdir() if p.is_dir()]
+    except OSError:
+        below = []
+    count = sum(kill_cgroup(p, remove, keep) for p in below)
+    pids = [pid for pid in members(where) if pid not in keep]
+    if pids:
+        if not keep and (where / "cgroup.kill").exists():
+            try:
+                (where / "cgroup.kill").write_text("1")
+            except OSError:
+                pass
+        for _round in range(100):  # v1, or a v2 kill not allowed: one by one, until none is left
+            left = [pid for pid in members(where) if pid not in keep]
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.001 * (_round + 1))
+    if remove:
+        remove_cgroup(where)
+    return count + len(pids)
+
+
+def remove_cgroup(where: Path, wait: float = 1.0) -> bool:
+    """Remove an emptied cgroup (a process just killed may take a moment to leave it)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            where.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
