@@ -8,10 +8,12 @@ at once, Linux 5.14+), else the v1 ``pids`` controller (its processes killed unt
 is not a memory cgroup: out-of-memory kills are named from the memory cgroup the worker runs in and
 from the kernel's log (``dispatch.oom``). Where no hierarchy is writable (not root, no delegation)
 there is no job cgroup, and the process group and subreaper do the work alone.
+``JOBMAN_JOB_CGROUP=0`` turns job cgroups off, ``JOBMAN_JOB_CGROUP=v1`` keeps to the v1 ``pids``
+hierarchy.
 
-Job cgroups live under ``jobman/`` at the top of the hierarchy (or below this process's own cgroup
-where only that is writable), one folder per worker, named by its pid and start time:
-``jobman/w<pid>-<start>/job-<pid>``. Each job process makes its own and moves into it before it
+Job cgroups live below the worker's own cgroup, so that every limit set on it (a Slurm step's, a
+systemd unit's) holds for its jobs too, one folder per worker, named by its pid and start time:
+``<its cgroup>/jobman/w<pid>-<start>/job-<pid>``. Each job process makes its own and moves into it before it
 runs anything, so nothing it starts is outside. Whoever finds the worker dead (its fork server, the
 worker itself, the monitor on its host) kills what is left in its folder.
 """
@@ -51,7 +53,8 @@ def _mount_points() -> dict[str, Path]:
 
 
 def _candidates() -> list[tuple[Path, str]]:
-    """Where job cgroups may go, with the file that says the hierarchy is usable: v2 first, then v1 pids."""
+    """Where job cgroups may go (below this process's own cgroup), with the file that says the
+    hierarchy is usable: v2 first, then v1 pids."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -65,12 +68,20 @@ def _candidates() -> list[tuple[Path, str]]:
         for name in controllers.split(","):
             own[name] = path
     out = []
-    for key, marker in (("2", "cgroup.kill"), ("pids", "pids.max")):
-        if key in mounts:
-            out.append((mounts[key] / TOP, marker))
-            if key in own and own[key].strip("/"):
-                out.append((mounts[key] / own[key].strip("/") / TOP, marker))
+    kinds = (("2", "cgroup.kill"), ("pids", "pids.max"))
+    if os.environ.get("JOBMAN_JOB_CGROUP") == "v1":  # the v1 hierarchy even where v2 could be used
+        kinds = kinds[1:]
+    for key, marker in kinds:
+        if key in mounts and key in own:
+            out.append((mounts[key] / own[key].strip("/") / TOP, marker))
     return out
+
+
+def _hierarchies() -> list[Path]:
+    """The mount points of the hierarchies job cgroups may be in."""
+    mounts = _mount_points()
+    kinds = ("pids",) if os.environ.get("JOBMAN_JOB_CGROUP") == "v1" else ("2", "pids")
+    return [mounts[key] for key in kinds if key in mounts]
 
 
 def job_cgroup_base() -> Path | None:
@@ -154,19 +165,25 @@ def folders_of_dead_worker(pid: int, started_at: float | None, tolerance: float 
     except (ImportError, ValueError, OSError):
         return []
     out = []
-    for base, _marker in _candidates():
+    for folder in _worker_folders(pid):
         try:
-            names = [p for p in base.iterdir() if p.name.startswith(f"w{pid}-")]
-        except OSError:
+            ticks = int(folder.name.split("-", 1)[1])
+        except ValueError:
             continue
-        for folder in names:
-            try:
-                ticks = int(folder.name.split("-", 1)[1])
-            except ValueError:
-                continue
-            if abs(boot + ticks / hertz - started_at) <= tolerance and start_ticks(pid) != ticks:
-                out.append(folder)
+        if abs(boot + ticks / hertz - started_at) <= tolerance and start_ticks(pid) != ticks:
+            out.append(folder)
     return out
+
+
+def _worker_folders(pid: int) -> list[Path]:
+    """Every ``jobman/w<pid>-*`` folder in the hierarchies, whichever cgroup its worker was in."""
+    found = []
+    for top in _hierarchies():
+        for here, dirs, _files in os.walk(top):
+            if os.path.basename(here) == TOP:
+                found.extend(Path(here) / d for d in dirs if d.startswith(f"w{pid}-"))
+                dirs[:] = []  # nothing of interest below a worker's folder
+    return found
 
 
 def members(where: Path) -> list[int]:

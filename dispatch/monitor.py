@@ -101,7 +101,8 @@ class ScanReport:
             verb = "would relaunch" if self.dry_run else "relaunched"
             parts.append(f"{verb} {len(self.relaunched)}: {_ids_text(self.relaunched)}")
         if self.put_back:
-            parts.append(f"put back {len(self.put_back)} interrupted by the database, no attempt spent: "
+            verb = "would put back" if self.dry_run else "put back"
+            parts.append(f"{verb} {len(self.put_back)} interrupted by the database, no attempt spent: "
                          f"{_ids_text(self.put_back)}")
         parts.extend(f"note: {n}" for n in self.notes)
         parts.extend(f"error: {e}" for e in self.errors)
@@ -126,8 +127,9 @@ class Monitor:
         report.checked = len(running)
         found = self.find_dead(running, report.errors, report.notes)
         opts = self.options
-        if found and not opts.dry_run:
-            self._end_leftovers(running, found, report.notes)
+        if found:
+            if not opts.dry_run:
+                self._end_leftovers(running, found, report.notes)
             found = self._put_back_interrupted(running, found, report)
         report.crashed = found
         if found and not opts.dry_run:
@@ -169,6 +171,9 @@ class Monitor:
             why = interruption(job.workdir, job.lease) if f.sign == "process" else None
             if why is None:
                 left.append(f)
+                continue
+            if report.dry_run:
+                report.put_back.append(job.id)
                 continue
             try:
                 self.store.finish(job.id, job.lease, "REQUEUE",

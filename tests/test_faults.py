@@ -428,17 +428,21 @@ def _crashed_and_relaunched(store: Store, job_id: int, url: str, jobman) -> None
 
 
 @pytest.mark.parametrize("kind", ["fn", "cmd"])
-@pytest.mark.parametrize("killed", ["worker", "worker and fork server"])
-def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, jobman, kind, killed):
+@pytest.mark.parametrize("killed", ["worker", "worker and fork server", "worker and fork server, v1 cgroup"])
+def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, jobman, kind, killed, monkeypatch):
     """The worker alone SIGKILLed: its fork server kills the job's processes in every session. The
     worker and its fork server at once: nobody is left to act, what the job started waits in the job's
     cgroup, and the monitor that finds the worker gone kills it."""
-    from jobman.dispatch.cgroup import job_cgroup_base
+    from jobman.dispatch import cgroup
 
     alone = killed == "worker"
-    if not alone and job_cgroup_base() is None:
-        pytest.skip("no cgroup can be made for a job here (cgroup v2 or the v1 pids controller, writable)")
-    mark = str(800000 + 10 * os.getpid() + 2 * (kind == "cmd") + alone)
+    if "v1" in killed:
+        monkeypatch.setenv("JOBMAN_JOB_CGROUP", "v1")
+        monkeypatch.setattr(cgroup, "_base", False)
+    if not alone and cgroup.job_cgroup_base() is None:
+        where = "the v1 pids controller" if "v1" in killed else "cgroup v2 or the v1 pids controller"
+        pytest.skip(f"no cgroup can be made for a job here (none writable in {where})")
+    mark = str(800000 + 10 * os.getpid() + 4 * (kind == "cmd") + ("v1" in killed) * 2 + alone)
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
     store, job_id, worker = _run_spawner_until_it_spawned(url, kind, mark, mods, tmp_path)
     try:

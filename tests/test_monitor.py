@@ -218,6 +218,35 @@ def test_a_reused_pid_is_not_taken_for_the_worker(store):
     assert store.job(real).status is S.RUNNING
 
 
+def test_a_job_its_dead_worker_marked_as_interrupted_by_the_database_is_put_back_without_an_attempt(
+        store, tmp_path):
+    from jobman.dispatch.interrupted import mark_interrupted
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me = psutil.Process()
+    [marked, plain] = one(store, "sleepy", {"seconds": 1}) + one(store, "sleepy", {"seconds": 2})
+    first = store.claim(WorkerInfo(host=HOST, pid=gone.pid, pid_started_at=me.create_time()), str(tmp_path))
+    store.claim(WorkerInfo(host=HOST, pid=gone.pid, pid_started_at=me.create_time()), str(tmp_path))
+    assert first.job.id == marked
+    Path(first.job.workdir).mkdir(parents=True)
+    assert mark_interrupted(first.job.workdir, first.lease, "its worker could not record its end: the disk is full")
+
+    dry = Monitor(store, MonitorOptions(dry_run=True)).scan()
+    assert dry.put_back == [marked] and [f.job_id for f in dry.crashed] == [plain]
+    assert "would put back 1" in dry.line() and store.job(marked).status is S.RUNNING
+
+    report = Monitor(store, MonitorOptions()).scan()
+    assert report.put_back == [marked] and [f.job_id for f in report.crashed] == [plain]
+    job = store.job(marked)
+    assert job.status is S.QUEUED and job.resume, job
+    last = store.events(marked)[-1]
+    assert "the disk is full" in last.why and "without spending an attempt" in last.why
+    assert not list(Path(first.job.workdir).glob(".jobman-interrupted-*"))  # the mark is gone with it
+    assert store.claim(WorkerInfo.here()).job.attempt == first.job.attempt  # resumed: the same attempt
+    assert store.job(plain).status is S.QUEUED and store.events(plain)[-2].to_status == S.CRASHED.value
+
+
 def test_process_gone_tells_exited_zombies_from_live_processes():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     started = psutil.Process(child.pid).create_time()
