@@ -252,6 +252,19 @@ def test_a_worker_gives_up_after_the_outage_wait_and_says_why_in_one_line(privat
     r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "the server is unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # the server is back: the job its worker could not record is put back, and no attempt was spent on it
+    private_pg.start()
+    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "monitor", url, "--once"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "put back 1 interrupted by the database" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "r"),
+                        "--no-wait"], env={**os.environ, **mods}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    store = Store.open(url)
+    [job] = store.jobs()
+    assert (job.status, job.attempt, job.results["out"]) == (Status.DONE, 1, 0), (job.status, job.attempt, job.error)
+    assert Status.CRASHED.value not in {e.to_status for e in store.events(job.id)}
+    store.dispose()
 
 
 # -- full disk, read-only database: bounded respawn --------------------------------------------------
