@@ -6,8 +6,9 @@ back: the job stays RUNNING with a dead worker, and the monitor would declare it
 CRASHED, spending an attempt on a fault that was not the job's. So they leave a mark
 in the job's workdir, an empty file named for the run's lease (an empty file needs
 no data block, so it can be made on a full disk), holding the reason when there is
-room. The monitor of the job's host, finding its worker gone, reads the mark and puts
-the job back without spending an attempt, then removes it.
+room. A monitor (or dispatch) that finds the job dead and can read its workdir (on its
+host, or anywhere the workdir is shared) reads the mark and puts the job back without
+spending an attempt, then removes it.
 """
 
 from __future__ import annotations

@@ -161,14 +161,15 @@ class Monitor:
 
     def _put_back_interrupted(self, running: Sequence[RunningJob], found: list[Finding],
                               report: ScanReport) -> list[Finding]:
-        """Jobs whose worker, gone from this host, left the mark of a database it could not write to
-        (``dispatch.interrupted``) are put back to resume, without spending an attempt; the others
-        are returned, to be declared crashed."""
+        """Jobs found dead whose worker left the mark of a database it could not write to in their
+        workdir (``dispatch.interrupted``; readable on the worker's host, or anywhere the workdir is
+        shared) are put back to resume, without spending an attempt; the others are returned, to be
+        declared crashed."""
         by_id = {j.id: j for j in running}
         left = []
         for f in found:
             job = by_id[f.job_id]
-            why = interruption(job.workdir, job.lease) if f.sign == "process" else None
+            why = interruption(job.workdir, job.lease)
             if why is None:
                 left.append(f)
                 continue
