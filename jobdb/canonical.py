@@ -7,8 +7,10 @@ flat dicts of a sweep.
 
 from __future__ import annotations
 
+import itertools
 import json
-from typing import Any
+import operator
+from typing import Any, Iterable, Sequence
 
 from .errors import UsageError
 
@@ -52,6 +54,13 @@ def check_nul(text: str, value: Any, what: str) -> None:
     if where is not None:
         raise UsageError(f"the {what} cannot be stored: {where or 'the value'!s} contains a NUL character "
                          "(\\x00), which jobman does not store on any database")
+
+
+def check_nul_all(texts: Sequence[str], values: Iterable[Any], what: str) -> None:
+    """:func:`check_nul` over many encoded values: one C-speed pass when none holds a NUL (a sweep's 100,000)."""
+    if any(map(operator.contains, texts, itertools.repeat(_NUL_ESCAPE))):
+        for text, value in zip(texts, values):
+            check_nul(text, value, what)
 
 
 def _nul_path(value: Any, path: str) -> str | None:

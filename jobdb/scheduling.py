@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from . import graph
 from . import halving as _halving
-from .canonical import check_nul, dump_json
+from .canonical import check_nul_all, dump_json
 from .errors import NoSuchJob, UsageError
 from .graph import Log
 from .hot import HotStatements
@@ -66,9 +66,8 @@ class ReadySweep:
         # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
         self.encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters")
                         for s in self.specs]
-        for s, text in zip(self.specs, self.encoded):
-            if s.params_json is not None:  # encoded by the sweep's expansion: its NUL check is here
-                check_nul(text, s.params, "parameters")
+        # The grid a sweep's expansion encoded has not been through dump_json's NUL check: it is here.
+        check_nul_all(self.encoded, (s.params for s in self.specs), "parameters")
         hashes = params_hashes(self.specs, self.encoded)
         self.duplicate = duplicate
         self.hashes = duplicate_hashes(hashes) if duplicate else hashes
