@@ -21,19 +21,25 @@ from .common import Database, err, out, with_database
 
 TABLE_ROWS = 30  # rows per table shown by default in table and markdown formats
 TABLE_RESULTS = 5  # result columns in table and markdown formats, the metric first
+STREAMED_AFTER = 1000  # csv and json rows held before the rest is streamed from the database
 
 
 def run_report(store: Store, *, metric: str, mode: str = "min", phase: int | None = None,
                group_over: list[str] | None = None, outer: str | None = rp.AUTO, where: tuple[str, ...] = (),
                allow_incomplete: bool = False, fmt: str = "table", top: int | None = None,
-               stream: IO[str] | None = None) -> Report:
-    """Read the experiment (one query), rank its configurations and write the report in ``fmt``."""
-    report = rp.from_store(store, metric, mode, group_over, phase=phase, outer=outer,
-                           allow_incomplete=allow_incomplete, where=where)
+               stream: IO[str] | None = None, keep_all: bool = False) -> Report:
+    """Rank the experiment's configurations in the database and write the report in ``fmt``.
+
+    Only the rows shown are held (and, with ``keep_all``, every one: the plots draw them all); csv and
+    json write every configuration as the database streams them.
+    """
     if top is None:
         top = TABLE_ROWS if fmt in ("table", "markdown") else 0
+    keep = None if keep_all or (not top and fmt in ("table", "markdown")) else (top or STREAMED_AFTER)
     writer = {"table": write_table, "markdown": write_markdown, "csv": write_csv, "json": write_json}[fmt]
-    writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
+    with rp.open_report(store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete,
+                        where=where, keep=keep) as report:
+        writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
     if fmt in ("table", "markdown"):
         for line in store.search_summaries():
             print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
@@ -109,7 +115,7 @@ def report(database: Database, metric: str, mode: str, phase: int | None,
     store = database.open()
     result = run_report(store, metric=metric, mode=mode, phase=phase, group_over=_group_option(group_over),
                         outer=_outer_option(outer), where=where, allow_incomplete=allow_incomplete, fmt=fmt,
-                        top=top)
+                        top=top, keep_all=plot_dir is not None)
     if plot_dir is not None:
         from . import plots
 
@@ -127,7 +133,7 @@ def _sections(report: Report, top: int) -> list[tuple[Any, list[ConfigRow], int]
         groups = [(None, report.rows)]
     else:
         groups = [(v, [r for r in report.rows if r.outer == v]) for v in report.outer_values]
-    return [(v, rows[:top] if top else rows, len(rows)) for v, rows in groups]
+    return [(v, rows[:top] if top else rows, report.with_metric(v)[0]) for v, rows in groups]
 
 
 def _param_columns(report: Report) -> list[str]:
@@ -144,19 +150,9 @@ def _scope_columns(report: Report) -> list[str]:
     return cols
 
 
-def _constant_results(report: Report) -> dict[str, float]:
-    """Results with one value in every run of every configuration (an epoch budget): said once."""
-    found = {}
-    for name in report.columns[1:]:
-        stats = [r.stats.get(name) for r in report.rows]
-        if all(s is not None for s in stats) and len({s.min for s in stats} | {s.max for s in stats}) == 1:
-            found[name] = stats[0].min
-    return found
-
-
 def _result_columns(report: Report) -> tuple[list[str], int]:
     """The result columns a table shows (the metric first), and how many others it leaves out."""
-    constant = _constant_results(report)
+    constant = report.constant_results
     varying = [c for c in report.columns if c not in constant]
     shown = varying[:TABLE_RESULTS]
     return shown, len(varying) - len(shown)
@@ -177,13 +173,13 @@ def _stat_cell(row: ConfigRow, name: str) -> str:
 
 def _header_lines(report: Report, experiment: str, where: tuple[str, ...]) -> list[str]:
     better = "lower" if report.mode == "min" else "higher"
-    lines = [f"{experiment}: {report.jobs} jobs in {len(report.rows)} configurations; "
+    lines = [f"{experiment}: {report.jobs} jobs in {report.configurations} configurations; "
              f"{report.metric}, {better} is better"]
     if where:
         lines.append("where " + " and ".join(where))
     if report.constant:
         lines.append("all configurations: " + " ".join(f"{k}={format_param(v)}" for k, v in report.constant.items()))
-    constant = _constant_results(report)
+    constant = report.constant_results
     if constant:
         lines.append("every run: " + " ".join(f"{k}={format_number(v)}" for k, v in constant.items()))
     if report.group_over:
@@ -276,24 +272,24 @@ def write_markdown(report: Report, stream: IO[str], *, top: int, experiment: str
 
 def write_csv(report: Report, stream: IO[str], *, top: int, experiment: str, where: tuple[str, ...] = ()) -> None:
     """One line per configuration: every parameter, counts, and mean/std/n of every numeric result."""
-    keys = sorted({k for r in report.rows for k in r.params})
+    keys = sorted({*report.constant, *report.varying})
     failed_words = ("failed", "crashed", "canceled", "blocked")
     writer = csv.writer(stream, lineterminator="\n")
     head = ["rank", "best", "eligible", "phase", "target", *keys, "n", "expected", "failed", "unfinished"]
     for name in report.columns:
         head += [f"{name}_mean", f"{name}_std", f"{name}_n"]
     writer.writerow(head)
-    for _outer, rows, _total in _sections(report, top):
-        for r in rows:
-            others = r.not_done()
-            line = [r.rank, int(r.best), int(r.eligible), r.phase, r.target,
-                    *[_csv_value(r.params[k]) if k in r.params else "" for k in keys],
-                    r.n, r.expected, sum(n for w, n in others.items() if w in failed_words),
-                    sum(n for w, n in others.items() if w not in failed_words)]
-            for name in report.columns:
-                s = r.stats.get(name)
-                line += [repr(s.mean), "" if s.std is None else repr(s.std), s.n] if s else ["", "", 0]
-            writer.writerow(line)
+    rows = report.iter_rows() if not top else (r for _o, rows, _t in _sections(report, top) for r in rows)
+    for r in rows:
+        others = r.not_done()
+        line = [r.rank, int(r.best), int(r.eligible), r.phase, r.target,
+                *[_csv_value(r.params[k]) if k in r.params else "" for k in keys],
+                r.n, r.expected, sum(n for w, n in others.items() if w in failed_words),
+                sum(n for w, n in others.items() if w not in failed_words)]
+        for name in report.columns:
+            s = r.stats.get(name)
+            line += [repr(s.mean), "" if s.std is None else repr(s.std), s.n] if s else ["", "", 0]
+        writer.writerow(line)
 
 
 def _csv_value(value: Any) -> Any:
@@ -308,8 +304,19 @@ def write_json(report: Report, stream: IO[str], *, top: int, experiment: str, wh
     if top:
         keep = {id(r) for _o, rows, _t in _sections(report, top) for r in rows}
         data["rows"] = [r.to_dict() for r in report.rows if id(r) in keep]
+    elif not report.holds_all:  # every configuration, as the database streams them
+        data["rows"] = _ROWS
+        head, tail = json.dumps(data, default=str).split(json.dumps(_ROWS))
+        stream.write(head + "[")
+        for i, row in enumerate(report.iter_rows()):
+            stream.write((", " if i else "") + json.dumps(row.to_dict(), default=str))
+        stream.write("]" + tail + "\n")
+        return
     # Indented for a reader; compact (and several times faster to write) beyond a thousand rows.
     stream.write(json.dumps(data, indent=2 if len(data["rows"]) <= 1000 else None, default=str) + "\n")
+
+
+_ROWS = "\x00rows\x00"
 
 
 COMMANDS = [report]

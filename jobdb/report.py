@@ -23,14 +23,18 @@ Conventions, fixed here so the CLI, the plots and fan-in jobs agree:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from sqlalchemy import text as sa_text
+
+from . import aggregates
 from .errors import JobmanError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,6 +136,16 @@ class ConfigRow:
 
 
 @dataclass
+class Overview:
+    """What the database counted of every configuration of a report that holds only its first rows."""
+
+    outer_values: list[Any]
+    scopes: set[tuple[int | None, str | None]]
+    constant_results: dict[str, float]
+    with_metric: dict[Any, tuple[int, int]]  # outer fold (None: not nested) -> (configurations, with the metric)
+
+
+@dataclass
 class Report:
     """Every configuration of a selection of jobs, ranked by one metric."""
 
@@ -148,6 +162,27 @@ class Report:
     dropped: list[tuple[int | None, str | None, int]] = field(default_factory=list)  # (phase, target, jobs)
     best_by_outer: dict[Any, ConfigRow] = field(default_factory=dict)
     overall: dict[str, Stat] = field(default_factory=dict)  # nested CV: over the outer folds' winners
+    # A report the database ranked may hold only its first rows (see ``jobdb.aggregates``); then
+    # what the writers need of every configuration was counted there, and is given here.
+    configurations: int = -1  # every configuration, held in ``rows`` or not
+    summary: "Overview | None" = None
+    _stream: Callable[[], Iterator[ConfigRow]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.configurations < 0:
+            self.configurations = len(self.rows)
+
+    @property
+    def holds_all(self) -> bool:
+        """Whether ``rows`` is every configuration."""
+        return len(self.rows) == self.configurations
+
+    def iter_rows(self) -> Iterator[ConfigRow]:
+        """Every configuration, best first (per outer fold): from ``rows``, or streamed from the database
+        while the report is open (``report.open_report``)."""
+        if self.holds_all or self._stream is None:
+            return iter(self.rows)
+        return self._stream()
 
     @property
     def best(self) -> ConfigRow | None:
@@ -158,12 +193,34 @@ class Report:
 
     @property
     def outer_values(self) -> list[Any]:
+        if self.summary is not None:
+            return self.summary.outer_values
         return sorted({r.outer for r in self.rows}, key=_sort_key)
 
     @cached_property
     def scopes(self) -> list[tuple[int | None, str | None]]:
         """The (phase, target) pairs reported on (found once: ``label`` asks for every row)."""
-        return sorted({(r.phase, r.target) for r in self.rows}, key=lambda s: (_sort_key(s[0]), str(s[1])))
+        found = self.summary.scopes if self.summary is not None else {(r.phase, r.target) for r in self.rows}
+        return sorted(found, key=lambda s: (_sort_key(s[0]), str(s[1])))
+
+    @cached_property
+    def constant_results(self) -> dict[str, float]:
+        """Results with one value in every run of every configuration (an epoch budget): said once."""
+        if self.summary is not None:
+            return self.summary.constant_results
+        found = {}
+        for name in self.columns[1:]:
+            stats = [r.stats.get(name) for r in self.rows]
+            if all(s is not None for s in stats) and len({s.min for s in stats} | {s.max for s in stats}) == 1:
+                found[name] = stats[0].min
+        return found
+
+    def with_metric(self, outer: Any = None) -> tuple[int, int]:
+        """(configurations, those with the metric) of one outer fold, or of all when not nested."""
+        if self.summary is not None:
+            return self.summary.with_metric.get(_frozen(outer) if self.outer is not None else None, (0, 0))
+        rows = [r for r in self.rows if r.outer == outer] if self.outer is not None else self.rows
+        return len(rows), sum(1 for r in rows if r.n)
 
     def unit(self, n: int) -> str:
         """What a run of a configuration is called: fold, seed, or run."""
@@ -212,13 +269,12 @@ class Report:
         return lines
 
     def why_none(self, outer: Any = None) -> str:
-        rows = [r for r in self.rows if r.outer == outer] if self.outer is not None else self.rows
-        with_metric = [r for r in rows if r.n]
+        rows, with_metric = self.with_metric(outer)
         if not rows:
             return "no configuration to report on"
         if not with_metric:
             return f"no configuration has a {self.metric} yet"
-        return (f"no configuration is eligible for best: all {len(with_metric)} with a {self.metric} are missing "
+        return (f"no configuration is eligible for best: all {with_metric} with a {self.metric} are missing "
                 "runs or have failed ones (--allow-incomplete accepts them)")
 
     def to_dict(self) -> dict[str, Any]:
@@ -336,9 +392,198 @@ def best(records: Iterable[Any], metric: str = "valid_error", mode: str = "min",
 def from_store(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
                phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
                where: Sequence[str | Condition] = ()) -> Report:
-    """The report of a store's experiment (one query), optionally of one phase."""
+    """The report of a store's experiment, optionally of one phase, ranked by the database (every
+    configuration held: see :func:`open_report` for a report too large for that)."""
+    with open_report(store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete,
+                     where=where) as rep:
+        return rep
+
+
+def from_store_in_python(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
+                         *, phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
+                         where: Sequence[str | Condition] = ()) -> Report:
+    """The same report from every job read into Python (one query): what the database path must agree
+    with, and the path for filters SQL cannot say the same way (a value that is a list)."""
     return _build(_Records.from_rows(store.report_rows(phase)), metric, mode, group_over, outer,
                   allow_incomplete, where)
+
+
+@contextlib.contextmanager
+def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
+                phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
+                where: Sequence[str | Condition] = (), keep: int | None = None) -> Iterator[Report]:
+    """The report of a store's experiment, grouped and ranked by the database, open for reading.
+
+    With ``keep``, the report holds only the first ``keep`` configurations of each outer fold (and
+    what is said of all of them: counts, constant parameters and results, the winners); while the
+    context is open, :meth:`Report.iter_rows` streams every configuration from the database.
+    """
+    if mode not in ("min", "max"):
+        raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
+    conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]
+    with aggregates.reading(store) as (conn, exp):
+        rep = _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
+                                 keep)
+        if rep is not None:
+            yield rep
+            return
+    yield from_store_in_python(store, metric, mode, group_over, phase=phase, outer=outer,
+                               allow_incomplete=allow_incomplete, where=conditions)
+
+
+def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: Sequence[str] | None, phase: int | None,
+                       outer: str | None, allow_incomplete: bool, conditions: list[Condition],
+                       keep: int | None, exact_keys: dict[str, Any] | None = None) -> Report | None:
+    """:func:`_build`, its grouping and sums done by the database (``jobdb.aggregates``); None when a
+    filter cannot be said in SQL."""
+    sql = aggregates.Sql(conn.dialect.name)
+    base = f"job.experiment_id = {sql.bind(exp)}" + ("" if phase is None else f" AND job.phase = {sql.bind(phase)}")
+    base_binds = dict(sql.binds)
+    named = [*(group_over or ()), *([outer] if outer not in (None, AUTO) else []), *(c.key for c in conditions)]
+    sampled = exact_keys is None
+    if sampled:
+        keys_all, same = aggregates.sampled_keys(conn, base, sql.binds)
+        if any(k not in keys_all for k in named):
+            sampled = False
+    if not sampled:
+        keys_all, same = exact_keys or aggregates.param_keys(conn, base, base_binds), {}
+    all_keys = set(keys_all)
+    if not aggregates.sql_able(conditions, [*all_keys, *named, metric]):
+        return None
+    for cond in conditions:
+        if cond.key not in all_keys and all_keys:
+            raise UsageError(f"--where {cond}: no job has a parameter {cond.key!r} ({_listing(all_keys)})")
+    selected = base + "".join(f" AND {sql.condition(c)}" for c in conditions)
+    if conditions and all_keys:
+        if not conn.execute(sa_text(f"SELECT count(*) FROM job WHERE {selected}"), sql.binds).scalar():
+            raise UsageError(f"no job matches --where {' and '.join(map(str, conditions))}")
+    outer_key, groups = _outer_and_groups(all_keys, outer, group_over, bool(all_keys))
+
+    scopes = aggregates.scope_counts(conn, selected, sql.binds)
+    found = aggregates.result_keys(conn, selected, sql.binds)
+    numeric = set(aggregates._NUMERIC["postgresql" if sql.pg else "sqlite"])
+    with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
+    dropped: list[tuple[int | None, str | None, int]] = []
+    if not with_metric:
+        if any(done for _, _, _, done in scopes):
+            names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
+            listing = ", ".join(names) if names else "none"
+            raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
+    else:
+        dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
+                         key=lambda d: (_sort_key(d[0]), str(d[1])))
+    kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
+    if dropped:
+        selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
+                                           for p, t in sorted(kept, key=str)) + ")"
+    keys = keys_all
+    if conditions or dropped:  # constant within the selection
+        if sampled:
+            keys, same = aggregates.sampled_keys(conn, selected, sql.binds)
+        else:
+            keys = aggregates.param_keys(conn, selected, sql.binds)
+    others = sorted({k for p, t, k, kind in found if (p, t) in kept and kind in numeric and not k.startswith("_")}
+                    - {metric})
+    columns = [metric, *others]
+    guarded = {k for _, _, k, kind in found if kind not in numeric}
+    aggregates.group(conn, sql, selected, groups, columns, guarded)
+    if sampled and not aggregates.keys_hold(conn, sql, [k for k in keys if k not in groups],
+                                            {k: v for k, v in same.items() if k not in groups}):
+        # A job has a parameter the first and the last have not, or another value of one they share:
+        # the keys of every job, then the configurations again.
+        aggregates.drop(conn)
+        return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
+                                  keep, aggregates.param_keys(conn, base, base_binds))
+    configs, jobs, constant_results = aggregates.totals(conn, columns)
+    sections = aggregates.sections(conn, sql, outer_key)
+    shown = columns if with_metric else []
+    grouped = set(groups)
+
+    def section_rows(section: aggregates.Section) -> Iterator[ConfigRow]:
+        rows = aggregates.ranked(conn, sql, section, columns, mode, allow_incomplete)
+        for rank, raw in enumerate(aggregates.in_python_order(rows, len(columns)), 1):
+            yield _row_of(raw, rank, metric, shown, outer_key, sql.pg)
+
+    held: list[ConfigRow] = []
+    winners: dict[Any, ConfigRow] = {}
+    for section in sections:
+        rows = section_rows(section)
+        for row in rows:
+            if row.best:
+                winners[row.outer] = row
+            held.append(row)
+            if keep is not None and row.rank >= keep:
+                rows.close()
+                break
+
+    def stream() -> Iterator[ConfigRow]:
+        for section in sections:
+            yield from section_rows(section)
+
+    constant: dict[str, Any] = {}
+    varying: list[str] = []
+    if held:
+        first = held[0].params
+        order = list(dict.fromkeys([*first, *sorted(k for k in keys if k not in grouped)]))
+        constant = {k: first[k] for k in order if configs > 1 and k in first and keys[k].one_value
+                    and (sampled or keys[k].jobs == jobs)}
+        varying = [k for k in order if k not in constant]
+    summary = Overview(outer_values=[s.value for s in sections], scopes=kept,
+                       constant_results=constant_results,
+                       with_metric={(_frozen(s.value) if outer_key is not None else None): (s.configurations,
+                                                                                           s.with_metric)
+                                    for s in sections})
+    report = Report(metric=metric, mode=mode, group_over=groups, outer=outer_key, allow_incomplete=allow_incomplete,
+                    rows=held, constant=constant, varying=varying, columns=shown, jobs=jobs, dropped=dropped,
+                    best_by_outer=winners, configurations=configs, summary=summary, _stream=stream)
+    if outer_key is not None:
+        report.overall = _over_winners(list(winners.values()), shown)
+    return report
+
+
+def _row_of(raw: Sequence[Any], rank: int, metric: str, columns: Sequence[str], outer_key: str | None,
+            resort: bool) -> ConfigRow:
+    """One configuration from a row of ``aggregates.ranked``."""
+    phase, target, cfg, jobs, first_id, others, ids, metric_ids = raw[:8]
+    params = json.loads(cfg)
+    if resort:  # jsonb's own key order: back to the stored (sorted) one
+        params = dict(sorted(params.items()))
+    stats = {}
+    for i, name in enumerate(columns):
+        n, s, q, lo, hi = raw[8 + 5 * i: 13 + 5 * i]
+        if n:
+            mean, std = aggregates.stat_of(n, s, q, lo, hi)
+            stats[name] = Stat(n, mean, std, lo, hi)
+    status: dict[str, int] = dict(Counter(others.split(","))) if others else {}
+    done = jobs - sum(status.values())
+    if done:
+        status["DONE"] = done
+    expected, cls = raw[-4], raw[-3]
+    n = stats[metric].n if metric in stats else 0
+    eligible = cls == 0
+    return ConfigRow(params=params, phase=phase, target=target,
+                     outer=params.get(outer_key) if outer_key is not None else None, metric=metric, stats=stats,
+                     job_ids=sorted(map(int, metric_ids.split(","))) if metric_ids else [],
+                     all_job_ids=sorted(map(int, ids.split(","))), status=dict(sorted(status.items())),
+                     expected=expected, complete=n == jobs == expected, eligible=eligible, first_id=first_id,
+                     rank=rank, best=rank == 1 and eligible)
+
+
+def _outer_and_groups(all_keys: set[str], outer: str | None, group_over: Sequence[str] | None,
+                      any_jobs: bool) -> tuple[str | None, list[str]]:
+    """The outer-fold key and the keys to group over, checked against the parameters jobs have."""
+    outer_key = default_outer_key(all_keys) if outer == AUTO else outer
+    if outer_key is not None and outer_key not in all_keys:
+        raise UsageError(f"outer fold {outer_key!r}: no job has that parameter ({_listing(all_keys)})")
+    if group_over is None:
+        return outer_key, [k for k in default_group_keys(all_keys) if k != outer_key]
+    groups = list(dict.fromkeys(group_over))
+    missing = [k for k in groups if k not in all_keys]
+    if missing and any_jobs:
+        raise UsageError(f"group over {missing[0]!r}: no job has that parameter ({_listing(all_keys)})")
+    if outer_key in groups:
+        raise UsageError(f"{outer_key!r} cannot be both the outer fold and a key to group over")
+    return outer_key, groups
 
 
 # -- the work ----------------------------------------------------------------------------
@@ -414,18 +659,7 @@ def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | N
         if not len(recs):
             raise UsageError(f"no job matches --where {' and '.join(map(str, conditions))}")
 
-    outer_key = default_outer_key(all_keys) if outer == AUTO else outer
-    if outer_key is not None and outer_key not in all_keys:
-        raise UsageError(f"outer fold {outer_key!r}: no job has that parameter ({_listing(all_keys)})")
-    if group_over is None:
-        groups = [k for k in default_group_keys(all_keys) if k != outer_key]
-    else:
-        groups = list(dict.fromkeys(group_over))
-        missing = [k for k in groups if k not in all_keys]
-        if missing and recs.params:
-            raise UsageError(f"group over {missing[0]!r}: no job has that parameter ({_listing(all_keys)})")
-        if outer_key in groups:
-            raise UsageError(f"{outer_key!r} cannot be both the outer fold and a key to group over")
+    outer_key, groups = _outer_and_groups(all_keys, outer, group_over, bool(recs.params))
 
     recs, dropped = _drop_scopes_without(recs, metric)
     grouped = set(groups)

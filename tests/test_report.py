@@ -401,3 +401,97 @@ def test_a_fan_in_job_chooses_the_best_config_of_a_real_sweep(db_url, tmp_path, 
     assert data["dropped"] == [{"phase": fan_in.phase, "target": f"{module}:retrain", "jobs": 1}]
     code, out, _ = cli("report", db_url, capsys=capsys)
     assert code == 0 and "best: lr=0.01 — valid_error 0.021 ± 0.0010 over 3 folds" in out
+
+
+# -- the database's grouping agrees with the Python path --------------------------------------
+
+def put_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0,
+             target: str = TARGET) -> list[int]:
+    """Schedule ``(params, status, results)`` jobs and write their status and results as they are."""
+    import sqlalchemy as sa
+
+    from jobman.jobdb.schema import job as t_job
+
+    ids = store.schedule([JobSpec(phase, "fn", target, p, None) for p, _, _ in jobs]).job_ids
+    with store.engine.begin() as conn:
+        for job_id, (_, status, results) in zip(ids, jobs):
+            conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
+                status=status, results=None if results is None else json.dumps(results, sort_keys=True)))
+    return ids
+
+
+def same_report(store: Store, metric: str = "valid_error", mode: str = "min", **options) -> report.Report:
+    """The report from the database and from every job in Python: equal row by row, and in every format."""
+    in_db = report.from_store(store, metric, mode, **options)
+    in_py = report.from_store_in_python(store, metric, mode, **options)
+    assert in_db.summary is not None and in_py.summary is None  # the two paths did run
+    for name in ("group_over", "outer", "constant", "varying", "columns", "jobs", "dropped", "configurations"):
+        assert getattr(in_db, name) == getattr(in_py, name), name
+    assert len(in_db.rows) == len(in_py.rows)
+    for a, b in zip(in_db.rows, in_py.rows):
+        assert (a.params, a.phase, a.target, a.outer, a.rank, a.best, a.eligible, a.complete, a.expected, a.status,
+                a.job_ids, a.all_job_ids, a.first_id) == \
+            (b.params, b.phase, b.target, b.outer, b.rank, b.best, b.eligible, b.complete, b.expected, b.status,
+             b.job_ids, b.all_job_ids, b.first_id), b.params
+        assert a.stats.keys() == b.stats.keys()
+        for name, s in b.stats.items():
+            t = a.stats[name]
+            assert (t.n, t.mean, t.min, t.max) == (s.n, pytest.approx(s.mean, rel=1e-12), s.min, s.max)
+            assert t.std == (None if s.std is None else pytest.approx(s.std, rel=1e-9, abs=1e-15))
+    assert {k: r.params for k, r in in_db.best_by_outer.items()} == {k: r.params for k, r in in_py.best_by_outer.items()}
+    assert in_db.summary_lines() == in_py.summary_lines()
+    assert in_db.constant_results == in_py.constant_results
+    assert in_db.outer_values == in_py.outer_values and in_db.scopes == in_py.scopes
+    # Held a page at a time, the rest streamed from the database: the same rows.
+    with report.open_report(store, metric, mode, keep=2, **options) as part:
+        assert len(part.rows) <= 2 * max(len(part.outer_values), 1)
+        assert [r.to_dict() for r in part.iter_rows()] == [r.to_dict() for r in in_db.rows]
+        assert part.summary_lines() == in_py.summary_lines()
+    return in_db
+
+
+def folds_and_ties(lr: float, values: list[float | None], statuses: list[str] | None = None, **more):
+    statuses = statuses or ["DONE"] * len(values)
+    return [({"lr": lr, "nb_cross_fold": 3, "id_cross_fold": i, **more}, s,
+             None if v is None else {"valid_error": v, "epochs": 20, "note": "text", "_private": 1.0})
+            for i, (v, s) in enumerate(zip(values, statuses))]
+
+
+def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store):
+    jobs = (folds_and_ties(0.1, [0.2, 0.1, 0.3])  # mean 0.2
+            + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # the same values in another order: a tie, by std then id
+            + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # mean 0.2 again, a lower std: first of the three
+            + folds_and_ties(0.35, [0.5, 0.5, 0.5], warmup=5)  # a parameter the first and last jobs lack
+            + folds_and_ties(0.4, [0.01, None, 0.02], ["DONE", "DONE", "FAILED"])  # a fold without the metric
+            + folds_and_ties(0.5, [0.3, 0.3, 0.3], ["DONE", "RUNNING", "QUEUED"])
+            + folds_and_ties(0.6, [None, None, None], ["QUEUED"] * 3)  # nothing yet
+            + folds_and_ties(0.7, [1 / 3, 1 / 3]))  # one fold short of the others
+    put_jobs(store, jobs)
+    rep = same_report(store)
+    assert [r.params["lr"] for r in rep.rows][:3] == [0.3, 0.1, 0.2] and rep.best.params["lr"] == 0.3
+    assert rep.constant == {"nb_cross_fold": 3} and rep.constant_results == {}  # lr=0.6 has no epochs yet
+    assert same_report(store, where=["lr<=0.3"]).constant_results == {"epochs": 20.0}
+    same_report(store, allow_incomplete=True)
+    same_report(store, "valid_error", "max")
+    same_report(store, where=["lr>=0.3"])
+    same_report(store, group_over=[])
+
+
+def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_folds(store):
+    # Means equal to 12 significant digits but not to the last bit: ranked as equal, then by std.
+    seeds = [({"act": a, "seed": s}, "DONE", {"valid_error": v, "accuracy": 1 - v})
+             for a, vals in (("relu", [0.1, 0.2]), ("tanh", [0.15, 0.15]), ("elu", [0.3, 0.0]))
+             for s, v in enumerate(vals)]
+    put_jobs(store, seeds)
+    put_jobs(store, [({"act": "relu", "seed": 0, "finetune": True}, "DONE", {"loss": 1.0})], phase=1)
+    rep = same_report(store)
+    assert rep.dropped == [(1, TARGET, 1)] and [r.params["act"] for r in rep.rows] == ["tanh", "relu", "elu"]
+    same_report(store, "accuracy", "max", phase=0)
+    with pytest.raises(UnknownMetric, match="numeric results: accuracy, loss, valid_error"):
+        report.from_store(store, "nope")
+
+    nested = [({"lr": lr, "id_outer_fold": o, "id_cross_fold": i}, "DONE", {"valid_error": lr * (o + 1) + i / 100})
+              for o in range(3) for lr in (0.1, 0.2) for i in range(2)]
+    put_jobs(store, nested, phase=2, target="tests.fake:nested")
+    rep = same_report(store, phase=2)
+    assert rep.outer == "id_outer_fold" and set(rep.best_by_outer) == {0, 1, 2} and rep.overall

@@ -1,0 +1,377 @@
+"""A report ranked by the database: configurations grouped, counted and averaged in SQL, streamed best first.
+
+:mod:`jobman.jobdb.report` groups a list of records in Python; this module does the same for a
+store's experiment inside the database, so that a report of a million jobs never holds them.
+One read transaction: the parameter and result keys are found (``json_each`` / ``jsonb_each``),
+the jobs are grouped into a temporary table of configurations (count, sum, sum of squares, min
+and max of each numeric result), and the configurations are read back ranked, a section (outer
+fold) at a time. Python keeps the rules: it computes each mean and std from those sums, and puts
+configurations whose means agree to 12 significant digits in the order :func:`report._rank`
+gives. What SQL cannot say the same way (a ``--where`` on a list, a key JSON paths cannot name)
+is left to the Python path: :func:`sql_able` says which.
+
+SQLite holds parameters and results as JSON text, PostgreSQL as jsonb: the expressions below
+differ by dialect, the plan is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from . import engine as _engine
+from .errors import NoSuchExperiment, UsageError
+from .schema import experiment as t_exp
+
+if TYPE_CHECKING:
+    from .report import Condition
+    from .store import Store
+
+TEMP = "jobman_report"
+_NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}
+
+
+@contextlib.contextmanager
+def reading(store: "Store") -> Iterator[tuple[Connection, int]]:
+    """One read transaction on the store's experiment: (connection, experiment id)."""
+    with _engine.translated_errors(store.target):
+        with store.engine.connect().execution_options(jobman_readonly=True) as conn:
+            with conn.begin():
+                exp = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == store.experiment)).scalar()
+                if exp is None:
+                    names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
+                    raise NoSuchExperiment(f"no experiment {store.experiment!r} in {store.target.display} "
+                                           f"(experiments: {', '.join(names) if names else 'none yet'})")
+                try:
+                    yield conn, exp
+                finally:
+                    if conn.dialect.name == "sqlite":
+                        conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
+
+
+def sql_able(conditions: Sequence["Condition"], keys: Sequence[str]) -> bool:
+    """Whether every filter and key can be said in SQL the way the Python path tests it."""
+    plain = (int, float, str, bool, type(None))
+    return all(isinstance(c.value, plain) for c in conditions) and all('"' not in k for k in keys)
+
+
+class Sql:
+    """The JSON expressions of one dialect over the ``job`` table, with their bound values."""
+
+    def __init__(self, dialect: str) -> None:
+        self.pg = dialect == "postgresql"
+        self.numeric = _NUMERIC["postgresql" if self.pg else "sqlite"]
+        self.binds: dict[str, Any] = {}
+
+    def bind(self, value: Any) -> str:
+        name = f"b{len(self.binds)}"
+        self.binds[name] = value
+        return ":" + name
+
+    def path(self, key: str) -> str:
+        return self.bind(key if self.pg else f'$."{key}"')
+
+    def type_of(self, column: str, key: str) -> str:
+        """The JSON type of ``column``'s ``key`` (NULL when absent)."""
+        p = self.path(key)
+        return f"jsonb_typeof({column} -> {p})" if self.pg else f"json_type({column}, {p})"
+
+    def number(self, column: str, key: str, guard: bool = True) -> str:
+        """``column``'s ``key`` as a double when it is a JSON number, else NULL."""
+        p = self.path(key)
+        if self.pg:
+            return f"CASE WHEN jsonb_typeof({column} -> {p}) = 'number' THEN ({column} ->> {p})::float8 END"
+        value = f"CAST(json_extract({column}, {p}) AS REAL)"
+        if not guard:
+            return value
+        return f"CASE WHEN json_type({column}, {p}) IN ('integer', 'real') THEN {value} END"
+
+    def text(self, column: str, key: str) -> str:
+        p = self.path(key)
+        if self.pg:
+            return f"CASE WHEN jsonb_typeof({column} -> {p}) = 'string' THEN ({column} ->> {p}) COLLATE \"C\" END"
+        return f"CASE WHEN json_type({column}, {p}) = 'text' THEN json_extract({column}, {p}) END"
+
+    def condition(self, cond: "Condition") -> str:
+        """A ``--where`` condition as SQL: true exactly when ``cond.test(params)`` is."""
+        key, op, value = cond.key, cond.op, cond.value
+        kind = self.type_of("job.params", key)
+        if op in ("==", "!="):
+            if value is None:
+                same = f"{kind} = 'null'"
+            elif isinstance(value, bool):
+                same = f"{kind} = '{'boolean' if self.pg else str(value).lower()}'"
+                if self.pg:
+                    same += f" AND job.params -> {self.path(key)} = '{str(value).lower()}'::jsonb"
+            elif isinstance(value, (int, float)):
+                same = f"{self.number('job.params', key)} = {self.bind(float(value))}"
+            else:
+                same = f"{self.text('job.params', key)} = {self.bind(value)}"
+            same = f"coalesce({same}, false)" if self.pg else f"coalesce({same}, 0)"
+            return same if op == "==" else f"({kind} IS NOT NULL AND NOT {same})"
+        sql_op = op
+        if isinstance(value, bool) or value is None:
+            return "1 = 0"
+        if isinstance(value, (int, float)):
+            return f"{self.number('job.params', key)} {sql_op} {self.bind(float(value))}"
+        return f"{self.text('job.params', key)} {sql_op} {self.bind(value)}"
+
+    def without(self, keys: Sequence[str]) -> str:
+        """The parameters without the group keys: equal for the jobs of one configuration."""
+        if not keys:
+            return "job.params"
+        if self.pg:
+            return f"job.params - CAST({self.bind(list(keys))} AS text[])"
+        return "json_remove(job.params, " + ", ".join(self.path(k) for k in keys) + ")"
+
+
+@dataclass
+class KeyStats:
+    """A parameter over the jobs: how many have it, and whether they all hold one value."""
+
+    jobs: int
+    one_value: bool
+
+
+def param_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[str, KeyStats]:
+    if conn.dialect.name == "postgresql":
+        sql = ("SELECT e.key, count(*), min(jsonb_typeof(e.value)) = max(jsonb_typeof(e.value)) "
+               "AND min(e.value::text) = max(e.value::text) FROM job, jsonb_each(job.params) AS e "
+               f"WHERE {where} GROUP BY e.key")
+    else:
+        sql = ("SELECT e.key, count(*), min(e.type) = max(e.type) AND min(e.value) IS max(e.value) "
+               f"FROM job, json_each(job.params) AS e WHERE {where} GROUP BY e.key")
+    return {k: KeyStats(n, bool(same)) for k, n, same in conn.execute(sa.text(sql), binds)}
+
+
+def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> tuple[dict[str, KeyStats], dict[str, Any]]:
+    """The parameters of the first and the last job: their keys, and which hold one value in both
+    (the candidates for constant), with those values. :func:`keys_hold` checks them on every
+    configuration, far cheaper than :func:`param_keys` reading every pair."""
+    lo, hi = conn.execute(sa.text(f"SELECT min(job.id), max(job.id) FROM job WHERE {where}"), binds).one()
+    if lo is None:
+        return {}, {}
+    cast = "::text" if conn.dialect.name == "postgresql" else ""
+    texts = dict(conn.execute(sa.text(f"SELECT id, params{cast} FROM job WHERE id IN (:lo, :hi)"),
+                              {"lo": lo, "hi": hi}).all())
+    first, last = json.loads(texts[lo]), json.loads(texts[hi])
+    same = {k: first[k] for k in sorted(first) if k in last and _json_equal(first[k], last[k])}
+    keys = {k: KeyStats(-1, k in same) for k in [*first, *last]}
+    return keys, same
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    from .report import _frozen
+
+    return type(a) is type(b) and _frozen(a) == _frozen(b) or (
+        not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, (int, float))
+        and isinstance(b, (int, float)) and a == b)
+
+
+def keys_hold(conn: Connection, sql: Sql, keys: Sequence[str], constant: dict[str, Any]) -> bool:
+    """Whether every configuration has no parameter but ``keys`` and holds ``constant``'s values."""
+    rest = [k for k in keys if k not in constant]
+    want = json.dumps(dict(sorted(constant.items())), separators=(",", ":"))
+    if sql.pg:
+        test = f"(cfg - CAST({sql.bind(rest)} AS text[])) IS DISTINCT FROM CAST({sql.bind(want)} AS jsonb)"
+    else:
+        rest_of = ("json_remove(cfg, " + ", ".join(sql.path(k) for k in rest) + ")") if rest else "json(cfg)"
+        test = f"{rest_of} IS NOT {sql.bind(want)}"
+    return not conn.execute(sa.text(f"SELECT 1 FROM {TEMP} WHERE {test} LIMIT 1"), sql.binds).first()
+
+
+def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, str, str]]:
+    """(phase, target, key, JSON type) of the results of DONE jobs."""
+    each, kind = ("jsonb_each", "jsonb_typeof(e.value)") if conn.dialect.name == "postgresql" else ("json_each", "e.type")
+    sql = (f"SELECT job.phase, job.target, e.key, {kind} FROM job, {each}(job.results) AS e "
+           f"WHERE {where} AND job.status = 'DONE' GROUP BY 1, 2, 3, 4")
+    return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
+
+
+def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, int, int]]:
+    """(phase, target, jobs, DONE jobs) of the selection."""
+    sql = ("SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = 'DONE' THEN 1 ELSE 0 END) "
+           f"FROM job WHERE {where} GROUP BY job.phase, job.target")
+    return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
+
+
+def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns: Sequence[str],
+          guarded: set[str]) -> None:
+    """The configurations of the selection into the temporary table: per (phase, target, parameters but
+    the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
+    result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number."""
+    values = []
+    for i, name in enumerate(columns):
+        number = sql.number("job.results", name, guard=sql.pg or name in guarded)
+        values.append(f"CASE WHEN job.status = 'DONE' THEN {number} END AS v{i}")
+    stats = [f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
+             for i in range(len(columns))]
+    ids = "string_agg(id::text, ',')" if sql.pg else "group_concat(id)"
+    metric_ids = f"string_agg(CASE WHEN v0 IS NOT NULL THEN id::text END, ',')" if sql.pg else \
+        "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
+    others = "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')" if sql.pg else \
+        "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
+    inner = (f"SELECT job.id, job.phase, job.target, job.status, {sql.without(groups)} AS cfg"
+             + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
+    body = (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
+            f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
+            # LIMIT keeps SQLite from folding the subquery in: each value is then read once, not once per aggregate.
+            + f" FROM ({inner}{'' if sql.pg else ' LIMIT -1'}) AS j GROUP BY phase, target, cfg")
+    if sql.pg:
+        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body}"), sql.binds)
+        conn.exec_driver_sql(f"ANALYZE {TEMP}")
+    else:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
+        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} AS {body}"), sql.binds)
+
+
+def outer_expr(sql: Sql, outer: str | None) -> str:
+    if outer is None:
+        return "NULL"
+    return f"(cfg -> {sql.path(outer)})" if sql.pg else f"json_extract(cfg, {sql.path(outer)})"
+
+
+@dataclass
+class Section:
+    """One outer fold's configurations (all of them when not nested)."""
+
+    value: Any  # the outer value, None when not nested
+    match: str  # SQL: the section's configurations
+    configurations: int
+    with_metric: int
+
+
+def sections(conn: Connection, sql: Sql, outer: str | None) -> list[Section]:
+    """The outer folds with their counts, in the order of the Python path."""
+    from .report import _sort_key
+
+    if outer is None:
+        count, with_metric = conn.exec_driver_sql(
+            f"SELECT count(*), sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END) FROM {TEMP}").one()
+        return [Section(None, "1 = 1", count, with_metric or 0)] if count else []
+    expr = outer_expr(sql, outer)
+    if sql.pg:
+        shown = f"({expr})::text"
+    else:
+        shown = f"json_type(cfg, {sql.path(outer)}), {expr}"
+    rows = conn.execute(sa.text(f"SELECT {shown}, count(*), sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END) FROM {TEMP} "
+                                f"GROUP BY {shown}"), sql.binds).all()
+    found = []
+    for r in rows:
+        if sql.pg:
+            value = None if r[0] is None else json.loads(r[0])
+            match = f"({expr})::text IS NOT DISTINCT FROM {sql.bind(r[0])}"
+            count, with_metric = r[1], r[2]
+        else:
+            kind, raw = r[0], r[1]
+            value = (kind == "true") if kind in ("true", "false") else (None if kind in (None, "null") else raw)
+            if kind in ("array", "object"):
+                value = json.loads(raw)
+            match = (f"json_type(cfg, {sql.path(outer)}) IS {sql.bind(kind)} AND {expr} IS {sql.bind(raw)}")
+            count, with_metric = r[2], r[3]
+        found.append(Section(value, match, count, with_metric or 0))
+    return sorted(found, key=lambda s: _sort_key(s.value))
+
+
+def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str, float]]:
+    """(configurations, jobs, results with one value in every run of every configuration)."""
+    parts = ["count(*)", "coalesce(sum(jobs), 0)"]
+    for i in range(1, len(columns)):
+        parts += [f"sum(CASE WHEN n{i} > 0 THEN 1 ELSE 0 END)", f"min(lo{i})", f"max(hi{i})"]
+    row = conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {TEMP}").one()
+    configs, jobs = row[0], row[1]
+    constant = {}
+    for i, name in enumerate(columns[1:]):
+        having, lo, hi = row[2 + 3 * i: 5 + 3 * i]
+        if configs and having == configs and lo == hi:
+            constant[name] = float(lo)
+    return configs, int(jobs), constant
+
+
+def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
+           allow_incomplete: bool) -> Iterator[tuple]:
+    """A section's configurations in the database's order: eligible ones by mean (then more runs, the
+    lower spread, the first scheduled), then ineligible ones, then those without the metric. The
+    rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
+    result, expected, class, mean, variance)."""
+    stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
+    cfg = "cfg::text" if sql.pg else "cfg"
+    allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
+    inner = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
+             "max(jobs) OVER (PARTITION BY phase, target) AS expected FROM "
+             f"{TEMP} WHERE {section.match}")
+    query = (f"SELECT r.*, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = expected) THEN 0 ELSE 1 END"
+             " AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
+             "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var "
+             f"FROM ({inner}) AS r ORDER BY cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, "
+             "first_id")
+    result = conn.execution_options(stream_results=True, max_row_buffer=5000).execute(sa.text(query), sql.binds)
+    try:
+        yield from result
+    finally:
+        result.close()
+
+
+def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
+    """``rows`` (from :func:`ranked`) in the order of ``report._rank``: the database sorted the raw means;
+    the configurations whose means agree to 12 significant digits are put in order here, by more runs,
+    then the lower std, then the first scheduled. Only such a run of equal means is held at a time."""
+    cls_at, mean_at = 8 + 5 * width + 1, 8 + 5 * width + 2
+    run: list[tuple] = []
+    run_key: tuple | None = None
+    for row in rows:
+        mean = row[mean_at]
+        if mean is None:  # no metric: the database's order (first scheduled) is the rule's
+            yield from _sorted_run(run, width)
+            run, run_key = [], None
+            yield row
+            continue
+        key = (row[cls_at], float(f"{mean:.12g}"))
+        if key != run_key:
+            yield from _sorted_run(run, width)
+            run, run_key = [], key
+        run.append(row)
+    yield from _sorted_run(run, width)
+
+
+def _sorted_run(run: list[tuple], width: int) -> list[tuple]:
+    if len(run) < 2:
+        return run
+    var_at = 8 + 5 * width + 3
+    return sorted(run, key=lambda r: (-r[8], std_of(r[var_at], r[11], r[12]), r[4]))
+
+
+def std_of(var: float | None, lo: float | None, hi: float | None) -> float:
+    """The metric's std as the rule compares it (unknown: last)."""
+    if var is None:
+        return math.inf
+    return 0.0 if lo == hi else math.sqrt(max(var, 0.0))
+
+
+def stat_of(n: int, s: float, q: float, lo: float, hi: float) -> tuple[float, float | None]:
+    """(mean, sample std) from a result's count, sum and sum of squares, as the Python path gives them."""
+    if lo == hi:
+        return lo, (0.0 if n > 1 else None)
+    mean = s / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(max((q - s * s / n) / (n - 1), 0.0))
+
+
+def check_where_keys(conditions: Sequence["Condition"], keys: set[str]) -> None:
+    from .report import _listing
+
+    for cond in conditions:
+        if cond.key not in keys and keys:
+            raise UsageError(f"--where {cond}: no job has a parameter {cond.key!r} ({_listing(keys)})")
+
+
+def drop(conn: Connection) -> None:
+    """Drop the configurations' temporary table (to group again)."""
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {'' if conn.dialect.name == 'postgresql' else 'temp.'}{TEMP}")
