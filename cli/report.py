@@ -308,8 +308,8 @@ def write_json(report: Report, stream: IO[str], *, top: int, experiment: str, wh
         data["rows"] = _ROWS
         head, tail = json.dumps(data, default=str).split(json.dumps(_ROWS))
         stream.write(head + "[")
-        for i, row in enumerate(report.iter_rows()):
-            stream.write((", " if i else "") + json.dumps(row.to_dict(), default=str))
+        for i, row in enumerate(report.iter_json()):
+            stream.write((", " if i else "") + row)
         stream.write("]" + tail + "\n")
         return
     # Indented for a reader; compact (and several times faster to write) beyond a thousand rows.

@@ -224,6 +224,8 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
             # LIMIT keeps SQLite from folding the subquery in: each value is then read once, not once per aggregate.
             + f" FROM ({inner}{'' if sql.pg else ' LIMIT -1'}) AS j GROUP BY phase, target, cfg")
     if sql.pg:
+        # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
+        conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
         conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body}"), sql.binds)
         conn.exec_driver_sql(f"ANALYZE {TEMP}")
     else:
@@ -245,38 +247,44 @@ class Section:
     match: str  # SQL: the section's configurations
     configurations: int
     with_metric: int
+    expected: dict[tuple[int, str], int]  # (phase, target) -> jobs of its largest configuration
 
 
 def sections(conn: Connection, sql: Sql, outer: str | None) -> list[Section]:
     """The outer folds with their counts, in the order of the Python path."""
     from .report import _sort_key
 
-    if outer is None:
-        count, with_metric = conn.exec_driver_sql(
-            f"SELECT count(*), sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END) FROM {TEMP}").one()
-        return [Section(None, "1 = 1", count, with_metric or 0)] if count else []
     expr = outer_expr(sql, outer)
-    if sql.pg:
-        shown = f"({expr})::text"
+    if outer is None:
+        shown = ["NULL"]
+    elif sql.pg:
+        shown = [f"({expr})::text"]
     else:
-        shown = f"json_type(cfg, {sql.path(outer)}), {expr}"
-    rows = conn.execute(sa.text(f"SELECT {shown}, count(*), sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END) FROM {TEMP} "
-                                f"GROUP BY {shown}"), sql.binds).all()
-    found = []
+        shown = [f"json_type(cfg, {sql.path(outer)})", expr]
+    rows = conn.execute(sa.text(f"SELECT {', '.join(shown)}, phase, target, count(*), "
+                                f"sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END), max(jobs) FROM {TEMP} "
+                                f"GROUP BY {', '.join(str(i + 1) for i in range(len(shown) + 2))}"), sql.binds).all()
+    found: dict[tuple, Section] = {}
     for r in rows:
-        if sql.pg:
-            value = None if r[0] is None else json.loads(r[0])
-            match = f"({expr})::text IS NOT DISTINCT FROM {sql.bind(r[0])}"
-            count, with_metric = r[1], r[2]
-        else:
-            kind, raw = r[0], r[1]
-            value = (kind == "true") if kind in ("true", "false") else (None if kind in (None, "null") else raw)
-            if kind in ("array", "object"):
-                value = json.loads(raw)
-            match = (f"json_type(cfg, {sql.path(outer)}) IS {sql.bind(kind)} AND {expr} IS {sql.bind(raw)}")
-            count, with_metric = r[2], r[3]
-        found.append(Section(value, match, count, with_metric or 0))
-    return sorted(found, key=lambda s: _sort_key(s.value))
+        key, (phase, target, count, with_metric, largest) = tuple(r[:len(shown)]), r[len(shown):]
+        if key not in found:
+            if outer is None:
+                value, match = None, "1 = 1"
+            elif sql.pg:
+                value = None if key[0] is None else json.loads(key[0])
+                match = f"({expr})::text IS NOT DISTINCT FROM {sql.bind(key[0])}"
+            else:
+                kind, raw = key
+                value = (kind == "true") if kind in ("true", "false") else (None if kind in (None, "null") else raw)
+                if kind in ("array", "object"):
+                    value = json.loads(raw)
+                match = f"json_type(cfg, {sql.path(outer)}) IS {sql.bind(kind)} AND {expr} IS {sql.bind(raw)}"
+            found[key] = Section(value, match, 0, 0, {})
+        section = found[key]
+        section.configurations += count
+        section.with_metric += with_metric or 0
+        section.expected[(phase, target)] = largest
+    return sorted(found.values(), key=lambda s: _sort_key(s.value))
 
 
 def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str, float]]:
@@ -295,7 +303,7 @@ def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str
 
 
 def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-           allow_incomplete: bool) -> Iterator[tuple]:
+           allow_incomplete: bool, limit: int | None = None) -> Iterator[tuple]:
     """A section's configurations in the database's order: eligible ones by mean (then more runs, the
     lower spread, the first scheduled), then ineligible ones, then those without the metric. The
     rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
@@ -303,19 +311,46 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
     stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
     cfg = "cfg::text" if sql.pg else "cfg"
     allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
-    inner = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
-             "max(jobs) OVER (PARTITION BY phase, target) AS expected FROM "
-             f"{TEMP} WHERE {section.match}")
-    query = (f"SELECT r.*, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = expected) THEN 0 ELSE 1 END"
-             " AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
+    scopes = list(section.expected.items())
+    if len(scopes) == 1:
+        expected = str(int(scopes[0][1]))
+    else:  # a complete configuration has as many jobs as the largest of its phase and target
+        expected = "CASE" + "".join(f" WHEN phase = {sql.bind(p)} AND target = {sql.bind(t)} THEN {int(n)}"
+                                    for (p, t), n in scopes) + " END"
+    query = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
+             f"{expected} AS expected, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
+             "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
              "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var "
-             f"FROM ({inner}) AS r ORDER BY cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, "
-             "first_id")
-    result = conn.execution_options(stream_results=True, max_row_buffer=5000).execute(sa.text(query), sql.binds)
+             f"FROM {TEMP} WHERE {section.match} ORDER BY cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, "
+             "var ASC NULLS LAST, first_id" + ("" if limit is None else f" LIMIT {int(limit)}"))
+    result = conn.execution_options(yield_per=5000).execute(sa.text(query), sql.binds)
     try:
-        yield from result
+        for part in result.partitions():
+            yield from part
     finally:
         result.close()
+
+
+def first_ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
+                 allow_incomplete: bool, count: int) -> list[tuple]:
+    """The first ``count`` configurations of a section in the Python path's order, read with a LIMIT
+    (the database keeps the best rows instead of sorting them all); more are read while the last run
+    of equal means might go on past it."""
+    limit = count + 64
+    while True:
+        rows = list(ranked(conn, sql, section, columns, mode, allow_incomplete, limit))
+        last = _run_key(rows[-1], len(columns)) if len(rows) == limit else None
+        if last is None:
+            return list(in_python_order(iter(rows), len(columns)))[:count]
+        cut = next(i for i, r in enumerate(rows) if _run_key(r, len(columns)) == last)
+        if cut >= count:
+            return list(in_python_order(iter(rows[:cut]), len(columns)))[:count]
+        limit *= 4
+
+
+def _run_key(row: tuple, width: int) -> tuple | None:
+    mean = row[8 + 5 * width + 2]
+    return None if mean is None else (row[8 + 5 * width + 1], f"{mean:.12g}")
 
 
 def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
@@ -324,20 +359,32 @@ def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
     then the lower std, then the first scheduled. Only such a run of equal means is held at a time."""
     cls_at, mean_at = 8 + 5 * width + 1, 8 + 5 * width + 2
     run: list[tuple] = []
-    run_key: tuple | None = None
+    last_cls, last_mean = None, None
     for row in rows:
-        mean = row[mean_at]
+        mean, cls = row[mean_at], row[cls_at]
         if mean is None:  # no metric: the database's order (first scheduled) is the rule's
-            yield from _sorted_run(run, width)
-            run, run_key = [], None
+            if run:
+                yield from _sorted_run(run, width)
+                run = []
+            last_mean = None
             yield row
             continue
-        key = (row[cls_at], float(f"{mean:.12g}"))
-        if key != run_key:
+        if run and (cls != last_cls or not _same_12(last_mean, mean)):
             yield from _sorted_run(run, width)
-            run, run_key = [], key
+            run = []
+        if not run:
+            last_cls, last_mean = cls, mean
         run.append(row)
     yield from _sorted_run(run, width)
+
+
+def _same_12(a: float, b: float) -> bool:
+    """Whether two means agree to 12 significant digits (the rule's equal means); cheap when far apart."""
+    if a == b:
+        return True
+    if abs(b - a) > 1e-11 * max(abs(a), abs(b)):
+        return False
+    return f"{a:.12g}" == f"{b:.12g}"
 
 
 def _sorted_run(run: list[tuple], width: int) -> list[tuple]:

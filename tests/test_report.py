@@ -446,8 +446,25 @@ def same_report(store: Store, metric: str = "valid_error", mode: str = "min", **
     with report.open_report(store, metric, mode, keep=2, **options) as part:
         assert len(part.rows) <= 2 * max(len(part.outer_values), 1)
         assert [r.to_dict() for r in part.iter_rows()] == [r.to_dict() for r in in_db.rows]
+        assert [json.loads(t) for t in part.iter_json()] == [r.to_dict() for r in in_db.rows]
         assert part.summary_lines() == in_py.summary_lines()
     return in_db
+
+
+def assert_close(got, want, where: str = "") -> None:
+    """Equal, floats to 1e-9 (a std from sums of squares, not from deviations)."""
+    if isinstance(want, float) and isinstance(got, float):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-15), where
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for k in want:
+            assert_close(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
 
 
 def folds_and_ties(lr: float, values: list[float | None], statuses: list[str] | None = None, **more):
@@ -457,7 +474,7 @@ def folds_and_ties(lr: float, values: list[float | None], statuses: list[str] | 
             for i, (v, s) in enumerate(zip(values, statuses))]
 
 
-def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store):
+def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store, db_url, capsys, monkeypatch):
     jobs = (folds_and_ties(0.1, [0.2, 0.1, 0.3])  # mean 0.2
             + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # the same values in another order: a tie, by std then id
             + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # mean 0.2 again, a lower std: first of the three
@@ -475,6 +492,17 @@ def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store):
     same_report(store, "valid_error", "max")
     same_report(store, where=["lr>=0.3"])
     same_report(store, group_over=[])
+    # json and csv stream every configuration past the first ones held: the same document.
+    import jobman.cli.report as cli_report
+
+    monkeypatch.setattr(cli_report, "STREAMED_AFTER", 2)
+    expected = report.from_store_in_python(store, "valid_error").to_dict()
+    code, out, _ = cli("report", db_url, "--format", "json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and len(data["rows"]) == 8
+    assert_close(data, {"experiment": store.experiment, "where": [], **json.loads(json.dumps(expected))})
+    code, out, _ = cli("report", db_url, "--format", "csv", capsys=capsys)
+    assert code == 0 and len(list(csv.reader(io.StringIO(out)))) == 9
 
 
 def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_folds(store):
@@ -489,6 +517,12 @@ def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_f
     same_report(store, "accuracy", "max", phase=0)
     with pytest.raises(UnknownMetric, match="numeric results: accuracy, loss, valid_error"):
         report.from_store(store, "nope")
+
+    # A run of 150 means equal to 12 digits (not to the last bit) goes on past the first rows read.
+    put_jobs(store, [({"x": i}, "DONE", {"valid_error": 0.15 if i % 2 else (0.1 + 0.2) / 2}) for i in range(150)],
+             phase=3)
+    rep = same_report(store, phase=3)
+    assert [r.params["x"] for r in rep.rows[:3]] == [0, 1, 2]
 
     nested = [({"lr": lr, "id_outer_fold": o, "id_cross_fold": i}, "DONE", {"valid_error": lr * (o + 1) + i / 100})
               for o in range(3) for lr in (0.1, 0.2) for i in range(2)]
