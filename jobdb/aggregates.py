@@ -150,20 +150,26 @@ def param_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[str,
     return {k: KeyStats(n, bool(same)) for k, n, same in conn.execute(sa.text(sql), binds)}
 
 
-def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> tuple[dict[str, KeyStats], dict[str, Any]]:
-    """The parameters of the first and the last job: their keys, and which hold one value in both
-    (the candidates for constant), with those values. :func:`keys_hold` checks them on every
-    configuration, far cheaper than :func:`param_keys` reading every pair."""
-    lo, hi = conn.execute(sa.text(f"SELECT min(job.id), max(job.id) FROM job WHERE {where}"), binds).one()
-    if lo is None:
-        return {}, {}
+def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[str, KeyStats]:
+    """The parameters of one job of the selection (found by index): what the grouping starts from,
+    checked afterwards on every configuration by :func:`keys_hold`, far cheaper than
+    :func:`param_keys` reading every pair."""
     cast = "::text" if conn.dialect.name == "postgresql" else ""
-    texts = dict(conn.execute(sa.text(f"SELECT id, params{cast} FROM job WHERE id IN (:lo, :hi)"),
-                              {"lo": lo, "hi": hi}).all())
-    first, last = json.loads(texts[lo]), json.loads(texts[hi])
+    found = conn.execute(sa.text(f"SELECT job.params{cast} FROM job WHERE {where} LIMIT 1"), binds).scalar()
+    return {k: KeyStats(-1, False) for k in (json.loads(found) if found else {})}
+
+
+def constant_candidates(conn: Connection) -> tuple[list[str], dict[str, Any]]:
+    """The parameters of the first and the last configuration, and those that hold one value in both
+    (the candidates for constant, with their values)."""
+    cfg = "cfg::text" if conn.dialect.name == "postgresql" else "cfg"
+    texts = [conn.exec_driver_sql(f"SELECT {cfg} FROM {TEMP} ORDER BY first_id {way} LIMIT 1").scalar()
+             for way in ("ASC", "DESC")]
+    if texts[0] is None:
+        return [], {}
+    first, last = json.loads(texts[0]), json.loads(texts[1])
     same = {k: first[k] for k in sorted(first) if k in last and _json_equal(first[k], last[k])}
-    keys = {k: KeyStats(-1, k in same) for k in [*first, *last]}
-    return keys, same
+    return list(dict.fromkeys([*first, *last])), same
 
 
 def _json_equal(a: Any, b: Any) -> bool:

@@ -449,11 +449,11 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
     named = [*(group_over or ()), *([outer] if outer not in (None, AUTO) else []), *(c.key for c in conditions)]
     sampled = exact_keys is None
     if sampled:
-        keys_all, same = aggregates.sampled_keys(conn, base, sql.binds)
+        keys_all = aggregates.sampled_keys(conn, base, sql.binds)
         if any(k not in keys_all for k in named):
             sampled = False
     if not sampled:
-        keys_all, same = exact_keys or aggregates.param_keys(conn, base, base_binds), {}
+        keys_all = exact_keys or aggregates.param_keys(conn, base, base_binds)
     all_keys = set(keys_all)
     if not aggregates.sql_able(conditions, [*all_keys, *named, metric]):
         return None
@@ -484,20 +484,19 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
         selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
                                            for p, t in sorted(kept, key=str)) + ")"
     keys = keys_all
-    if conditions or dropped:  # constant within the selection
-        if sampled:
-            keys, same = aggregates.sampled_keys(conn, selected, sql.binds)
-        else:
-            keys = aggregates.param_keys(conn, selected, sql.binds)
+    if (conditions or dropped) and not sampled:  # constant within the selection
+        keys = aggregates.param_keys(conn, selected, sql.binds)
     others = sorted({k for p, t, k, kind in found if (p, t) in kept and kind in numeric and not k.startswith("_")}
                     - {metric})
     columns = [metric, *others]
     guarded = {k for _, _, k, kind in found if kind not in numeric}
     aggregates.group(conn, sql, selected, groups, columns, guarded)
-    if sampled and not aggregates.keys_hold(conn, sql, [k for k in keys if k not in groups],
-                                            {k: v for k, v in same.items() if k not in groups}):
-        # A job has a parameter the first and the last have not, or another value of one they share:
-        # the keys of every job, then the configurations again.
+    if sampled:
+        seen, same = aggregates.constant_candidates(conn)
+        keys = {k: aggregates.KeyStats(-1, k in same) for k in seen}
+    if sampled and not (set(keys) <= all_keys and aggregates.keys_hold(conn, sql, list(keys), same)):
+        # A configuration has a parameter the first and the last have not, or another value of one
+        # they share, or one the job sampled lacks: the keys of every job, then the grouping again.
         aggregates.drop(conn)
         return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
                                   keep, aggregates.param_keys(conn, base, base_binds))

@@ -158,3 +158,42 @@ def test_a_page_of_the_dashboards_job_table_reads_an_index_not_every_row(busy_st
         else:
             assert not ("Sort" in text and "Seq Scan" in text), text
             assert "Limit" in text.splitlines()[0], text
+
+
+def test_a_report_reads_only_its_experiments_jobs_through_an_index(busy_store):
+    """Every statement a report runs on ``job`` (keys, scopes, the grouping) finds the experiment's
+    rows by an index: a small experiment beside thousands of other jobs costs its own rows only."""
+    from jobman.jobdb import report
+    from jobman.jobdb.sweep import JobSpec
+
+    import dataclasses
+
+    small = Store(dataclasses.replace(busy_store.target, experiment=f"{busy_store.experiment}_small"))
+    ids = small.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"lr": i % 5, "seed": i // 5}, None) for i in range(40)]).job_ids
+    with small.engine.begin() as conn:
+        conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(status="DONE", results='{"valid_error": 0.5}'))
+        conn.exec_driver_sql("ANALYZE")
+    ran: list[tuple[str, dict]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+        ran.append((statement, parameters))
+
+    sa.event.listen(small.engine, "before_cursor_execute", capture)
+    try:
+        rep = report.from_store(small, "valid_error")
+    finally:
+        sa.event.remove(small.engine, "before_cursor_execute", capture)
+    assert rep.best is not None and rep.configurations == 5
+    reads = [(s.split(" AS ", 1)[1] if s.startswith("CREATE TEMP TABLE") else s, p) for s, p in ran
+             if "FROM job" in s and "experiment_id" in s and not s.startswith("SELECT experiment.")]
+    assert len(reads) >= 4, ran  # the sample, the scopes, the result keys, the grouping
+    dialect = small.engine.dialect.name
+    with small.engine.connect() as conn:
+        for statement, params in reads:
+            prefix = "EXPLAIN QUERY PLAN " if dialect == "sqlite" else "EXPLAIN "
+            text = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(prefix + statement, params).all())
+            if dialect == "sqlite":
+                assert "SEARCH job USING" in text and "SCAN job" not in text, (statement, text)
+            else:
+                assert "Seq Scan on job" not in text and "ix_job" in text, (statement, text)
+    small.dispose()
