@@ -288,9 +288,10 @@ class Runner:
         return self._record(child, job, lease, workdir, kill_reason, then)
 
     def _end_leftovers(self, child: _Forked, keep: tuple[int, ...]) -> None:
-        """The fork server died under a job: kill the job's cgroup and process group, and what was
-        orphaned to this worker (a subreaper, when run as ``jobman worker``) meanwhile."""
-        end_job_processes(child.pid, keep=keep, cgroup=child.cgroup)
+        """The fork server died under a job: kill the job's cgroup (with the server's folder of them)
+        and process group, and what was orphaned to this worker (a subreaper, when run as
+        ``jobman worker``) meanwhile."""
+        end_job_processes(child.pid, keep=keep, cgroup=child.cgroup.parent if child.cgroup else None)
 
     # -- starting -----------------------------------------------------------------
     def _continue_parent(self, job: Job, workdir: Path) -> None:

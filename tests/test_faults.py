@@ -8,6 +8,7 @@ The disk tests mount a small tmpfs (they need root) and unmount it in the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -417,17 +418,26 @@ def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, job
     store.dispose()
 
 
-def _run_spawner_until_it_spawned(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path
-                                  ) -> tuple[Store, int, subprocess.Popen]:
-    """A worker (in a session of its own) running one job that left three sleepers behind."""
+@contextlib.contextmanager
+def spawner_worker(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path, max_attempts: int = 3):
+    """A worker (in a session of its own) running one job that left three sleepers behind: the
+    store, the job's id and the worker; whatever is left of them is killed in the end."""
     store = Store.open(url)
     spec = spawning_jobs(mark, 60)[0 if kind == "fn" else 2]
-    [job_id] = store.schedule([spec]).job_ids
+    [job_id] = store.schedule([spec], max_attempts=max_attempts).job_ids
     worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
                                str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
-    return store, job_id, worker
+    try:
+        wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
+        yield store, job_id, worker
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for p in sleepers(mark):
+            p.kill()
+        store.dispose()
 
 
 def _crashed_and_relaunched(store: Store, job_id: int, url: str, jobman) -> None:
@@ -457,8 +467,7 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         pytest.skip(f"no cgroup can be made for a job here (none writable in {where})")
     mark = str(800000 + 10 * os.getpid() + 4 * (kind == "cmd") + ("v1" in killed) * 2 + alone)
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
-    store, job_id, worker = _run_spawner_until_it_spawned(url, kind, mark, mods, tmp_path)
-    try:
+    with spawner_worker(url, kind, mark, mods, tmp_path) as (store, job_id, worker):
         if alone:
             worker.kill()
         else:
@@ -471,13 +480,22 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
             assert len(sleepers(mark)) == 3  # orphaned, but in the job's cgroup
         _crashed_and_relaunched(store, job_id, url, jobman)
         wait_until(lambda: sleepers(mark) == [], 10, "the monitor to kill what the job left")
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        for p in sleepers(mark):
-            p.kill()
-    store.dispose()
+
+
+@pytest.mark.parametrize("kind", ["fn", "cmd"])
+def test_what_a_job_starts_dies_when_the_fork_server_dies_under_it(mods, tmp_path: Path, kind):
+    """The fork server SIGKILLed: the job's process dies with it, and its worker, a subreaper, kills
+    what the job started and records the job CRASHED."""
+    mark = str(600000 + 10 * os.getpid() + (kind == "cmd"))
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
+    with spawner_worker(url, kind, mark, mods, tmp_path, max_attempts=1) as (store, job_id, worker):
+        [server] = [p for p in psutil.Process(worker.pid).children()
+                    if "forkserver import serve" in " ".join(p.cmdline())]
+        server.kill()
+        assert worker.wait(timeout=60) == 0
+        assert sleepers(mark) == [], "a process the job started outlived its fork server"
+        job = store.job(job_id)
+        assert job.status == Status.CRASHED and "fork server died" in job.error, (job.status, job.error)
 
 
 # -- causes are named ---------------------------------------------------------------------------------
