@@ -141,6 +141,11 @@ class Channel:
     def __call__(self, message: Any = None) -> str | None:
         return self.switch(message)
 
+    def save_and_switch(self) -> str | None:
+        """The original's shortcut: :meth:`save`, then :meth:`switch`'s answer."""
+        self.save()
+        return self.switch()
+
     def install_signal_handlers(self) -> None:
         """SIGTERM (and SIGUSR1, sent by Slurm before a time limit) turn should_stop() on."""
 

@@ -290,6 +290,7 @@ def test_python_api_identity_force_dup_and_bad_input(db_url):
 
 def test_channel_switch_answers_as_the_original(tmp_path):
     from jobman.dispatch.channel import DirectChannel
+    from jobman.tools import DD
 
     ch = DirectChannel(job_id=None, phase=0, attempt=1, workdir=tmp_path, params={}, save_every=0.0)
     assert ch.switch() == "save" and ch() in ("save", None)
@@ -299,6 +300,9 @@ def test_channel_switch_answers_as_the_original(tmp_path):
     assert ch.switch() == "stop" and ch.should_stop()
     late = DirectChannel(job_id=None, phase=0, attempt=1, workdir=tmp_path, params={}, deadline=0.0)
     assert late.switch() == "finish-up"
+    state = DD(n=3)
+    late.bind(state)
+    assert late.save_and_switch() == "finish-up" and late.saved_results() == {"n": 3}
 
 
 def test_jobman_help(jobman):
