@@ -451,6 +451,11 @@ def test_nul_is_refused_alike_on_both_engines(db_url, tmp_path, jobman):
         specs = [specs[0], specs[1]._replace(params={"k": "x\x00"}, params_json='{"k": "x\\u0000"}')]
         with pytest.raises(UsageError, match="'k' contains a NUL"):
             store.schedule(specs)
+        from jobman import Experiment
+
+        with Experiment(db_url, backend="inline", exproot=tmp_path / "runs") as exp:
+            with pytest.raises(UsageError, match="'first' contains a NUL"):
+                exp.call(addition_example, first="\x00", second=1)
         name = parse_db(db_url).experiment
         assert query(db_url, f"SELECT count(*) FROM experiment WHERE name = '{name}'") == [(0,)]  # nothing written
         env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path / "mods"), os.environ.get("PYTHONPATH")) if p)}
