@@ -181,7 +181,7 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
     if report.group_over:
         over = f"over {', '.join(report.group_over)}"
     else:
-        over = "over copies" if any(len(r.all_job_ids) > 1 for r in report.rows) else "one job each"
+        over = "over copies" if report.jobs > report.configurations else "one job each"
     ax.set_title(f"{report.metric} vs {key}\n{len(rows)} configurations, mean ± sample std {over}; "
                  f"{better} is better", fontsize=11)
     ax.set_xlabel(xlabel)

@@ -184,7 +184,7 @@ def _header_lines(report: Report, experiment: str, where: tuple[str, ...]) -> li
         lines.append("every run: " + " ".join(f"{k}={format_number(v)}" for k, v in constant.items()))
     if report.group_over:
         lines.append(f"averaged over {', '.join(report.group_over)}: mean ± sample std (ddof={rp.STD_DDOF})")
-    elif any(len(r.all_job_ids) > 1 for r in report.rows):
+    elif report.jobs > report.configurations:
         lines.append(f"no fold or seed parameter: copies of a job (equal parameters, sqlschedule -r) are averaged: "
                      f"mean ± sample std (ddof={rp.STD_DDOF})")
     else:

@@ -309,7 +309,7 @@ def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str
 
 
 def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-           allow_incomplete: bool, limit: int | None = None) -> Iterator[tuple]:
+           allow_incomplete: bool, limit: int | None = None, every: int = 0) -> Iterator[tuple]:
     """A section's configurations in the database's order: eligible ones by mean (then more runs, the
     lower spread, the first scheduled), then ineligible ones, then those without the metric. The
     rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
@@ -323,12 +323,18 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
     else:  # a complete configuration has as many jobs as the largest of its phase and target
         expected = "CASE" + "".join(f" WHEN phase = {sql.bind(p)} AND target = {sql.bind(t)} THEN {int(n)}"
                                     for (p, t), n in scopes) + " END"
-    query = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
-             f"{expected} AS expected, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
-             "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
-             "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var "
-             f"FROM {TEMP} WHERE {section.match} ORDER BY cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, "
-             "var ASC NULLS LAST, first_id" + ("" if limit is None else f" LIMIT {int(limit)}"))
+    select = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
+              f"{expected} AS expected, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
+              "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
+              "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var "
+              f"FROM {TEMP} WHERE {section.match}")
+    order = f"cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, first_id"
+    if every:  # one configuration with the metric in ``every``, by the database's order
+        cols = "phase, target, cfg, jobs, first_id, others, ids, metric_ids" + stats + ", expected, cls, m, var"
+        query = (f"SELECT {cols} FROM (SELECT r.*, row_number() OVER (ORDER BY {order}) AS rn FROM ({select} "
+                 f"AND n0 > 0) AS r) AS s WHERE (rn - 1) % {int(every)} = 0 ORDER BY rn")
+    else:
+        query = f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
     result = conn.execution_options(yield_per=5000).execute(sa.text(query), sql.binds)
     try:
         for part in result.partitions():

@@ -165,6 +165,7 @@ class Report:
     # A report the database ranked may hold only its first rows (see ``jobdb.aggregates``); then
     # what the writers need of every configuration was counted there, and is given here.
     configurations: int = -1  # every configuration, held in ``rows`` or not
+    sample: list[ConfigRow] = field(default_factory=list)  # see ``open_report``
     summary: "Overview | None" = None
     _stream: Callable[[], Iterator[ConfigRow]] | None = field(default=None, repr=False)
     _stream_json: Callable[[], Iterator[str]] | None = field(default=None, repr=False)
@@ -418,29 +419,49 @@ def from_store_in_python(store: "Store", metric: str, mode: str = "min", group_o
 @contextlib.contextmanager
 def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
                 phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
-                where: Sequence[str | Condition] = (), keep: int | None = None) -> Iterator[Report]:
+                where: Sequence[str | Condition] = (), keep: int | None = None,
+                sample: int = 0) -> Iterator[Report]:
     """The report of a store's experiment, grouped and ranked by the database, open for reading.
 
     With ``keep``, the report holds only the first ``keep`` configurations of each outer fold (and
     what is said of all of them: counts, constant parameters and results, the winners); while the
-    context is open, :meth:`Report.iter_rows` streams every configuration from the database.
+    context is open, :meth:`Report.iter_rows` streams every configuration from the database. With
+    ``sample``, :attr:`Report.sample` holds that many configurations with the metric, evenly spaced
+    over the ranking (what a chart of every configuration draws).
     """
     if mode not in ("min", "max"):
         raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
     conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]
     with aggregates.reading(store) as (conn, exp):
         rep = _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                 keep)
+                                 keep, sample=sample)
         if rep is not None:
             yield rep
             return
-    yield from_store_in_python(store, metric, mode, group_over, phase=phase, outer=outer,
+    rep = from_store_in_python(store, metric, mode, group_over, phase=phase, outer=outer,
                                allow_incomplete=allow_incomplete, where=conditions)
+    if sample:
+        rep.sample = _spread(iter(rep.rows), sum(1 for r in rep.rows if r.n), sample)
+    yield rep
+
+
+def _spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[ConfigRow]:
+    """``count`` of the rows with the metric, evenly spaced (every k-th)."""
+    step = with_metric // count + 1
+    out = []
+    i = 0
+    for row in rows:
+        if row.mean is None:
+            continue
+        if i % step == 0:
+            out.append(row)
+        i += 1
+    return out
 
 
 def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: Sequence[str] | None, phase: int | None,
                        outer: str | None, allow_incomplete: bool, conditions: list[Condition],
-                       keep: int | None, exact_keys: dict[str, Any] | None = None) -> Report | None:
+                       keep: int | None, exact_keys: dict[str, Any] | None = None, sample: int = 0) -> Report | None:
     """:func:`_build`, its grouping and sums done by the database (``jobdb.aggregates``); None when a
     filter cannot be said in SQL."""
     sql = aggregates.Sql(conn.dialect.name)
@@ -499,7 +520,7 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
         # they share, or one the job sampled lacks: the keys of every job, then the grouping again.
         aggregates.drop(conn)
         return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                  keep, aggregates.param_keys(conn, base, base_binds))
+                                  keep, aggregates.param_keys(conn, base, base_binds), sample)
     configs, jobs, constant_results = aggregates.totals(conn, columns)
     sections = aggregates.sections(conn, sql, outer_key)
     shown = columns if with_metric else []
@@ -552,6 +573,13 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
                     _stream_json=stream_json)
     if outer_key is not None:
         report.overall = _over_winners(list(winners.values()), shown)
+    if sample and report.holds_all:
+        report.sample = _spread(iter(held), sum(s.with_metric for s in sections), sample)
+    elif sample:  # picked by the database: only the ones drawn are read
+        step = sum(s.with_metric for s in sections) // sample + 1
+        for section in sections:
+            for i, raw in enumerate(aggregates.ranked(conn, sql, section, columns, mode, allow_incomplete, every=step)):
+                report.sample.append(_row_of(raw, 1 + i * step, metric, shown, outer_key, sql.pg))
     return report
 
 

@@ -68,7 +68,8 @@ def guess_mode(metric: str) -> str:
 
 
 class ReportCache:
-    """Reports already built, by experiment, metric and mode: a report of 100,000 jobs takes a second or two.
+    """Reports already built, by experiment, metric and mode: each holds the configurations shown and
+    a spread of them for the charts, while the database ranks them all.
 
     One is built again when its experiment's status counts changed, but not more often than every
     FRESH seconds while jobs keep finishing, and at least every STALE seconds (a reset and a new
@@ -101,7 +102,10 @@ class ReportCache:
         if found and now - found[1] < (self.STALE if found[0] == version else self.FRESH):
             return found[2]
         assert choice.metric is not None
-        built = report.from_store(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True)
+        # The configurations shown and a spread of them for the charts; the rest stays in the database.
+        with report.open_report(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True,
+                                keep=REPORT_ROWS, sample=CHART_POINTS) as built:
+            pass
         with self._lock:
             self._built[key] = (version, now, built)
         return built
@@ -241,9 +245,7 @@ def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
-    rows = [r for r in rep.rows if r.mean is not None]
-    if len(rows) > CHART_POINTS:
-        rows = rows[:: len(rows) // CHART_POINTS + 1]
+    rows = rep.sample  # at most CHART_POINTS configurations with the metric, evenly spaced over the ranking
     best = rep.best
     # Parameters every plotted configuration has (a one-off extra parameter makes no axis).
     keys = [k for k in rep.varying if k != rep.outer and all(k in r.params for r in rows)]
