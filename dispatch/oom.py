@@ -38,6 +38,17 @@ def memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[Path, 
     return None
 
 
+_open_files: dict[Path, int] = {}  # read again and again at offset 0: the kernel writes them anew each time
+
+
+def _read(path: Path) -> str:
+    """A cgroup file's current text, from a descriptor kept open (read before every job, so kept cheap)."""
+    fd = _open_files.get(path)
+    if fd is None:
+        fd = _open_files[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return os.pread(fd, 65536, 0).decode()
+
+
 def _counters(cgroup: tuple[Path, int] | None) -> tuple[int, int] | None:
     """(OOM kills, times the limit was hit) in the cgroup so far."""
     if cgroup is None:
@@ -45,10 +56,10 @@ def _counters(cgroup: tuple[Path, int] | None) -> tuple[int, int] | None:
     where, version = cgroup
     try:
         if version == 2:
-            fields = dict(line.split() for line in (where / "memory.events").read_text().splitlines())
+            fields = dict(line.split() for line in _read(where / "memory.events").splitlines())
             return int(fields.get("oom_kill", 0)), int(fields.get("max", 0))
-        fields = dict(line.split() for line in (where / "memory.oom_control").read_text().splitlines())
-        return int(fields.get("oom_kill", 0)), int((where / "memory.failcnt").read_text())
+        fields = dict(line.split() for line in _read(where / "memory.oom_control").splitlines())
+        return int(fields.get("oom_kill", 0)), int(_read(where / "memory.failcnt"))
     except (OSError, ValueError):
         return None
 

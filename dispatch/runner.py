@@ -259,8 +259,13 @@ class Runner:
 
     def _run(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         job, lease = claimed.job, claimed.lease
-        workdir = Path(job.workdir or ".").resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = Path(os.path.abspath(job.workdir or "."))  # absolute as claimed: no lstat of every part
+        try:
+            os.mkdir(workdir)
+        except FileExistsError:  # a relaunch, or a job continuing another's workdir
+            pass
+        except FileNotFoundError:  # the first job of an experiment makes the root
+            workdir.mkdir(parents=True, exist_ok=True)
         try:
             if job.depends_on:
                 self._continue_parent(job, workdir)

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Dialect
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
+from .schema import search_job as t_sjob
 from .status import Status
 
 if TYPE_CHECKING:
@@ -103,6 +104,11 @@ def _has_children():
     return sa.exists().where(t_dep.c.depends_on == _JOB_ID).label("has_children")
 
 
+def _in_search():
+    """Returned by the finish, so that a job of no search costs no query for the search's promotions."""
+    return sa.exists().where(t_sjob.c.job_id == _JOB_ID).label("in_search")
+
+
 def claim_values() -> dict[str, Any]:
     """What a claim sets: RUNNING at a new lease, the claiming worker (``:host``, ``:pid``, ...), the
     time (``:now``), and a workdir under ``:root`` unless it has one (``:root`` NULL: left as it is)."""
@@ -154,7 +160,7 @@ class HotStatements:
             .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
                     results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results), error=sa.null(),
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
-            .returning(t_job.c.attempt, _has_children()), dialect)
+            .returning(t_job.c.attempt, _has_children(), _in_search()), dialect)
         self.event = Prepared(
             sa.insert(t_event).values(job_id=b("job_id"), at=b("at"), from_status=b("from_status", type_=sa.String),
                                       to_status=b("to_status", type_=sa.String),

@@ -211,7 +211,8 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
     With ``pending``, a DONE job without dependents leaves its event there, for the caller to
     write with the next claim's (one statement for both). ``clock`` stamps the end (the store's:
     the database server's time); ``after_end`` is told of every job that ended (DONE, or ended
-    badly for good), in the same transaction (a search moves on)."""
+    badly for good), in the same transaction (a search moves on); a DONE job only if the finishing
+    statement found it in a search."""
     if outcome == Outcome.DONE:  # the hot path: one statement
         return finish_done(conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock,
                            after_end=after_end)
@@ -265,7 +266,7 @@ def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lea
     rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code)
     if not rows:
         return None
-    attempt, has_children = rows[0]
+    attempt, has_children, in_search = rows[0]
     event = {"job_id": job_id, "from_status": _RUNNING, "to_status": _DONE, "attempt": attempt,
              "why": why or "finished"}
     if pending is not None and not has_children:
@@ -274,7 +275,7 @@ def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lea
         log(conn, [event])
     if has_children:
         graph.refresh(conn, log, [r[0] for r in hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
-    if after_end is not None:
+    if after_end is not None and in_search:  # only a search moves on at a job's end
         after_end(conn, job_id)
     return Status.DONE
 
