@@ -13,10 +13,13 @@ runs up to K jobs in turn, then exits and the next job gets a fresh one (a task
 queue's max-tasks-per-child): a job then sees what the jobs before it in the same
 process left behind (imported modules and their globals, ``os.environ``, threads
 it started), but a crash still takes down only the job that was running, and the
-worker stays apart. Between jobs the process waits on its own socket to the
-server; the server forwards it the next request, and it answers once any stop
-signal meant for the job before has been discarded, so a signal the worker sends
-after the reply reaches the new job's handlers.
+worker stays apart. Such a process talks to its worker directly, over one socket
+for all its jobs: the worker sends a job; the process answers once any stop signal
+meant for the job before has been discarded (a signal the worker sends after that
+reaches the new job's handlers), runs it, ends every process the job left behind
+(its cgroup's, its group's, and its orphans': it is a subreaper), then sends the
+report. The server forks it, then only waits for its exit, which it reports to the
+worker: a crash is seen as in a fresh process. A job then costs two messages and no fork.
 
 Command jobs are its children too: it forks and executes them (argv and environment
 come in the request), so that what they leave behind is orphaned to it, a subreaper,
@@ -237,8 +240,8 @@ def die_with_parent(oom_score_adj: int | None = None) -> None:
         pass
 
 
-def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> None:
-    """Inside the job's process: run the function and send its outcome to the worker."""
+def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> dict[str, Any]:
+    """Inside the job's process: run the function; its outcome, the report to send to the worker."""
     workdir = Path(request["workdir"])
     os.environ.update(request.get("env", {}))
     os.chdir(workdir)
@@ -261,8 +264,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         outcome = Outcome("FAILED", {}, traceback.format_exc(limit=20))
     sys.stdout.flush()
     sys.stderr.flush()
-    send_msg(sock, {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results),
-                    "error": outcome.error})
+    return {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results), "error": outcome.error}
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:
@@ -284,33 +286,49 @@ def _discard_pending_stops() -> None:
         pass
 
 
-def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket, mask: set,
-                 link: socket.socket | None, jobs: int) -> None:
-    """A job process: the job it was forked for, then up to ``jobs - 1`` more sent over ``link``."""
+def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket,
+                 mask: set) -> None:
+    """A fresh job process: the one job it was forked for (what it leaves is ended by the server)."""
+    os.setpgid(0, 0)  # a process group of its own: what its job starts dies with it
+    enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
+    die_with_parent(oom_score_adj=500)
+    send_msg(sock, _job_main(function_of(targets, request), request, sock, mask))
+
+
+def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket, mask: set, jobs: int) -> None:
+    """A job process that runs up to ``jobs`` jobs, each sent by the worker over ``link``.
+
+    For each: it loads the function (an error is the answer, and it waits for the next job),
+    drops any stop signal that came for the job before, says it started, runs the job, ends
+    every process the job left, and only then sends the report. The worker signals a job only
+    once it has started, so no stop meant for one job reaches the next.
+    """
     os.setpgid(0, 0)  # a process group of its own: what its jobs start dies with them
     mine = enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
     die_with_parent(oom_score_adj=500)
-    for done in range(1, jobs + 1):
-        _job_main(function_of(targets, request), request, sock, mask)
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        sock.close()
-        if link is not None:  # the next job in this process does not inherit this one's processes
-            if mine:
-                kill_cgroup(cgroup_of(os.getpid(), _cgroup_folder), remove=False, keep=(os.getpid(),))
-            end_job_processes(None)
-        if link is None or done == jobs:
+    become_subreaper()  # what its jobs orphan comes to it, to be ended with the job
+    done = 0
+    while done < jobs:
+        got = recv_msg(link)
+        if got is None:  # the worker hung up: it is stopping
             return
-        send_msg(link, {"done": done})
-        got = recv_msg(link, with_fds=True)
-        if got is None:  # the server hung up: its worker is stopping
-            return
-        request, fds = got
-        sock = socket.socket(fileno=fds[0])
+        request = got[0]
         if "path" in request:
             sys.path[:] = request["path"]
-        function_of(targets, request)  # the server could, so this can
+        try:
+            fn = function_of(targets, request)
+        except TargetError as exc:
+            send_msg(link, {"op": "error", "error": str(exc)})
+            continue
         _discard_pending_stops()
-        send_msg(link, {"started": done + 1})
+        send_msg(link, {"op": "started"})
+        report = _job_main(fn, request, link, mask)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        if mine:  # the next job does not inherit this one's processes
+            kill_cgroup(cgroup_of(os.getpid(), _cgroup_folder), remove=False, keep=(os.getpid(),))
+        end_job_processes(None)
+        done += 1
+        send_msg(link, report)
 
 
 # -- command jobs ------------------------------------------------------------------------------
@@ -364,15 +382,17 @@ def _start_command(request: dict[str, Any]) -> int:
     return pid
 
 
-# -- the server ----------------------------------------------------------------------------
-_running_job: int | None = None  # the job the server waits for, if any
+# -- the server ---------------------------------------------------------------------------
+_running_jobs: set[int] = set()  # the job processes alive, whose groups die with the worker
 _cgroup_folder: Path | None = None  # where its job processes make their cgroups, if anywhere
 
 
 def _last_rites(_signum: int, _frame: object) -> None:
-    """The worker died: kill the running job with all it started, then exit."""
+    """The worker died: kill the running jobs with all they started, then exit."""
     kill_cgroup(_cgroup_folder)  # every job process's cgroup, and the worker's folder of them
-    end_job_processes(_running_job)
+    for pid in list(_running_jobs):
+        end_job_processes(pid)
+    end_job_processes(None)
     os._exit(0)
 
 
@@ -391,137 +411,132 @@ def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
     try:
-        _serve_requests(ctrl, jobs_per_process)
+        if jobs_per_process > 1:
+            _serve_reused(ctrl, jobs_per_process)
+        else:
+            _serve_requests(ctrl)
     except ConnectionError:  # the worker was killed (its end of the socket closes before we are)
         pass
     finally:
         kill_cgroup(_cgroup_folder)
 
 
-class _Reused:
-    """The server's side of a job process that runs several jobs."""
-
-    def __init__(self, pid: int, link: socket.socket) -> None:
-        self.pid = pid
-        self.link = link
-        try:  # readable when the process exits, even if a process it forked holds the link open
-            self.exit_fd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.exit_fd = None
-
-    def hand_over(self, request: dict[str, Any], job_fd: int) -> bool:
-        """Send it the next job; False if it died since its last one."""
+def _fork_job(ctrl: socket.socket, run: Callable[[set], None]) -> int:
+    """Fork a job process that calls ``run(mask)`` then exits; its pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
+    # channel.should_stop(), not the disposition (ignore) inherited from the server.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {LAST_RITES})
+    gc.freeze()  # the server's objects stay out of the job's collections (and its page copies)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
         try:
-            send_msg(self.link, request, [job_fd])
-        except OSError:
-            return False
-        return self._next_message() is not None
-
-    def wait_job(self) -> int | None:
-        """Until its job ends: None if it is ready for another, else its exit status."""
-        return None if self._next_message() is not None else self.reap()
-
-    def _next_message(self) -> Any:
-        """Its next message, or None once it has exited (a process it forked may hold the link open)."""
-        if self.exit_fd is not None:
-            ready, _, _ = select.select([self.link, self.exit_fd], [], [])
-            if self.link not in ready:
-                return None
-        try:
-            got = recv_msg(self.link)
-        except OSError:
-            return None
-        return got[0] if got is not None else None
-
-    def reap(self) -> int:
-        self.link.close()
-        if self.exit_fd is not None:
-            os.close(self.exit_fd)
-        return os.waitpid(self.pid, 0)[1]
-
-
-def _serve_requests(ctrl: socket.socket, jobs_per_process: int = 1) -> None:
-    targets: dict[str, Callable[..., Any]] = {}
-    reused: list[_Reused] = []  # the job process waiting for its next job, if any
+            ctrl.close()
+            run(mask)
+        except BaseException:  # noqa: BLE001 - nothing may escape into the server's loop
+            code = 70
+        finally:
+            os._exit(code)
     try:
-        while True:
-            got = recv_msg(ctrl, with_fds=True)
-            if got is None:
-                return
-            _serve_one(ctrl, targets, reused, jobs_per_process, *got)
-    finally:
-        for process in reused:  # it exits at the end of its link
-            process.reap()
+        os.setpgid(pid, pid)  # as the child does: whichever runs first
+    except OSError:
+        pass
+    gc.unfreeze()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return pid
 
 
-def _serve_one(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], reused: list[_Reused],
-               jobs_per_process: int, request: dict[str, Any], fds: list[int]) -> None:
-    """One request: its job started (or handed to the waiting job process), its pid and exit sent back."""
-    global _running_job
+def _next_request(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], keep: tuple[int, ...] = ()
+                  ) -> tuple[dict[str, Any], socket.socket] | bool:
+    """The worker's next function job, its function imported here (so every process forked for it
+    starts warm), with the socket sent with it; False at the end of the stream, True if the request
+    was answered here (an error, or a command job run to its end: ``keep``, the job processes alive)."""
+    got = recv_msg(ctrl, with_fds=True)
+    if got is None:
+        return False
+    request, fds = got
     if "path" in request:
         sys.path[:] = request["path"]
-    job_sock = socket.socket(fileno=fds[0])
+    sock = socket.socket(fileno=fds[0])
     if "argv" in request:
-        job_sock.close()
-        _serve_command(ctrl, request, tuple(p.pid for p in reused))
-        return
+        sock.close()
+        _serve_command(ctrl, request, keep)
+        return True
     try:
         function_of(targets, request)
     except TargetError as exc:
-        job_sock.close()
+        sock.close()
         send_msg(ctrl, {"error": str(exc)})
-        return
-    process = reused.pop() if reused else None
-    if process is not None and not process.hand_over(request, job_sock.fileno()):
-        process.reap()  # it died between two jobs: a fresh one takes this job
-        process = None
-    if process is None:
-        link = None
-        if jobs_per_process > 1:
-            link, their_link = socket.socketpair()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Blocked until the child has installed its handlers: a SIGTERM sent at once must reach
-        # channel.should_stop(), not the disposition (ignore) inherited from the server.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS | {LAST_RITES})
-        gc.freeze()  # the server's objects stay out of the job's collections (and its page copies)
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                ctrl.close()
-                if link is not None:
-                    link.close()
-                _job_process(targets, request, job_sock, mask, their_link if link else None, jobs_per_process)
-            except BaseException:  # noqa: BLE001 - nothing may escape into the server's loop
-                code = 70
-            finally:
-                os._exit(code)
-        try:
-            os.setpgid(pid, pid)  # as the child does: whichever runs first
-        except OSError:
-            pass
-        gc.unfreeze()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if link is not None:
-            their_link.close()
-            process = _Reused(pid, link)
-    job_sock.close()
-    pid = process.pid if process is not None else pid
-    _running_job = pid
-    send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
-    if process is None:
+        return True
+    return request, sock
+
+
+def _serve_requests(ctrl: socket.socket) -> None:
+    """A fresh process per job: forked, its pid sent, waited for, what it left ended, its exit sent."""
+    targets: dict[str, Callable[..., Any]] = {}
+    while True:
+        got = _next_request(ctrl, targets)
+        if got is True:
+            continue
+        if got is False:
+            return
+        request, job_sock = got
+        pid = _fork_job(ctrl, lambda mask: _job_process(targets, request, job_sock, mask))
+        job_sock.close()
+        _running_jobs.add(pid)
+        send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
         status = os.waitpid(pid, 0)[1]
-        end_job_processes(pid, keep=tuple(p.pid for p in reused), cgroup=cgroup_of(pid, _cgroup_folder))
-    else:
-        status = process.wait_job()
-        if status is None:  # it lives on for the next job, having ended the processes this one started
-            reused.append(process)
-        end_job_processes(None if status is None else pid, keep=tuple(p.pid for p in reused),
-                          cgroup=None if status is None else cgroup_of(pid, _cgroup_folder))
-        status = status or 0
-    _running_job = None  # ended before the worker hears of the end: nothing of the job outlives it
-    send_msg(ctrl, {"exit": pid, "status": status})
+        end_job_processes(pid, cgroup=cgroup_of(pid, _cgroup_folder))
+        _running_jobs.discard(pid)  # ended before the worker hears of the end: nothing of the job outlives it
+        send_msg(ctrl, {"exit": pid, "status": status})
+
+
+def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
+    """Job processes that run several jobs: forked on the worker's request with the link the worker
+    sends its jobs over; the server only watches them, and sends each one's exit status when it
+    ends, once every process it left is ended."""
+    targets: dict[str, Callable[..., Any]] = {}
+    alive: dict[int, int] = {}  # pid: a descriptor readable when it exits (-1: none, polled)
+    try:
+        while True:
+            ready, _, _ = select.select([ctrl, *(fd for fd in alive.values() if fd >= 0)], [], [],
+                                        None if all(fd >= 0 for fd in alive.values()) else 0.05)
+            for pid, fd in list(alive.items()):
+                if fd in ready or fd < 0:
+                    done, status = os.waitpid(pid, 0 if fd >= 0 else os.WNOHANG)
+                    if done == 0:
+                        continue
+                    if fd >= 0:
+                        os.close(fd)
+                    del alive[pid]
+                    end_job_processes(pid, keep=tuple(alive), cgroup=cgroup_of(pid, _cgroup_folder))
+                    _running_jobs.discard(pid)
+                    send_msg(ctrl, {"exit": pid, "status": status})
+            if ctrl not in ready:
+                continue
+            got = _next_request(ctrl, targets, keep=tuple(alive))
+            if got is True:
+                continue
+            if got is False:
+                return
+            link = got[1]
+            pid = _fork_job(ctrl, lambda mask: _reused_process(targets, link, mask, jobs_per_process))
+            link.close()
+            _running_jobs.add(pid)
+            try:
+                alive[pid] = os.pidfd_open(pid)
+            except (AttributeError, OSError):
+                alive[pid] = -1
+            send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
+    finally:  # the worker hung up: its job processes (idle, or it would be waiting for them) go too
+        for pid in alive:
+            end_job_processes(pid, keep=tuple(p for p in alive if p != pid), cgroup=cgroup_of(pid, _cgroup_folder))
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
 
 def _cgroup_text(pid: int) -> str | None:
@@ -532,22 +547,44 @@ def _cgroup_text(pid: int) -> str | None:
 
 def _serve_command(ctrl: socket.socket, request: dict[str, Any], keep: tuple[int, ...]) -> None:
     """A command job: started, its pid sent, waited for, everything it started killed, its exit sent."""
-    global _running_job
     try:
         pid = _start_command(request)
     except OSError as exc:
         send_msg(ctrl, {"error": str(exc)})
         return
-    _running_job = pid
+    _running_jobs.add(pid)
     send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
     status = os.waitpid(pid, 0)[1]
     end_job_processes(pid, keep=keep, cgroup=cgroup_of(pid, _cgroup_folder))
-    _running_job = None
+    _running_jobs.discard(pid)
     send_msg(ctrl, {"exit": pid, "status": status})
 
 
 class ForkServerGone(Exception):
     """The fork server exited (killed, or out of memory)."""
+
+
+class JobProcess:
+    """The worker's side of a job process that runs several jobs: its pid, its cgroup, the link the
+    worker sends it jobs over (and the jobs send their checkpoints, metrics and reports back on),
+    and how many jobs it has left."""
+
+    def __init__(self, pid: int, cgroup: Path | None, link: socket.socket, jobs: int) -> None:
+        self.pid = pid
+        self.cgroup = cgroup
+        self.link: socket.socket | None = link
+        self.left = jobs
+        self.path_sent = list(sys.path)
+
+    @property
+    def usable(self) -> bool:
+        return self.link is not None and self.left > 0
+
+    def close(self) -> None:
+        """Hang up: an idle job process exits at the end of its link."""
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
 
 class ForkServer:
@@ -559,6 +596,7 @@ class ForkServer:
         self.ctrl: socket.socket | None = None
         self._path_sent: list[str] | None = None
         self.last_cgroup: Path | None = None  # of the job last started, if it could have one
+        self.process: JobProcess | None = None  # with jobs_per_process > 1: the one that takes the next job
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
@@ -573,11 +611,13 @@ class ForkServer:
         self._path_sent = list(sys.path)
 
     def start_job(self, request: dict[str, Any]) -> tuple[int, socket.socket]:
-        """Send a job to the server: its pid and the worker's end of its socket.
+        """Send a job to the server, which forks a process for it: its pid and the worker's end of its
+        socket (with ``last_cgroup`` its cgroup).
 
         A request with ``argv`` is a command job, forked and executed by the server (so it is its
-        child, and what it leaves behind is the server's to kill). Raises TargetError if the server
-        cannot import the target or start the command, ForkServerGone if it died.
+        child, and what it leaves behind is the server's to kill); with jobs_per_process > 1 a
+        request naming only a function forks a job process for :meth:`run_in_process`. Raises
+        TargetError if the server cannot import the target or start the command, ForkServerGone if it died.
         """
         if self.proc is None or self.proc.poll() is not None:
             self.close()
@@ -588,7 +628,10 @@ class ForkServer:
         mine, theirs = socket.socketpair()
         try:
             send_msg(self.ctrl, request, [theirs.fileno()])
-            reply = recv_msg(self.ctrl)
+            while True:  # the exit of a reused job process that ran its last job may come first
+                reply = recv_msg(self.ctrl)
+                if reply is None or "exit" not in reply[0]:
+                    break
         except OSError:
             reply = None
         finally:
@@ -604,8 +647,41 @@ class ForkServer:
         self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
         return answer["pid"], mine
 
+    def run_in_process(self, request: dict[str, Any]) -> JobProcess:
+        """Hand a function job to the reused job process (a fresh one from the server when there is
+        none, or it has run its last job, or it died since its last one), once it has said the job
+        started. Raises TargetError if the target cannot be imported, ForkServerGone if the server died."""
+        for _try in range(2):
+            process = self.process
+            if process is None or not process.usable:
+                if process is not None:
+                    process.close()
+                self.process = None
+                pid, link = self.start_job({key: request[key] for key in ("target", "code") if key in request})
+                self.process = process = JobProcess(pid, self.last_cgroup, link, self.jobs_per_process)
+            job = request
+            if sys.path != process.path_sent:
+                job = {**request, "path": list(sys.path)}
+                process.path_sent = list(sys.path)
+            try:
+                send_msg(process.link, job)
+                reply = recv_msg(process.link)
+            except OSError:
+                reply = None
+            if reply is None:  # it died between two jobs (killed, out of memory): a fresh one takes this job
+                process.close()
+                continue
+            if reply[0].get("op") == "error":
+                raise TargetError(reply[0]["error"])
+            process.left -= 1
+            return process
+        raise ForkServerGone("the worker's job process exited before starting its job")
+
     def close(self) -> None:
         """Hang up: the server exits at the end of its stream (killed if it does not)."""
+        if self.process is not None:
+            self.process.close()
+            self.process = None
         hang_up(self)
 
 

@@ -34,7 +34,7 @@ from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 from .channel import job_info
 from .experiment import TargetError, by_value
 from .interrupted import mark_interrupted
-from .forkserver import ForkServer, ForkServerGone, Frames, child_pids, end_job_processes, send_msg
+from .forkserver import ForkServer, ForkServerGone, Frames, JobProcess, child_pids, end_job_processes, send_msg
 from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage
@@ -141,8 +141,7 @@ class _Forked(_Child):
         except OSError:
             data = b""
         if not data:
-            self.sock.close()
-            self.sock = None
+            self._hung_up()
             return False
         for message in self._frames.feed(data):
             if message.get("op") == "report":
@@ -153,6 +152,11 @@ class _Forked(_Child):
                 except OSError:  # the job died waiting for the answer
                     pass
         return True
+
+    def _hung_up(self) -> None:
+        """The job's end of its socket closed."""
+        self.sock.close()
+        self.sock = None
 
     def _read_exit(self) -> None:
         try:
@@ -181,6 +185,39 @@ class _Forked(_Child):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        return True
+
+
+class _InProcess(_Forked):
+    """A function job run by a job process that runs several in turn: ended by its report (the
+    process has ended what the job started by then); a crash, by the process's exit status."""
+
+    def __init__(self, process: JobProcess, deadline: float | None, ctrl: socket.socket,
+                 answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        super().__init__(process.pid, deadline, process.link, ctrl, answer, process.cgroup)
+        self.process = process
+
+    def send(self, sig: int) -> None:
+        if self.report is None:  # once it reported, the process is another job's
+            super().send(sig)
+
+    def _hung_up(self) -> None:
+        self.process.close()  # it died: the next job gets a fresh one
+        self.sock = None
+
+    def reap(self) -> bool:
+        if self.report is None and self.status is None:
+            self._read_exit()
+            if self.status is None:
+                return False
+        # Died: what it sent before its end is still to be read.
+        while self.report is None and self.sock is not None and self._read_job():
+            pass
+        if self.report is not None:
+            self.status = 0  # it lives on for the next job (or exited after its last one, as asked)
+        else:
+            self.process.close()
+        self.sock = None  # the link stays the process's, not this job's
         return True
 
 
@@ -322,12 +359,18 @@ class Runner:
             request["env"] = self.job_env
         if by_value(job.target):
             request["code"] = self._code_of(job.target)
+        answer = lambda message: self._answer(job, lease, message)  # noqa: E731
+        if self.limits.jobs_per_process > 1:
+            try:
+                process = self.server.run_in_process(request)
+            except ForkServerGone:  # killed between two jobs: a new one, once
+                process = self.server.run_in_process(request)
+            return _InProcess(process, deadline, self.server.ctrl, answer)
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
-        return _Forked(pid, deadline, sock, self.server.ctrl, lambda message: self._answer(job, lease, message),
-                       self.server.last_cgroup)
+        return _Forked(pid, deadline, sock, self.server.ctrl, answer, self.server.last_cgroup)
 
     def _code_of(self, target: str) -> str:
         """The stored code of a function run by value, as text for the fork server's JSON request."""
