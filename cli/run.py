@@ -255,6 +255,9 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
         raise UsageError("--sbatch-phase is for --one-job-per-task (pull workers run jobs of every phase)")
     if array_parallelism and one_job_per_task:
         raise UsageError("--array-parallelism is for pull workers; with --one-job-per-task, use -j")
+    if one_job_per_task and processes.jobs_per_process > 1:
+        raise UsageError("--jobs-per-process is for pull workers: with --one-job-per-task each Slurm job "
+                         "runs one job")
     if backend == "slurm" and processes.gpus:
         raise UsageError("--gpus is for the local backend: on Slurm, ask for GPUs with --sbatch '--gres=gpu:N' "
                          "(Slurm sets each job's CUDA_VISIBLE_DEVICES)")
@@ -419,8 +422,10 @@ def _follow(store, slurm, show: bool, watch: str, run) -> int:
 @limit_options
 @click.option("--assignment-wait", type=click.FloatRange(0), default=60.0, show_default=True,
               help="Inside Slurm: how long to wait for the dispatch to record this Slurm job on the job.")
+@click.option("--threads-per-job", type=click.IntRange(1), default=None, metavar="T",
+              help="BLAS/OpenMP threads of the job (OMP_NUM_THREADS, MKL, OpenBLAS, ...). Default: the libraries' own.")
 @verbose_option
-def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait, verbose) -> int:
+def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait, threads_per_job, verbose) -> int:
     """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
 
     \b
@@ -438,6 +443,7 @@ def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait,
         raise UsageError("run-job takes a database URL and one job id, like: jobman run-job DB 42")
     store = database.open()
     log_to_stderr("[jobman run-job %(process)d] %(message)s", verbose)
+    JobProcesses(threads_per_job=threads_per_job).set_threads()
     options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace))
     runner = RunJob(store, int(args[0]), options, assignment_wait=assignment_wait)
     runner.install_signal_handlers()

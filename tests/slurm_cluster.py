@@ -165,10 +165,17 @@ class SlurmCluster:
             "ReturnToService=2",
             # The node advertises more CPUs than the machine has; slurmd must not object.
             "SlurmdParameters=config_overrides",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={mem_mb} State=UNKNOWN",
+            # Two "GPUs" (gres.conf: two character devices every Linux has): Slurm sets a job's
+            # CUDA_VISIBLE_DEVICES from what it was given, as on a real GPU node.
+            "GresTypes=gpu",
+            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} Gres=gpu:2 RealMemory={mem_mb} State=UNKNOWN",
             f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
+
+    def gres_text(self) -> str:
+        """gres.conf, read from beside slurm.conf: the node's two fake GPUs."""
+        return "".join(f"NodeName={self.node} Name=gpu File={device}\n" for device in ("/dev/null", "/dev/zero"))
 
     # -- public verbs ------------------------------------------------------------
 
@@ -186,6 +193,7 @@ class SlurmCluster:
         for sub in ("state", "spool", "log", "run"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.conf_path.write_text(text)
+        self.conf_path.with_name("gres.conf").write_text(self.gres_text())
         self._ensure_munge()
         if _port_open(CONTROLLER_PORT):
             raise SlurmClusterError(

@@ -75,6 +75,14 @@ def probe(state, channel):
     state.slurm_job = os.environ.get("SLURM_JOB_ID")
     state.cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
 
+def where_and_threads(state, channel):
+    """The process the job ran in, its thread settings, and the devices Slurm gave it."""
+    state.pid = os.getpid()
+    state.omp = os.environ.get("OMP_NUM_THREADS")
+    state.openblas = os.environ.get("OPENBLAS_NUM_THREADS")
+    state.cuda = os.environ.get("CUDA_VISIBLE_DEVICES")
+    state.slurm_job = os.environ.get("SLURM_JOB_ID")
+
 def resumable(state, channel):
     """``steps`` one-second steps, checkpointed; stops early (INCOMPLETE) when asked to."""
     state.starts = list(state.get("starts", [])) + [state.get("done", 0)]
@@ -300,7 +308,65 @@ def test_a_worker_at_its_time_limit_requeues_its_job_which_resumes_from_its_chec
     assert len({e.why.split("(slurm ")[-1] for e in exp.store.events(job.id) if "claimed" in e.why}) >= 2
 
 
+@pytest.mark.slurm
+def test_pull_workers_on_slurm_reuse_job_processes_and_set_the_threads_of_each_job(
+        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    exp.schedule("slurm_jobs:where_and_threads", "n={{1,2,3,4,5,6}}")
+    proc = exp.popen_dispatch("-j", "1", "--heartbeat", "1", "--jobs-per-process", "3", "--threads-per-job", "2")
+    assert finish(proc, 120, exp) == 0, exp.dispatch_err()
+
+    jobs = sorted(exp.jobs(), key=lambda j: j.id)
+    assert all(j.status is Status.DONE and j.backend == "slurm" for j in jobs)
+    assert {(j.results["omp"], j.results["openblas"]) for j in jobs} == {("2", "2")}
+    # One worker: its first three jobs in one process, the next three in a fresh one.
+    pids = [j.results["pid"] for j in jobs]
+    assert len(set(pids[:3])) == 1 and len(set(pids[3:])) == 1 and pids[0] != pids[3], pids
+
+
+@pytest.mark.slurm
+def test_gpus_come_from_slurms_gres_which_sets_each_jobs_cuda_visible_devices(
+        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    exp.schedule("slurm_jobs:where_and_threads", "n={{1,2,3,4}}")
+    proc = exp.popen_dispatch("-j", "2", "--heartbeat", "1", "--sbatch", "--gres=gpu:1")
+    assert finish(proc, 120, exp) == 0, exp.dispatch_err()
+    jobs = exp.jobs()
+    assert all(j.status is Status.DONE for j in jobs)
+    by_task: dict[str, set[str]] = {}
+    for job in jobs:
+        by_task.setdefault(job.backend_id, set()).add(job.results["cuda"])
+    # Each worker's jobs see the one device Slurm gave its task, and only that one.
+    assert all(len(seen) == 1 and seen <= {"0", "1"} for seen in by_task.values()), by_task
+
+    exp.schedule("slurm_jobs:where_and_threads", "n=9", "resources=--gres=gpu:2")
+    proc = exp.popen_dispatch("--one-job-per-task", "--heartbeat", "1")
+    assert finish(proc, 120, exp) == 0, exp.dispatch_err()
+    [both] = [j for j in exp.jobs() if j.params["n"] == 9]
+    assert both.status is Status.DONE and both.results["cuda"] == "0,1"
+
+    refused = exp.dispatch("--gpus", "0,1")
+    assert refused.code == 2 and "--gpus is for the local backend" in refused.err and "Traceback" not in refused.err
+
+
 # -- one Slurm job per jobman job ----------------------------------------------------------
+
+@pytest.mark.slurm
+def test_one_job_per_task_sets_the_threads_of_each_job_and_refuses_jobs_per_process(
+        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    exp.schedule("slurm_jobs:where_and_threads", "n={{1,2}}")
+    refused = exp.dispatch("--one-job-per-task", "--jobs-per-process", "5")
+    assert refused.code == 2 and "Traceback" not in refused.err
+    assert refused.err.strip() == ("jobman: --jobs-per-process is for pull workers: with --one-job-per-task "
+                                   "each Slurm job runs one job"), refused.err
+    assert all(j.status is Status.QUEUED and j.backend_id is None for j in exp.jobs())  # nothing submitted
+
+    proc = exp.popen_dispatch("--one-job-per-task", "--threads-per-job", "3", "--heartbeat", "1")
+    assert finish(proc, 120, exp) == 0, exp.dispatch_err()
+    jobs = exp.jobs()
+    assert all(j.status is Status.DONE for j in jobs)
+    assert {(j.results["omp"], j.results["openblas"]) for j in jobs} == {("3", "3")}
+    assert len({j.results["slurm_job"] for j in jobs}) == 2
+
+
 
 @pytest.mark.slurm
 def test_one_job_per_task_gives_each_job_its_own_resources_and_submits_children_when_queued(
