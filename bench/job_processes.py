@@ -78,6 +78,19 @@ def bare_forks(n: int) -> float:
     return children_cpu() - cpu - start_cpu
 
 
+def workdir_files(tmp: Path, n: int) -> float:
+    """CPU seconds of what every job costs the file system at the least: its workdir, with its
+    stdout.txt and stderr.txt, made ``n`` times beside the benchmark's own workdirs."""
+    root = tmp / "workdirs"
+    root.mkdir()
+    cpu = time.process_time()
+    for i in range(n):
+        os.mkdir(root / str(i))
+        for name in ("stdout.txt", "stderr.txt"):
+            os.close(os.open(root / str(i) / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    return time.process_time() - cpu
+
+
 def optuna_run(tmp: Path, trials: int) -> float | None:
     """Wall seconds of ``trials`` evaluations by two processes on one Optuna SQLite storage; None without Optuna."""
     try:
@@ -103,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer jobs (2,000 reused, 500 otherwise)")
     parser.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.name}")
+    parser.add_argument("--dir", default=None, help="where the databases and workdirs go (default: the temp dir)")
     args = parser.parse_args(argv)
     many = 2000 if args.quick else 10000  # reused processes
     few = 500 if args.quick else 2000  # a fresh process per job, and the baselines
     trials = 500 if args.quick else 2000
 
     figures = []
-    with tempfile.TemporaryDirectory(prefix="jobman-bench-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="jobman-bench-", dir=args.dir) as tmp_name:
         tmp = Path(tmp_name)
         load_before = os.getloadavg()[0]
         fresh_s, fresh_cpu = dispatch(tmp, few, "fresh")
@@ -118,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             f"default mode (fresh fork per job), CPU per job, {few:,} jobs", 1000 * fresh_cpu / few, "ms",
             1000 * fork_cpu / few, "<= 2x a bare fork-and-exit", fresh_cpu <= 2 * fork_cpu,
             "(every process counted, start-up included; lower is better)")))
+        files_cpu = workdir_files(tmp, few)
+        print(f"  of which the file system's part: a workdir and its two output files, "
+              f"{1000 * files_cpu / few:.2f} ms of CPU per job here")
         reused_s, reused_cpu = dispatch(tmp, many, "reused", "--jobs-per-process", "1000")
         px_s, px_cpu = run_processes(tmp, few)
         px_rate = few / px_s
@@ -145,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     m = machine()
     lines = [f"## {m['date']}: job processes (`bench/job_processes.py{' --quick' if args.quick else ''}`)", "",
              f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, SQLAlchemy {m['sqlalchemy']}; "
-             f"load average {load_before:.1f} before, {load_after:.1f} after (a machine shared with other work).",
+             f"load average {load_before:.1f} before, {load_after:.1f} after (a machine shared with other work); "
+             f"databases and workdirs in {Path(tmp_name).parent}.",
              ""]
     lines += [f"- {f.line()}" for f in figures]
+    lines.append(f"- what every job costs the file system here (its workdir, stdout.txt and stderr.txt made, "
+                 f"nothing written): {1000 * files_cpu / few:.2f} ms of CPU per job")
     if not args.no_write:
         old = RESULTS.read_text()
         RESULTS.write_text(old.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
