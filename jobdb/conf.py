@@ -39,8 +39,8 @@ def expand_tokens(tokens: Sequence[str], *, evaluate: Callable[[str], Any], cwd:
     """``tokens`` with every form of the original written as ``key=value`` tokens.
 
     A token that is neither a form nor a file is left as it is (a target, a phase separator,
-    ``k={{a,b}}``). With ``later_wins``, a key set twice keeps its last value wherever it was set
-    (the original's ``cmdline``); otherwise only values read from files give way.
+    ``k={{a,b}}``). A key set twice keeps its last value when one of the two was read from a file,
+    or always with ``later_wins`` (the original's ``cmdline``); else both stay, for the sweep to refuse.
     """
     out: list[str | None] = []
     where: dict[str, tuple[int, bool]] = {}  # key -> (index in out, read from a file)
