@@ -47,9 +47,11 @@ def _results_summary(results: dict | None, width: int = 3) -> str:
 @click.option("--status", "-s", "status", multiple=True, metavar="STATUS",
               help="Only these statuses (names, jobman codes or START/ERR_RUN; comma-separated or repeated).")
 @click.option("--phase", type=int, help="Only this phase.")
-@click.option("--limit", type=click.IntRange(1), help="At most this many jobs.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Only jobs whose parameter KEY has this value (lr=0.1; repeat to AND).")
+@click.option("--limit", type=click.IntRange(1), help="At most this many jobs: the first, by id.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
+def list_jobs(database: Database, status: tuple[str, ...], phase: int | None, params: tuple[str, ...],
               limit: int | None, fmt: str) -> None:
     """One row per job: id, phase, status, attempt, parameters, results.
 
@@ -57,9 +59,11 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
     Example:
       jobman list --db sqlite:///sweeps.db --table mlp --status RUNNING,FAILED
       jobman list 'sqlite:///sweeps.db?table=mlp' --format json | jq '.[].status'
+      jobman list --param lr=0.1 --status DONE --limit 20
     """
+    wanted = _param_filter(params)
     store = database.open()
-    jobs = store.jobs(status=_statuses(status), phase=phase, limit=limit)
+    jobs = store.jobs(status=_statuses(status), phase=phase, limit=limit, params=wanted or None)
     if fmt == "json":
         print_json([job_json(j) for j in jobs])
         return
@@ -78,7 +82,7 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
         common = {k: v for k, v in jobs[0].params.items() if k not in varying}
         if common and len(jobs) > 1:
             out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
-    rungs = store.rungs()  # jobs of successive-halving searches: their rung shows beside the phase
+    rungs = store.rungs([j.id for j in jobs])  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
     for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where",
@@ -95,7 +99,28 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None,
     counts: dict[str, int] = {}
     for j in jobs:
         counts[j.status.value] = counts.get(j.status.value, 0) + 1
-    out.print(f"[dim]{len(jobs)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "[/]")
+    # No total of a large experiment here: counting every matching job would read them all.
+    more = " (the first by id; more may follow: raise --limit)" if limit and len(jobs) == limit else ""
+    out.print(f"[dim]{len(jobs)} jobs{more}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "[/]")
+
+
+def _param_filter(given: tuple[str, ...]) -> dict:
+    """``--param lr=0.1 --param act=tanh`` as the values to match, typed as a sweep types them."""
+    from jobman.jobdb.sweep import parse_value
+
+    out: dict = {}
+    for item in given:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: write KEY=VALUE, such as lr=0.1")
+        try:
+            out[key] = parse_value(raw)
+        except ValueError as exc:  # 'message@position'
+            message, _, pos = str(exc).rpartition("@")
+            raise UsageError(f"--param {item!r}: {message} at character {len(key) + 2 + int(pos)}") from None
+        if not isinstance(out[key], (int, float, str, bool, list, type(None))):
+            raise UsageError(f"--param {item!r}: a filter matches one value, not a distribution")
+    return out
 
 
 @click.command("show")
@@ -119,7 +144,7 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     if fmt == "json":
         data = job_json(job)
         data["children"] = children
-        rung = store.rungs().get(job.id)
+        rung = store.rungs([job.id]).get(job.id)
         data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
         data["events"] = [e.__dict__ for e in events]
         print_json(data)
@@ -135,7 +160,7 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
         + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",
     ]
-    rung = store.rungs().get(job.id)
+    rung = store.rungs([job.id]).get(job.id)
     if rung is not None:
         continued = store.continues_from(job.id) if rung[0] else None
         lines.append(f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="

@@ -10,12 +10,13 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import parse_status
 from jobman.jobdb.halving import (PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes,
                                   sampled, sweep_space)
-from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Phase, Sweep, check_samples, count_jobs, expand,
+from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Expansion, Phase, Sweep, check_samples, count_jobs,
                                 parse_sweep)
 
 from .common import Database, err, parse_ids, with_database
 
 _SEP = "\x00phase\x00"
+MAX_JOBS = 100_000_000
 
 
 class SweepCommand(click.Command):
@@ -158,8 +159,8 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         raise UsageError("--cmd needs a command line, such as 'python train.py'")
     check_samples(parsed, samples)
     total = count_jobs(parsed, samples)
-    if total > 5_000_000:
-        raise UsageError(f"the sweep makes {total:,} jobs; split it (at most 5,000,000 at once)")
+    if total > MAX_JOBS:  # a runaway product of grids, most likely; memory is not the limit
+        raise UsageError(f"the sweep makes {total:,} jobs; split it (at most {MAX_JOBS:,} at once)")
     rules = None
     if halving is not None:
         rules, parsed = _halving_rules(parsed, halving, eta, metric, maximize, asynchronous)
@@ -174,13 +175,14 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     elif metric is not None or maximize or asynchronous:
         raise UsageError("--metric, --max and --async go with --halving RESOURCE=MIN:MAX or --prune median")
     rules = sampled(sweep_space(parsed), rules)  # the distributions drawn, kept for report --plot
-    specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
+    # Made as the store reads it: a million-job grid is never held whole.
+    specs = Expansion(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
-        check_targets([s.target for s in specs if s.kind == "fn"])
+        check_targets(specs.function_targets())
     if dry_run:
         click.echo(f"{len(specs) * repeat} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
         if rules is not None and rules.rungs:
-            click.echo(_rungs_line(rules, specs, repeat))
+            click.echo(_rungs_line(rules, list(specs), repeat))
         return
     store = database.open()
     after_ids: list[int] = []
@@ -194,20 +196,18 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
             raise UsageError(f"--after {' '.join(after)} matches no job in experiment {store.experiment!r}")
         # A fan-in sweep's phases come after the deepest job it waits for.
         wanted = set(after_ids)
-        offset = 1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted)
-        specs = [s._replace(phase=s.phase + offset) for s in specs]
+        specs = specs.shifted(1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted))
+    keep = dict(after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules, duplicate=force,
+                repeat=repeat, keep_ids=False)
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
                       TimeRemainingColumn(), console=err, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs) * repeat)
-            result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts,
-                                    progress=lambda n: bar.update(task, completed=n), halving=rules, duplicate=force,
-                                    repeat=repeat)
+            result = store.schedule(specs, progress=lambda n: bar.update(task, completed=n), **keep)
     else:
-        result = store.schedule(specs, after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules,
-                                duplicate=force, repeat=repeat)
+        result = store.schedule(specs, **keep)
     if repeat > 1 and not result.repeated:
         click.echo("the jobs were already there, so they are not repeated (use -f to add copies anyway)", err=True)
     where = f"experiment {store.experiment!r} of {store.target.display}"
@@ -217,7 +217,7 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
     if rules is not None and rules.rungs:
-        click.echo(_rungs_line(rules, specs, repeat if result.repeated else 1))
+        click.echo(_rungs_line(rules, list(specs), repeat if result.repeated else 1))
     if rules is not None and rules.prune:
         click.echo(f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
                    f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)")

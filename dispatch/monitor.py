@@ -202,8 +202,12 @@ class Monitor:
         here = [j for j in running if j.host == self.hostname and j.pid] if self.options.check_pids else []
         if here:
             pids = set(psutil.pids())
+            verdicts: dict[tuple[int, float | None], str | None] = {}  # one look at each worker process
             for job in here:
-                reason = process_gone(job, pids)
+                key = (job.pid, job.pid_started_at)
+                if key not in verdicts:
+                    verdicts[key] = process_gone(job, pids)
+                reason = verdicts[key]
                 if reason:
                     found[job.id] = Finding(job.id, job.lease, "process", reason, job.host)
         for job, reason in self._ended_allocations([j for j in running if j.id not in found], errors):

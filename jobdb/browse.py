@@ -10,6 +10,8 @@ takes a store and is one read transaction.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from . import engine as _engine
 from . import graph
+from .canonical import dump_json
 from .errors import NoSuchExperiment, NoSuchJob, UsageError
 from .hot import HotStatements
 from .records import RUNNING_COLUMNS, Event, Job, RunningJob
@@ -236,25 +239,79 @@ def experiments(conn: Connection) -> list[str]:
 
 
 def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: int | None = None,
-         ids: Sequence[int] = (), with_deps: bool = True, limit: int | None = None) -> list[Job]:
-    """Jobs of the experiment, by id, optionally filtered."""
-    q = sa.select(t_job).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
-    if status:
-        q = q.where(t_job.c.status.in_([s.value for s in status]))
+         ids: Sequence[int] = (), with_deps: bool = True, limit: int | None = None,
+         params: dict[str, Any] | None = None) -> list[Job]:
+    """Jobs of the experiment, by id, optionally filtered (``params``: these parameters have these values).
+
+    A page (``limit``) is read from an index in id order: all jobs from ix_job_list, one status from
+    ix_job_status, one phase from ix_job_phase one status at a time, the ranges merged here.
+    """
+    q = sa.select(t_job).where(t_job.c.experiment_id == exp)
     if phase is not None:
         q = q.where(t_job.c.phase == phase)
     if ids:
         q = q.where(t_job.c.id.in_(list(ids)))
-    if limit:
-        q = q.limit(limit)
-    rows = conn.execute(q).all()
+    statuses = [s.value for s in status]
+    if limit and not ids and (len(statuses) > 1 or (phase is not None and not statuses)):
+        # Ordering across statuses by id is a sort of every match; a range per status is not.
+        merged = heapq.merge(*(_page(conn, q.where(t_job.c.status == s), params, limit)
+                               for s in statuses or [s.value for s in Status]), key=lambda r: r.id)
+        rows = list(itertools.islice(merged, limit))
+    else:
+        if statuses:
+            q = q.where(t_job.c.status.in_(statuses))
+        rows = _page(conn, q, params, limit)
     deps: dict[int, list[int]] = {}
     if with_deps and rows:
-        dq = sa.select(t_dep.c.job_id, t_dep.c.depends_on).join(t_job, t_job.c.id == t_dep.c.job_id) \
-            .where(t_job.c.experiment_id == exp).order_by(t_dep.c.depends_on)
-        for child, parent in conn.execute(dq).all():
-            deps.setdefault(child, []).append(parent)
+        for chunk in chunks([r.id for r in rows]):
+            for child, parent in conn.execute(sa.select(t_dep.c.job_id, t_dep.c.depends_on)
+                                              .where(t_dep.c.job_id.in_(chunk))
+                                              .order_by(t_dep.c.job_id, t_dep.c.depends_on)):
+                deps.setdefault(child, []).append(parent)
     return [Job.from_row(r, deps.get(r.id, [])) for r in rows]
+
+
+def _page(conn: Connection, q: sa.Select, params: dict[str, Any] | None, limit: int | None) -> list[Any]:
+    """Rows of ``q`` in id order, at most ``limit``, whose parameters have the values in ``params``.
+
+    The database narrows by parameter where it can (PostgreSQL's ``@>`` on ix_job_params, SQLite's
+    json_extract as it reads in id order); the exact comparison, as ``matching`` makes it, is here.
+    """
+    q = q.order_by(t_job.c.id)
+    if not params:
+        return conn.execute(q.limit(limit) if limit else q).all()
+    q = q.where(*_params_match(conn.dialect.name, params))
+    out, last, step = [], 0, max(limit or 0, 100)
+    while True:
+        batch = conn.execute(q.where(t_job.c.id > last).limit(step) if limit else q).all()
+        out += [r for r in batch if _has_params(r.params, params)]
+        if not limit or len(out) >= limit or len(batch) < step:
+            return out[:limit] if limit else out
+        last = batch[-1].id
+
+
+def _params_match(dialect: str, params: dict[str, Any]) -> list[Any]:
+    """SQL that keeps the jobs whose parameters may have these values (a superset; ``_has_params`` decides)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import JSONB
+
+        return [t_job.c.params.op("@>")(sa.cast(sa.literal(dump_json(params, "parameters")), JSONB))]
+    out = []
+    for key, value in params.items():
+        if '"' in key or "\\" in key:
+            continue
+        path = f'$."{key}"'
+        if value is None or isinstance(value, (bool, list, dict)):
+            kind = {type(None): "null", list: "array", dict: "object"}.get(type(value), "true" if value else "false")
+            out.append(sa.func.json_type(t_job.c.params, path) == kind)
+        else:
+            out.append(sa.func.json_extract(t_job.c.params, path) == value)
+    return out
+
+
+def _has_params(stored: str | None, params: dict[str, Any]) -> bool:
+    got = json.loads(stored) if stored else {}
+    return all(got.get(k, _MISSING) == v for k, v in params.items())
 
 
 def job(conn: Connection, exp: int, experiment: str, job_id: int) -> Job:

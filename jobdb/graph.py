@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .status import BLOCKING, PENDING, Status, names_of
-from .txn import chunks
+from .txn import chunks, in_list_size
 
 Log = Callable[[Connection, list[dict[str, Any]]], None]  # writes status changes (Transactions.log)
 
@@ -31,9 +31,10 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
     open_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
                                     p.c.status != Status.DONE.value)
     blocked: set[int] = set()
+    size = in_list_size(conn)
     for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves
         moved = False
-        for chunk in chunks(list(job_ids)):
+        for chunk in chunks(list(job_ids), size):
             rows = conn.execute(sa.select(
                 t_job.c.id, t_job.c.status, t_job.c.attempt,
                 sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
@@ -59,7 +60,7 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
         if not moved or len(job_ids) == 1:
             break
     if blocked:  # their dependents outside the set can no longer run either
-        still = [i for chunk in chunks(sorted(blocked)) for i in conn.execute(
+        still = [i for chunk in chunks(sorted(blocked), size) for i in conn.execute(
             sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)).scalars()]
         block_many(conn, log, still, "a dependency is BLOCKED")
 
@@ -73,6 +74,15 @@ def dependents(conn: Connection, job_ids: Sequence[int]) -> list[int]:
 def parent_ids(conn: Connection, job_id: int) -> list[int]:
     """The ids of the jobs ``job_id`` depends on, in order."""
     return sorted(conn.execute(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == job_id)).scalars())
+
+def with_parent_outside(conn: Connection, job_ids: Sequence[int], among: set[int]) -> list[int]:
+    """Those of ``job_ids`` that depend on some job not in ``among`` (job_dep's key, read in chunks)."""
+    out: set[int] = set()
+    for chunk in chunks(list(job_ids), in_list_size(conn)):
+        out.update(child for child, parent in conn.execute(
+            sa.select(t_dep.c.job_id, t_dep.c.depends_on).where(t_dep.c.job_id.in_(chunk))) if parent not in among)
+    return sorted(out)
+
 
 def descendants(conn: Connection, roots: Sequence[int]) -> list[int]:
     """Every job downstream of ``roots`` (not the roots themselves), one recursive query."""
@@ -92,13 +102,14 @@ def block_many(conn: Connection, log: Log, dead: Sequence[int], why: str) -> int
         return 0
     down = descendants(conn, list(dead))
     events, ids = [], []
-    for chunk in chunks(down):
+    size = in_list_size(conn)
+    for chunk in chunks(down, size):
         for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
                 t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
             ids.append(r.id)
             events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
                            "attempt": r.attempt, "why": why})
-    for chunk in chunks(ids):
+    for chunk in chunks(ids, size):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
     log(conn, events)
     return len(ids)

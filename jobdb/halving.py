@@ -365,12 +365,14 @@ def summaries(conn: Connection, exp: int) -> list[str]:
     return lines
 
 
-def rungs_of(conn: Connection, exp: int) -> dict[int, tuple[int, int, str]]:
-    """Each job of the experiment's searches: (rung, number of rungs, resource name)."""
+def rungs_of(conn: Connection, exp: int, job_ids: Sequence[int] | None = None) -> dict[int, tuple[int, int, str]]:
+    """Each job of the experiment's searches (or of ``job_ids`` only): (rung, number of rungs, resource name)."""
     out: dict[int, tuple[int, int, str]] = {}
-    for job_id, rung, spec in conn.execute(sa.select(t_sjob.c.job_id, t_sjob.c.rung, t_search.c.spec)
-                                           .join(t_search, t_search.c.id == t_sjob.c.search_id)
-                                           .where(t_search.c.experiment_id == exp)):
+    q = (sa.select(t_sjob.c.job_id, t_sjob.c.rung, t_search.c.spec).join(t_search, t_search.c.id == t_sjob.c.search_id)
+         .where(t_search.c.experiment_id == exp))
+    if job_ids is not None:
+        q = q.where(t_sjob.c.job_id.in_(list(job_ids)))
+    for job_id, rung, spec in conn.execute(q):
         rules = Halving.from_json(spec)
         if not rules.rungs:  # a search that only prunes has no rungs to show
             continue

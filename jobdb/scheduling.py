@@ -8,9 +8,12 @@ scheduling the promoted jobs. Functions of one write transaction, as the other r
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import time
-from typing import Any, Callable, Sequence
+from array import array
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -50,42 +53,78 @@ def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]
     return [sha256(f"{s.phase}\x1f{s.kind}\x1f{s.target}\x1f{e}".encode()).hexdigest() for s, e in zip(specs, encoded)]
 
 
-class ReadySweep:
-    """A sweep made ready outside the transaction: its specs in canonical form, each one's
-    parameters as canonical JSON, and each one's identity."""
+SCHEDULE_CHUNK = 10_000  # jobs a schedule holds at once: made, hashed, checked, inserted, then let go
+_LOOKUP = 5_000  # identities per lookup (two per job at most with older spellings: under SQLite's limit)
+_JOB_COLUMNS = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
+                "max_attempts", "created_at", "queued_at")
 
-    def __init__(self, specs: Sequence[JobSpec], duplicate: bool, repeat: int = 1) -> None:
+
+class ReadyChunk(NamedTuple):
+    """Jobs of a sweep made ready: canonical specs, each one's parameters as canonical JSON, its identity."""
+
+    specs: list[JobSpec]
+    encoded: list[str]
+    hashes: list[str]
+
+
+def ready_chunk(index: int, batch: Sequence[JobSpec], duplicate: bool) -> ReadyChunk:
+    """``batch``, the jobs of a sweep from position ``index`` on, made ready (and checked: parents
+    before children, parameters that JSON and the database can hold)."""
+    for i, s in enumerate(batch, index):
+        if s.parent is not None and not 0 <= s.parent < i:
+            raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
+                             "a parent must come before its children")
+    specs = list(canonical_targets(canonical_specs(batch)))
+    # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
+    encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]
+    # The grid a sweep's expansion encoded has not been through dump_json's NUL check: it is here.
+    check_nul_all(encoded, (s.params for s in specs), "parameters")
+    hashes = params_hashes(specs, encoded)
+    return ReadyChunk(specs, encoded, duplicate_hashes(hashes) if duplicate else hashes)
+
+
+class ReadySweep:
+    """A sweep to schedule, read a chunk at a time: a sweep of a million jobs is never held whole.
+
+    ``specs`` is iterated once per pass (a retried transaction, ``repeat``'s copies), so a one-shot
+    iterator is read into a list first. A sweep of one chunk is made ready here, outside the
+    transaction, as before; a larger one chunk by chunk inside it, each chunk let go once inserted.
+    """
+
+    def __init__(self, specs: Iterable[JobSpec], duplicate: bool, repeat: int = 1) -> None:
         if repeat < 1:
             raise UsageError(f"repeat must be at least 1, not {repeat}")
-        specs = canonical_specs(specs)
-        for i, s in enumerate(specs):
-            if s.parent is not None and not 0 <= s.parent < i:
-                raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
-                                 "a parent must come before its children")
-        self.specs = canonical_targets(specs)
-        # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
-        self.encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters")
-                        for s in self.specs]
-        # The grid a sweep's expansion encoded has not been through dump_json's NUL check: it is here.
-        check_nul_all(self.encoded, (s.params for s in self.specs), "parameters")
-        hashes = params_hashes(self.specs, self.encoded)
-        self.duplicate = duplicate
-        self.hashes = duplicate_hashes(hashes) if duplicate else hashes
-        # Copies (``repeat``): each a new identity, each phase's copies depending on their own copy
-        # of the phase before. They are added only to a sweep new in its experiment (or forced).
-        size = len(self.specs)
-        self.copy_specs = [s._replace(parent=None if s.parent is None else s.parent + k * size)
-                           for k in range(1, repeat) for s in self.specs]
-        self.copy_hashes = duplicate_hashes(hashes * (repeat - 1)) if repeat > 1 else []
-        self.repeat = repeat
+        self.specs = list(specs) if iter(specs) is specs else specs
+        self.duplicate, self.repeat = duplicate, repeat
+        self.distinct = bool(getattr(self.specs, "distinct", False))  # no job of the sweep is another of it
+        self.parents = bool(getattr(self.specs, "parents", True))  # some job depends on another of it
+        size = len(self.specs) if hasattr(self.specs, "__len__") else None
+        self._one = ready_chunk(0, list(self.specs), duplicate) if size is not None and size <= SCHEDULE_CHUNK else None
+
+    def chunks(self, copy: int = 0) -> Iterator[tuple[int, ReadyChunk]]:
+        """(position, chunk) over the sweep; ``copy`` k > 0: its k-th copy, new identities whose
+        parents are their own copy's, placed after the sweep and the copies before it."""
+        size = self.size
+        if self._one is not None and not copy:
+            yield 0, self._one
+            return
+        index, it = 0, iter(self.specs)
+        while batch := list(itertools.islice(it, SCHEDULE_CHUNK)):
+            if copy:
+                batch = [s._replace(parent=None if s.parent is None else s.parent + copy * size) for s in batch]
+            yield copy * size + index, ready_chunk(copy * size + index, batch, self.duplicate or bool(copy))
+            index += len(batch)
+
+    @functools.cached_property
+    def size(self) -> int:
+        return len(self.specs) if hasattr(self.specs, "__len__") else sum(1 for _ in self.specs)
 
 
 def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experiment: str, sweep: ReadySweep, *,
              after: Sequence[int], priority: float, max_attempts: int, progress: Callable[[int], None] | None,
-             halving: "_halving.Halving | None") -> ScheduleResult:
-    """Insert a prepared sweep's new jobs and their dependencies into experiment ``exp`` (named
-    ``experiment``), in the caller's write transaction; see :meth:`Store.schedule`."""
-    specs, encoded = sweep.specs, sweep.encoded
+             halving: "_halving.Halving | None", keep_ids: bool = True) -> ScheduleResult:
+    """Insert a sweep's new jobs and their dependencies into experiment ``exp`` (named ``experiment``),
+    in the caller's write transaction, a chunk at a time; see :meth:`Store.schedule`."""
     lock_experiment(conn, exp)
     if after:
         found = set()
@@ -95,64 +134,172 @@ def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experimen
         missing = sorted(set(after) - found)
         if missing:
             raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {experiment!r}")
-    ids: dict[str, int] = dict(hot.ids_by_hash.rows(conn, exp=exp, after=0))
-    hashes = (older_spellings(conn, exp, specs, encoded, sweep.hashes, ids) if ids and not sweep.duplicate
-              else sweep.hashes)
-    repeated = bool(sweep.copy_specs) and (sweep.duplicate or not set(hashes) & set(ids))
-    if repeated:  # a repeated command adds nothing, copies included
-        specs, encoded, hashes = [*specs, *sweep.copy_specs], encoded * sweep.repeat, [*hashes, *sweep.copy_hashes]
-    unique = len(set(hashes)) == len(hashes)
-    if not ids and unique:  # a new sweep in a new experiment: every job is new
-        existing, fresh = 0, range(len(specs))
-    else:
-        existing = len(set(hashes) & set(ids))
-        fresh = first_occurrences(hashes, ids)
-    now = time.time()
-    columns = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
-               "max_attempts", "created_at", "queued_at")
-    waiting, queued = Status.WAITING.value, Status.QUEUED.value
-    root_status, root_queued_at = (waiting, None) if after else (queued, now)
-    rows = [(exp, s.phase, s.kind, s.target, encoded[i], hashes[i],
-             waiting if s.parent is not None else root_status, priority, max_attempts, now,
-             None if s.parent is not None else root_queued_at)
-            for i, s in zip(fresh, map(specs.__getitem__, fresh))]
-    # Plain executemany (both drivers' fast path). The experiment is locked for this
-    # transaction, so the new ids are those past ``before``.
+    # The experiment is locked for this transaction: the ids past ``before`` are this sweep's.
     before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
+    empty = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp).limit(1)).first() is None
+    writer = SweepWriter(conn, log, hot, exp, before, after=after, priority=priority, max_attempts=max_attempts,
+                         lookup=not sweep.duplicate and not (empty and sweep.distinct),
+                         with_parents=sweep.parents or sweep.repeat > 1, keep_ids=keep_ids or halving is not None,
+                         members=halving is not None, counted=None if sweep.distinct else set())
     done = 0
-    for batch in chunks(rows, 10000):
-        bulk_insert(conn, t_job, columns, batch)
-        done += len(batch)
+    for index, chunk in sweep.chunks():
+        writer.write(index, chunk, lookup=writer.lookup)
+        done += len(chunk.specs)
         if progress:
             progress(done)
-    fresh_ids = new_ids(conn, before, len(rows))
-    if fresh_ids is None:  # not one run of ids: read them back by identity
-        ids.update(hot.ids_by_hash.rows(conn, exp=exp, after=before))
-        fresh_ids = [ids[hashes[i]] for i in fresh]
-    else:
-        ids.update(zip((hashes[i] for i in fresh), fresh_ids))
-    deps, waiting_ids, pending_parents = [], [], set()
-    if after or any(s.parent is not None for s in specs):
-        for i, child in zip(fresh, fresh_ids):
-            s = specs[i]
-            if s.parent is not None:
-                parent = ids[hashes[s.parent]]
-                deps.append((child, parent))
-                waiting_ids.append(child)
-                pending_parents.add(parent)
-            elif after:
-                deps.extend((child, a) for a in after)
-                waiting_ids.append(child)
-    for batch in chunks(deps, 10000):
-        bulk_insert(conn, t_dep, ("job_id", "depends_on"), batch)
-    # New jobs whose parents already exist may be ready (or blocked) right away.
-    if after or pending_parents - set(fresh_ids):
-        graph.refresh(conn, log, waiting_ids, why="scheduled")
-    job_ids = fresh_ids if unique and not existing else [ids[h] for h in dict.fromkeys(hashes)]
+    # Copies are added only to a sweep new in its experiment (or forced): a repeated command adds nothing.
+    repeated = sweep.repeat > 1 and (sweep.duplicate or writer.existing == 0)
+    for copy in range(1, sweep.repeat if repeated else 1):
+        for index, chunk in sweep.chunks(copy):
+            writer.write(index, chunk, lookup=False)
+            done += len(chunk.specs)
+            if progress:
+                progress(done)
     if halving is not None:
-        members = {ids[h]: s.params for h, s in zip(hashes, specs)}  # one per job, however often listed
-        _halving.register(conn, exp, halving, list(members), list(members.values()))
-    return ScheduleResult(added=len(rows), existing=existing, job_ids=list(job_ids), repeated=repeated)
+        _halving.register(conn, exp, halving, list(writer.members), list(writer.members.values()))
+    return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
+
+
+class SweepWriter:
+    """A schedule's transaction, one chunk of the sweep at a time.
+
+    Each chunk is checked against the experiment's identity index (``uq_job_experiment_hash``),
+    never against every stored identity held in memory; the jobs of earlier chunks are in the index
+    by then, so a sweep that names one job twice adds it once. A chunk's jobs are inserted by the
+    driver's executemany; their ids are read back only when something needs them (a child's parent,
+    ``after``, the caller).
+    """
+
+    def __init__(self, conn: Connection, log: Log, hot: HotStatements, exp: int, before: int, *,
+                 after: Sequence[int], priority: float, max_attempts: int, lookup: bool, with_parents: bool,
+                 keep_ids: bool, members: bool, counted: set[int] | None) -> None:
+        self.conn, self.log, self.hot, self.exp, self.before = conn, log, hot, exp, before
+        self.after, self.priority, self.max_attempts = list(after), priority, max_attempts
+        self.lookup, self.keep_ids = lookup, keep_ids
+        self.counted = counted  # pre-existing jobs counted already (None: the sweep cannot name one twice)
+        self.slots: array | None = array("q") if with_parents else None  # the job each position of the sweep is
+        self.job_ids: list[int] = []  # with keep_ids: each distinct job of the sweep, in order
+        self._listed: set[int] = set()
+        self.members: dict[int, dict[str, Any]] | None = {} if members else None  # job -> params, for a search
+        self.added = self.existing = 0
+        self.last_id = before  # the largest id this transaction has given
+        self.refresh = bool(after)  # a parent that is not new: new jobs may be ready (or blocked) at once
+        self.now = time.time()
+        waiting, queued = Status.WAITING.value, Status.QUEUED.value
+        self.root_status, self.root_queued_at = (waiting, None) if after else (queued, self.now)
+        self.dotted: dict[str, bool] = {}  # function target -> a job is stored under its older spelling
+        self.needs_ids = with_parents or keep_ids or members or bool(after)
+
+    def write(self, index: int, chunk: ReadyChunk, *, lookup: bool) -> None:
+        specs, encoded, hashes = chunk
+        found: dict[str, int] = self._found(specs, encoded, hashes) if lookup else {}
+        if found:
+            hashes = self._older_spellings(specs, encoded, hashes, found)
+        fresh: dict[str, int] = {}  # hash -> position in the chunk, of the jobs to insert
+        for k, h in enumerate(hashes):
+            if h not in found and h not in fresh:
+                fresh[h] = k
+        for h in dict.fromkeys(h for h in hashes if h in found):
+            job_id = found[h]
+            if job_id <= self.before and (self.counted is None or job_id not in self.counted):
+                self.existing += 1
+                if self.counted is not None:
+                    self.counted.add(job_id)
+        rows = []
+        for h, k in fresh.items():
+            s = specs[k]
+            root = s.parent is None
+            rows.append((self.exp, s.phase, s.kind, s.target, encoded[k], h,
+                         self.root_status if root else Status.WAITING.value, self.priority, self.max_attempts,
+                         self.now, self.root_queued_at if root else None))
+        bulk_insert(self.conn, t_job, _JOB_COLUMNS, rows)
+        self.added += len(rows)
+        if not self.needs_ids:
+            return
+        ids = {**found, **self._new_ids(list(fresh))}
+        chunk_ids = [ids[h] for h in hashes]
+        deps, waiting = [], []
+        for h, k in fresh.items():
+            s, child = specs[k], ids[h]
+            if s.parent is not None:
+                parent = self.slots[s.parent] if s.parent < index else chunk_ids[s.parent - index]
+                deps.append((child, parent))
+                waiting.append(child)
+                self.refresh = self.refresh or parent <= self.before
+            elif self.after:
+                deps.extend((child, a) for a in self.after)
+                waiting.append(child)
+        for part in chunks(deps, 10000):
+            bulk_insert(self.conn, t_dep, ("job_id", "depends_on"), part)
+        # Parents made by this sweep are new, so their new children are WAITING as inserted; once a
+        # parent is not (or with --after), every later chunk's new jobs are re-derived from their parents.
+        if self.refresh and waiting:
+            graph.refresh(self.conn, self.log, waiting, why="scheduled")
+        if self.slots is not None:
+            self.slots.extend(chunk_ids)
+        if self.keep_ids:
+            for job_id in chunk_ids:
+                if job_id not in self._listed:
+                    self._listed.add(job_id)
+                    self.job_ids.append(job_id)
+        if self.members is not None:
+            for job_id, s in zip(chunk_ids, specs):
+                self.members.setdefault(job_id, s.params)
+
+    def _found(self, specs: list[JobSpec], encoded: list[str], hashes: list[str]) -> dict[str, int]:
+        """The stored job of each identity of the chunk (and of its older spelling), by the index."""
+        wanted = set(hashes)
+        older = self._dotted_positions(specs)
+        if older:
+            wanted.update(params_hashes([specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older],
+                                        [encoded[k] for k in older]))
+        out: dict[str, int] = {}
+        for part in chunks(sorted(wanted), _LOOKUP):
+            out.update(self.conn.execute(sa.select(t_job.c.params_hash, t_job.c.id).where(
+                t_job.c.experiment_id == self.exp, t_job.c.params_hash.in_(part))).all())
+        return out
+
+    def _dotted_positions(self, specs: list[JobSpec]) -> list[int]:
+        """Jobs of the chunk whose function has jobs stored under its older spelling (``pkg.mod.fn``)."""
+        unknown = {s.target for s in specs if s.kind == "fn" and s.target not in self.dotted}
+        if unknown:
+            spelled = {t: t.replace(":", ".") for t in unknown}
+            stored = set(self.conn.execute(sa.select(t_job.c.target).distinct().where(
+                t_job.c.experiment_id == self.exp, t_job.c.kind == "fn",
+                t_job.c.target.in_(sorted(set(spelled.values()))))).scalars())
+            self.dotted.update((t, d in stored) for t, d in spelled.items())
+        return [k for k, s in enumerate(specs) if s.kind == "fn" and self.dotted[s.target]]
+
+    def _older_spellings(self, specs: list[JobSpec], encoded: list[str], hashes: list[str],
+                         found: dict[str, int]) -> list[str]:
+        """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
+        is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
+        older = self._dotted_positions(specs)
+        if not older:
+            return hashes
+        legacy = params_hashes([specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older],
+                               [encoded[k] for k in older])
+        out = list(hashes)
+        for k, h in zip(older, legacy):
+            if h in found and hashes[k] not in found:
+                out[k] = h
+        return out
+
+    def _new_ids(self, hashes: list[str]) -> dict[str, int]:
+        """The ids of the rows just inserted (``hashes``, in order). SQLite gives them one after another
+        under the write lock (each new rowid is the largest plus one); else they are read back by identity."""
+        if not hashes:
+            return {}
+        start, n = self.last_id, len(hashes)
+        if self.conn.dialect.name == "sqlite":
+            last, count = self.conn.execute(sa.select(sa.func.max(t_job.c.id), sa.func.count())
+                                            .where(t_job.c.id > start)).one()
+            if (last, count) == (start + n, n):
+                self.last_id = last
+                return dict(zip(hashes, range(start + 1, start + n + 1)))
+        got = dict(self.hot.ids_by_hash.rows(self.conn, exp=self.exp, after=start))
+        self.last_id = max(self.last_id, *got.values())
+        return {h: got[h] for h in hashes}
 
 
 def lock_experiment(conn: Connection, exp: int) -> None:
@@ -161,54 +308,11 @@ def lock_experiment(conn: Connection, exp: int) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k1, :k2)"), {"k1": 0x6A6F62, "k2": exp})
 
 
-def new_ids(conn: Connection, before: int, count: int) -> Sequence[int] | None:
-    """The ids of the ``count`` rows just inserted, in order, when SQLite gave them one after
-    another (it does under the write lock: each new rowid is the largest plus one); else None."""
-    if conn.dialect.name != "sqlite" or not count:
-        return None if count else []
-    last, n = conn.execute(sa.select(sa.func.max(t_job.c.id), sa.func.count())
-                           .where(t_job.c.id > before)).one()
-    return range(before + 1, before + count + 1) if (last, n) == (before + count, count) else None
-
-
 def canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
     if all(s.kind != "fn" or ":" in s.target for s in specs):
         return specs
     return [s._replace(target=canonical_target(s.target)) if s.kind == "fn" else s for s in specs]
-
-
-def older_spellings(conn: Connection, exp: int, specs: Sequence[JobSpec], encoded: Sequence[str],
-                    hashes: list[str], ids: dict[str, int]) -> list[str]:
-    """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
-    is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
-    dotted = {s.target: s.target.replace(":", ".") for s in specs if s.kind == "fn"}
-    if not dotted:
-        return hashes
-    stored = set(conn.execute(sa.select(t_job.c.target).distinct().where(
-        t_job.c.experiment_id == exp, t_job.c.kind == "fn", t_job.c.target.in_(sorted(set(dotted.values())))))
-        .scalars())
-    if not stored:
-        return hashes
-    older = [i for i, s in enumerate(specs) if s.kind == "fn" and dotted[s.target] in stored]
-    legacy = params_hashes([specs[i]._replace(target=dotted[specs[i].target]) for i in older],
-                           [encoded[i] for i in older])
-    out = list(hashes)
-    for i, h in zip(older, legacy):
-        if h in ids and hashes[i] not in ids:
-            out[i] = h
-    return out
-
-
-def first_occurrences(hashes: list[str], existing: dict[str, int]) -> list[int]:
-    """The positions of the hashes neither in ``existing`` nor earlier in ``hashes``."""
-    seen: set[str] = set(existing)
-    out = []
-    for i, h in enumerate(hashes):
-        if h not in seen:
-            seen.add(h)
-            out.append(i)
-    return out
 
 
 def search_moves_on(log: Log, now: Callable[[Connection], float]) -> Ended:

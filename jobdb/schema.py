@@ -7,6 +7,7 @@ same way and tests can move them back instead of sleeping.
 from __future__ import annotations
 
 from sqlalchemy import (
+    DDL,
     Boolean,
     Column,
     Float,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    event,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -94,6 +96,16 @@ job = Table(
 )
 # The claim: the first QUEUED job of an experiment by priority and order.
 Index("ix_job_claim", job.c.experiment_id, job.c.status, job.c.priority.desc(), job.c.queue_order, job.c.id)
+# Pages of ``jobman list`` in id order: all jobs, one status, one phase (a range per status); the
+# counts per phase and status are read from ix_job_phase alone.
+Index("ix_job_list", job.c.experiment_id, job.c.id)
+Index("ix_job_status", job.c.experiment_id, job.c.status, job.c.id)
+Index("ix_job_phase", job.c.experiment_id, job.c.phase, job.c.status, job.c.id)
+# PostgreSQL only: a parameter filter (params @> '{"lr": 0.1}'). Not an ``Index`` of the metadata,
+# which would build a plain index over SQLite's JSON text.
+PARAMS_INDEX = "ix_job_params"
+event.listen(job, "after_create", DDL(f"CREATE INDEX {PARAMS_INDEX} ON job USING gin (params jsonb_path_ops)")
+             .execute_if(dialect="postgresql"))
 
 job_dep = Table(
     "job_dep",
@@ -117,6 +129,7 @@ job_event = Table(
     Column("data", Text),  # JSON: results cleared by a reset, and the like
 )
 Index("ix_job_event_job", job_event.c.job_id, job_event.c.id)
+Index("ix_job_event_crash", job_event.c.to_status, job_event.c.id)  # the monitor's latest crashes
 
 job_metric = Table(
     "job_metric",
@@ -170,4 +183,4 @@ Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"

@@ -79,10 +79,10 @@ class Store:
         return self._read(browse.experiments)
 
     # -- schedule -------------------------------------------------------------------
-    def schedule(self, specs: Sequence[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
+    def schedule(self, specs: Iterable[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
                  max_attempts: int = 3, progress: Callable[[int], None] | None = None,
                  halving: "_halving.Halving | None" = None, duplicate: bool = False,
-                 repeat: int = 1) -> ScheduleResult:
+                 repeat: int = 1, keep_ids: bool = True) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
@@ -91,12 +91,17 @@ class Store:
         ``repeat`` N adds N - 1 copies of each job (new identities, each phase's copies depending on
         their own copy of the phase before) when none of the sweep's jobs was there yet, or with
         ``duplicate``; the copies join the search as runs of the same configurations.
+
+        ``specs`` is read as a stream, ten thousand jobs at a time, each chunk checked against the
+        experiment's identity index and inserted before the next is made: memory stays flat however
+        large the sweep (a :class:`~.sweep.Expansion` is made as it is read). Without ``keep_ids`` the
+        result lists no ids, and nothing grows with the sweep but 8 bytes per job of a sweep with phases.
         """
         check_priority(priority)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
         return self._write(lambda conn: scheduling.schedule(
             conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, after=after,
-            priority=priority, max_attempts=max_attempts, progress=progress, halving=halving))
+            priority=priority, max_attempts=max_attempts, progress=progress, halving=halving, keep_ids=keep_ids))
 
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
@@ -339,10 +344,11 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------
     def jobs(self, *, status: Sequence[Status] = (), phase: int | None = None, ids: Sequence[int] = (),
-             with_deps: bool = True, limit: int | None = None) -> list[Job]:
-        """Jobs of the experiment, by id, optionally filtered."""
+             with_deps: bool = True, limit: int | None = None, params: dict[str, Any] | None = None) -> list[Job]:
+        """Jobs of the experiment, by id, optionally filtered (``params``: these parameters have these values);
+        a page (``limit``) is read from an index."""
         return self._read(lambda conn: browse.jobs(conn, self._exp(conn), status=status, phase=phase, ids=ids,
-                                                   with_deps=with_deps, limit=limit))
+                                                   with_deps=with_deps, limit=limit, params=params))
 
     def job(self, job_id: int) -> Job:
         """One job, with the ids it depends on."""
@@ -368,9 +374,10 @@ class Store:
         """This experiment's successive-halving searches: each configuration's mean metric at each rung."""
         return self._read(lambda conn: _halving.rungs_detail(conn, self._exp(conn)))
 
-    def rungs(self) -> dict[int, tuple[int, int, str]]:
-        """Each job of this experiment's searches: (its rung, the number of rungs, the resource)."""
-        return self._read(lambda conn: _halving.rungs_of(conn, self._exp(conn)))
+    def rungs(self, job_ids: Sequence[int] | None = None) -> dict[int, tuple[int, int, str]]:
+        """Each job of this experiment's searches (or of ``job_ids`` only): (its rung, the number of rungs,
+        the resource)."""
+        return self._read(lambda conn: _halving.rungs_of(conn, self._exp(conn), job_ids))
 
     def children(self, job_id: int) -> list[int]:
         return self._read(lambda c: graph.dependents(c, [job_id]))
@@ -401,7 +408,7 @@ class Store:
     def select_ids(self, *, status: Sequence[Status] = (), phase: int | None = None,
                    params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
         """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
-        return browse.matching(self.jobs(status=status, phase=phase, with_deps=False), params, target)
+        return browse.matching(self.jobs(status=status, phase=phase, with_deps=False, params=params), params, target)
 
     # -- calls from Python: jobs found by identity, functions stored by value ------------------
     def find(self, hashes: Sequence[str]) -> dict[str, Job]:

@@ -14,7 +14,7 @@ import json
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from . import distributions
 from .canonical import encode_value
@@ -366,13 +366,20 @@ def _drawn(phase: Phase) -> dict[str, Distribution]:
 def _combos(phase: Phase, number: int, samples: int | None, seed: int, sampler: str) -> list[dict[str, Any]]:
     """Every point of a phase: its grid, times ``samples`` draws when it has distributions
     (each grid point gets the same draws, so that grid values are compared on equal terms)."""
+    return list(_points(phase, number, samples, seed, sampler)())
+
+
+def _points(phase: Phase, number: int, samples: int | None, seed: int,
+            sampler: str) -> Callable[[], Iterator[dict[str, Any]]]:
+    """A maker of fresh iterators over the points of a phase (see :func:`_combos`): the grid is
+    walked as it is read; only the ``samples`` draws, if any, are held."""
     drawn = _drawn(phase)
     if not drawn:
-        return list(_grid(phase))
+        return lambda: _grid(phase)
     fixed = Phase(phase.target, [a for a in phase.assignments if a.key not in drawn])
     points = distributions.draws(drawn, samples or 0, seed=seed, phase=number, sampler=sampler)
     order = [a.key for a in phase.assignments]
-    return [{k: ({**g, **d})[k] for k in order} for g in _grid(fixed) for d in points]
+    return lambda: ({k: ({**g, **d})[k] for k in order} for g in _grid(fixed) for d in points)
 
 
 def check_samples(sweep: Sweep, samples: int | None) -> None:
@@ -390,7 +397,7 @@ def check_samples(sweep: Sweep, samples: int | None) -> None:
         raise SweepError(f"--samples must be at least 1, not {samples}")
 
 
-def _grid_json(phase: Phase) -> list[str] | None:
+def _grid_json(phase: Phase) -> Iterator[str] | None:
     """The canonical JSON of each combination of ``_grid``, in its order, joined from each value's
     encoding made once; None when a key repeats or a value is not JSON (the store says why)."""
     keys = [a.key for a in phase.assignments]
@@ -401,46 +408,106 @@ def _grid_json(phase: Phase) -> list[str] | None:
     except (TypeError, ValueError, RecursionError):
         return None
     if len(keys) < 2:
-        return ["{" + "".join(c) + "}" for c in itertools.product(*pieces)]
+        return ("{" + "".join(c) + "}" for c in itertools.product(*pieces))
     in_key_order = operator.itemgetter(*sorted(range(len(keys)), key=keys.__getitem__))
-    return ["{" + ", ".join(in_key_order(c)) + "}" for c in itertools.product(*pieces)]
+    return ("{" + ", ".join(in_key_order(c)) + "}" for c in itertools.product(*pieces))
 
 
-def expand(sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random") -> list[JobSpec]:
-    """Every job of the sweep, parents before children.
+def _distinct_values(phase: Phase) -> bool:
+    """Whether every grid of a phase lists each value once (by its stored form), so that no two
+    points of the phase are the same parameters."""
+    try:
+        return all(len({encode_value(v) for v in a.values}) == len(a.values) for a in phase.assignments)
+    except (TypeError, ValueError, RecursionError):
+        return False
+
+
+class Expansion:
+    """Every job of a sweep, parents before children, made as it is read: a sweep of a million jobs
+    is never a million objects at once. Iterable again and again (a retried transaction reads it anew).
 
     Distributions are drawn ``samples`` times from ``seed`` (see :mod:`.distributions`):
     the same arguments give the same jobs, and a larger ``samples`` only adds to them.
     """
-    check_samples(sweep, samples)
-    targets = sweep.targets()
-    jobs: list[JobSpec] = []
-    previous: list[int] = [-1]
-    kinds: list[str] = []
-    for number, phase in enumerate(sweep.phases):
-        kinds.append(sweep.kind if number == 0 else ("fn" if phase.target else kinds[-1]))
-        kind = kinds[-1]
-        current = []
-        combos = _combos(phase, number, samples, seed, sampler)
-        target = canonical_target(targets[number]) if kind == "fn" else targets[number]
-        if previous == [-1]:  # roots: each combination is used once, as it is
-            current = list(range(len(jobs), len(jobs) + len(combos)))
-            encoded = (None if _drawn(phase) else _grid_json(phase)) or [None] * len(combos)
-            new = tuple.__new__  # the named tuple's own __new__ is a Python function: 100,000 calls
-            jobs += [new(JobSpec, (number, kind, target, combo, None, text)) for combo, text in zip(combos, encoded)]
+
+    def __init__(self, sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random",
+                 phase_offset: int = 0) -> None:
+        check_samples(sweep, samples)
+        self.sweep, self.samples, self.seed, self.sampler = sweep, samples, seed, sampler
+        self.phase_offset = phase_offset  # a fan-in sweep's phases come after the jobs it waits for
+        targets = sweep.targets()
+        kinds: list[str] = []
+        self._phases: list[tuple[str, str, Callable[[], Iterator[dict[str, Any]]]]] = []
+        for number, phase in enumerate(sweep.phases):
+            kinds.append(sweep.kind if number == 0 else ("fn" if phase.target else kinds[-1]))
+            target = canonical_target(targets[number]) if kinds[-1] == "fn" else targets[number]
+            self._phases.append((kinds[-1], target, _points(phase, number, samples, seed, sampler)))
+        self._sizes = _phase_sizes(sweep, samples)
+
+    def __len__(self) -> int:
+        return sum(self._sizes)
+
+    def shifted(self, offset: int) -> "Expansion":
+        """The same jobs with their phases numbered from ``offset``."""
+        return Expansion(self.sweep, samples=self.samples, seed=self.seed, sampler=self.sampler,
+                         phase_offset=offset)
+
+    def function_targets(self) -> list[str]:
+        """The function each phase of kind "fn" runs, in its one spelling."""
+        return [target for kind, target, _ in self._phases if kind == "fn"]
+
+    @property
+    def parents(self) -> bool:
+        """Whether some job depends on another of the sweep (it has more than one phase)."""
+        return len(self._phases) > 1
+
+    @property
+    def distinct(self) -> bool:
+        """Whether no two jobs of the sweep are the same job: grids of distinct values, no draws, and
+        no phase setting a key of the phase before (the grammar refuses that anyway)."""
+        keys: set[str] = set()
+        for phase in self.sweep.phases:
+            own = {a.key for a in phase.assignments}
+            if _drawn(phase) or own & keys or len(own) != len(phase.assignments) or not _distinct_values(phase):
+                return False
+            keys |= own
+        return True
+
+    def _params(self, number: int) -> Iterator[dict[str, Any]]:
+        """The parameters of each job of phase ``number``, in order: its parent's, then its own point."""
+        points = self._phases[number][2]
+        if number == 0:
+            return points()
+        return ({**base, **combo} for base in self._params(number - 1) for combo in points())
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        new = tuple.__new__  # the named tuple's own __new__ is a Python function: a million calls
+        kind, target, points = self._phases[0]
+        phase = self.phase_offset
+        encoded = None if _drawn(self.sweep.phases[0]) else _grid_json(self.sweep.phases[0])
+        if encoded is None:
+            yield from (new(JobSpec, (phase, kind, target, combo, None, None)) for combo in points())
         else:
-            for parent in previous:
-                base = jobs[parent].params
-                for combo in combos:
-                    jobs.append(JobSpec(number, kind, target, {**base, **combo}, parent))
-                    current.append(len(jobs) - 1)
-        previous = current
-    return jobs
+            yield from (new(JobSpec, (phase, kind, target, combo, None, text))
+                        for combo, text in zip(points(), encoded))
+        start = 0  # index of the first job of the phase before
+        for number in range(1, len(self._phases)):
+            kind, target, _points_of = self._phases[number]
+            phase = self.phase_offset + number
+            per_parent = self._sizes[number] // max(1, self._sizes[number - 1])
+            for ordinal, params in enumerate(self._params(number)):
+                yield new(JobSpec, (phase, kind, target, params, start + ordinal // per_parent, None))
+            start += self._sizes[number - 1]
 
 
-def count_jobs(sweep: Sweep, samples: int | None = None) -> int:
-    """How many jobs ``expand`` makes, without making them."""
-    total, per_parent = 0, 1
+def expand(sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random") -> list[JobSpec]:
+    """Every job of the sweep, parents before children (:class:`Expansion`, made at once)."""
+    return list(Expansion(sweep, samples=samples, seed=seed, sampler=sampler))
+
+
+def _phase_sizes(sweep: Sweep, samples: int | None) -> list[int]:
+    """How many jobs each phase of ``sweep`` has."""
+    out, per_parent = [], 1
     for phase in sweep.phases:
         size = 1
         for a in phase.assignments:
@@ -448,5 +515,10 @@ def count_jobs(sweep: Sweep, samples: int | None = None) -> int:
         if _drawn(phase):
             size *= samples or 0
         per_parent *= size
-        total += per_parent
-    return total
+        out.append(per_parent)
+    return out
+
+
+def count_jobs(sweep: Sweep, samples: int | None = None) -> int:
+    """How many jobs ``expand`` makes, without making them."""
+    return sum(_phase_sizes(sweep, samples))

@@ -38,7 +38,7 @@ from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
 from .status import BLOCKING, PENDING, REQUEUED, Outcome, Status, names_of
-from .txn import chunks
+from .txn import chunks, in_list_size
 
 MAX_STATE_BYTES = 4 * 1024 * 1024  # a job's results/checkpoint JSON; weights belong in its workdir
 # The worker loop's status names, read once (an Enum's ``value`` is a property).
@@ -445,11 +445,13 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
     if not job_ids:
         return []
     roots = sorted(set(job_ids))
-    down = [d for d in graph.descendants(conn, roots) if d not in set(roots)]
+    root_set = set(roots)
+    down = [d for d in graph.descendants(conn, roots) if d not in root_set]
+    size = in_list_size(conn)
     events = []
     cleared: list[int] = []
     for group, is_root in ((roots, True), (down, False)):
-        for chunk in chunks(group):
+        for chunk in chunks(group, size):
             rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
                                 .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id)).all()
             for r in rows:
@@ -457,9 +459,10 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
                     continue
                 if not is_root and r.status == Status.WAITING.value and not r.results:
                     continue
-                data = {"results": json.loads(r.results)} if r.results and (fresh or not is_root) else None
+                # The stored results, as they are (JSON already): a cascade may clear a hundred thousand.
+                data = f'{{"results": {r.results}}}' if r.results and (fresh or not is_root) else None
                 events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
-                               "attempt": r.attempt, "data": json.dumps(data) if data else None,
+                               "attempt": r.attempt, "data": data,
                                "why": why if is_root else f"{why}: upstream job reset"})
                 cleared.append(r.id)
     values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
@@ -467,14 +470,20 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
                                   queued_at=None)
     # A relaunch keeps the job's last checkpoint so it resumes; a reset by hand starts afresh.
     root_values = {**values, "attempt": 0} if fresh else {k: v for k, v in values.items() if k != "results"}
-    for chunk in chunks([i for i in cleared if i in set(roots)]):
+    for chunk in chunks([i for i in cleared if i in root_set], size):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**root_values))
-    for chunk in chunks([i for i in cleared if i not in set(roots)]):
+    for chunk in chunks([i for i in cleared if i not in root_set], size):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values, attempt=0))
     log(conn, events)
-    # Every job downstream is re-derived, not only those cleared: a QUEUED one left alone by
-    # --no-cascade has a parent that is no longer DONE.
-    graph.refresh(conn, log, sorted(set(cleared) | set(down)), why="dependencies re-checked after reset")
+    if cascade:
+        # Every job of the reset is WAITING now, so one whose parents are all in it stays WAITING:
+        # only the roots and the jobs with a parent outside it can move.
+        moving = roots + graph.with_parent_outside(conn, down, root_set | set(down))
+    else:
+        # Every job downstream is re-derived, not only those cleared: a QUEUED one left alone by
+        # --no-cascade has a parent that is no longer DONE.
+        moving = sorted(set(cleared) | set(down))
+    graph.refresh(conn, log, sorted(set(moving)), why="dependencies re-checked after reset")
     return cleared
 
 

@@ -1,4 +1,5 @@
-"""Writes killed half-way: SIGKILL in the middle of a 100,000-job schedule and of a 10,000-job cascade.
+"""Writes killed half-way: SIGKILL in the middle of a 100,000-job (and, marked slow, a 1,000,000-job)
+schedule and of a 10,000-job cascade.
 
 A process is killed only once it is provably inside its transaction: for a schedule, once SQLite's WAL
 has grown by megabytes of uncommitted rows, or once PostgreSQL shows its INSERT running; for a reset,
@@ -29,6 +30,11 @@ from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 BIG = ["a={{%s}}" % ",".join(map(str, range(100))), "b={{%s}}" % ",".join(map(str, range(1000)))]
 BIG_COUNT = 100_000
 WAL_INSIDE = 4 << 20  # bytes of WAL that only the big insert's uncommitted rows can account for
+# A million jobs are inserted a chunk at a time in one transaction: killed deep inside, after a
+# hundred megabytes of WAL (SQLite) or seconds of inserting (PostgreSQL), nothing may be left.
+HUGE = ["a={{%s}}" % ",".join(map(str, range(1000))), "b={{%s}}" % ",".join(map(str, range(1000)))]
+SIZES = [pytest.param(BIG, BIG_COUNT, WAL_INSIDE, (0.5, 0.1, 0.0), id="100k"),
+         pytest.param(HUGE, 1_000_000, 100 << 20, (8.0, 3.0, 0.5), id="1M", marks=pytest.mark.slow)]
 
 
 def _pg_dsn(url: str) -> tuple[str, str]:
@@ -85,24 +91,26 @@ def _new_url(db_url: str, engine_name: str, tmp_path: Path, attempt: int) -> str
 
 # -- a 100,000-job schedule, killed ------------------------------------------------------------
 
-def _inside_schedule(url: str, engine_name: str) -> list[int] | bool:
+def _inside_schedule(url: str, engine_name: str, wal_inside: int = WAL_INSIDE) -> list[int] | bool:
     if engine_name == "sqlite":
         wal = Path(_sqlite_path(url) + "-wal")
-        return wal.exists() and wal.stat().st_size > WAL_INSIDE
+        return wal.exists() and wal.stat().st_size > wal_inside
     return _pg_backends(url, query_like="INSERT INTO job %")
 
 
-@pytest.mark.timeout(400)
-def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name, tmp_path):
-    for attempt, extra_delay in enumerate((0.5, 0.1, 0.0)):
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("sweep, count, wal_inside, delays", SIZES)
+def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name, tmp_path, sweep, count, wal_inside,
+                                                            delays):
+    for attempt, extra_delay in enumerate(delays):
         url = _new_url(db_url, engine_name, tmp_path, attempt)
         proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "sqlschedule", url, "--no-check",
-                                 "pkg.mod:train", *BIG], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 "pkg.mod:train", *sweep], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         backends: list[int] = []
-        deadline = time.time() + 240
+        deadline = time.time() + 600
         while proc.poll() is None and time.time() < deadline:
-            inside = _inside_schedule(url, engine_name)
+            inside = _inside_schedule(url, engine_name, wal_inside)
             if inside:
                 backends = inside if isinstance(inside, list) else []
                 time.sleep(extra_delay)
@@ -114,7 +122,7 @@ def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name,
             break
         assert code == 0, f"sqlschedule exited {code} before it could be killed"
     else:
-        pytest.fail("the 100,000-job schedule always finished before SIGKILL reached it")
+        pytest.fail(f"the {count:,}-job schedule always finished before SIGKILL reached it")
 
     if engine_name == "postgresql":
         _wait_backends_gone(url, backends)
@@ -126,11 +134,14 @@ def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name,
         with engine.connect() as conn:
             exp = conn.execute(sa.text("SELECT id FROM experiment WHERE name = :n"), {"n": store.experiment}).scalar()
             jobs = conn.execute(sa.text("SELECT count(*) FROM job WHERE experiment_id = :e"), {"e": exp}).scalar()
-        assert jobs in (0, BIG_COUNT), f"{jobs} of the {BIG_COUNT} jobs survived the kill"
+        assert jobs in (0, count), f"{jobs} of the {count} jobs survived the kill"
         assert (exp is None) == (jobs == 0), "the experiment is made in the same transaction as its jobs"
         added = store.schedule(expand(parse_sweep(["pkg.mod:train", "a=-1", "b={{1,2}}"]))).added
         assert added == 2
-        assert len(store.jobs(with_deps=False)) == jobs + 2
+        with engine.connect() as conn:
+            after = conn.execute(sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = experiment_id "
+                                         "WHERE e.name = :n"), {"n": store.experiment}).scalar()
+        assert after == jobs + 2
         print(f"{engine_name}: killed on try {attempt + 1}; {jobs} jobs present afterwards")
     finally:
         store.dispose()
