@@ -227,13 +227,13 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
              + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
     body = (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
             f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
-            # LIMIT keeps SQLite from folding the subquery in: each value is then read once, not once per aggregate.
-            + f" FROM ({inner}{'' if sql.pg else ' LIMIT -1'}) AS j GROUP BY phase, target, cfg")
+            # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
+            # out of the JSON once, not once per aggregate.
+            + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY phase, target, cfg")
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
         conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body}"), sql.binds)
-        conn.exec_driver_sql(f"ANALYZE {TEMP}")
     else:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
         conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} AS {body}"), sql.binds)
