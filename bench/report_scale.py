@@ -97,7 +97,7 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
 
 
-def bench(engine: str, url: str, jobs: int, baseline: bool) -> list[Figure]:
+def bench(engine: str, url: str, jobs: int, baseline: bool, skip_flat_table: bool = False) -> list[Figure]:
     figures = []
     shapes = [("flat", jobs, 1), ("folds", jobs // 5, 5)]
     for name, configs, folds in shapes:
@@ -112,6 +112,8 @@ def bench(engine: str, url: str, jobs: int, baseline: bool) -> list[Figure]:
                    note=f"peak {mib:,.0f} MiB; {load()}"))
     for name, configs, folds in shapes:
         for fmt in ("table", "json"):
+            if skip_flat_table and name == "flat" and fmt == "table":
+                continue
             t, mib, size = timed([sys.executable, "-m", "jobman.cli.main", "report", url, "--table", name,
                                   "--format", fmt])
             what = f"{engine} report, {configs * folds:,} jobs in {configs:,}" + (f" × {folds}" if folds > 1 else "")
@@ -128,19 +130,25 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--no-baseline", action="store_true", help="skip the in-Python baseline")
+    parser.add_argument("--beside-scale", action="store_true",
+                        help="run from `run_all.py --scale`: leave out the flat table (bench/scale.py times it) "
+                             "and write no file")
     args = parser.parse_args()
     info = machine()
     figures = []
     for engine in args.engines.split(","):
         if engine == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:
-                figures += bench(engine, f"sqlite:///{Path(tmp) / 'scale.db'}", args.jobs, not args.no_baseline)
+                figures += bench(engine, f"sqlite:///{Path(tmp) / 'scale.db'}", args.jobs, not args.no_baseline,
+                                 args.beside_scale)
         else:
             url, drop = fresh_pg_database()
             try:
-                figures += bench(engine, url, args.jobs, not args.no_baseline)
+                figures += bench(engine, url, args.jobs, not args.no_baseline, args.beside_scale)
             finally:
                 drop()
+    if args.beside_scale:
+        return
     lines = ["# jobman report at scale", "", f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
              f"{info['date']}, {info['cpu']}, {info['memory']}, SQLite {info['sqlite']}, "
              f"PostgreSQL {info['postgresql']}. The machine is shared: the load average is given with each figure.",
