@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
+from jobman.jobdb.scheduling import pickled_by_value
 from jobman.jobdb.store import Job, Store, WorkerInfo, params_hash
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.halving import sampled, sweep_space
@@ -82,7 +83,8 @@ def _json_value(value: Any, name: str) -> Any:
 
 def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
     """The job target naming ``fn``: ``module:qualname`` (``__main__:name`` for a script's own
-    function, which is then run by value), with ``@version`` when one is given."""
+    function, which is then run by value and gets ``#digest`` of its code), with ``@version``
+    when one is given."""
     if isinstance(fn, str):
         name, at, given = fn.partition("@")
         target = canonical_target(name) + at + given  # pkg.mod.fn and pkg.mod:fn are one call
@@ -256,7 +258,8 @@ class Experiment:
         self._lock = threading.RLock()  # a future's callbacks may call again
         self._pump: _Pump | None = None
         self._heartbeats: _Heartbeats | None = None
-        self._code_stored: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+        self._code_stored: "weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
+        self._targets_stored: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -301,11 +304,14 @@ class Experiment:
         target = target_of(fn, version)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, list(params), runnable, retry=retry, code_of=None)
-        return self._submit(target, list(params), fn, retry=retry, code_of=fn)
+            return self._submit(target, list(params), runnable, retry=retry, code=None)
+        code = None
+        if by_value(target):
+            target, code = self._by_value(target, fn)
+        return self._submit(target, list(params), fn, retry=retry, code=code)
 
     def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
-                code_of: Callable | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
+                code: bytes | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
         hashes = [params_hash(0, "fn", target, e) for e in encoded]
@@ -314,8 +320,8 @@ class Experiment:
         found = self.store.find(hashes)
         missing = [i for i, h in enumerate(hashes) if h not in found]
         if missing:
-            if by_value(target) and code_of is not None:
-                self._store_code(target, code_of)
+            if code is not None:
+                self._store_code(target, code)
             specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
             scheduled = self.store.schedule(specs, max_attempts=self.max_attempts)
             new_ids = dict(zip(dict.fromkeys(hashes[i] for i in missing), scheduled.job_ids))
@@ -386,24 +392,22 @@ class Experiment:
             else:
                 self._pump.wake()
 
-    def _store_code(self, target: str, fn: Callable[..., Any]) -> None:
-        """Store a function a worker cannot import, by value, once per function object and target."""
+    def _by_value(self, name: str, fn: Callable[..., Any]) -> tuple[str, bytes]:
+        """The target a function a worker cannot import is called under (``name#digest`` of its code)
+        and its code, pickled once per function object and name."""
         try:
-            done = self._code_stored.setdefault(fn, set())
-        except TypeError:  # not weakly referable: store it each time
-            done = set()
-        if target in done:
-            return
-        try:
-            import cloudpickle
-        except ImportError:
-            raise UsageError(f"{target!r} is run by value, which needs cloudpickle: pip install cloudpickle") from None
-        try:
-            code = cloudpickle.dumps(fn)
-        except Exception as exc:
-            raise UsageError(f"{target!r} cannot be stored by value: {type(exc).__name__}: {exc}") from None
-        self.store.put_function(target, code)
-        done.add(target)
+            made = self._code_stored.setdefault(fn, {})
+        except TypeError:  # not weakly referable: pickle it each time
+            made = {}
+        if name not in made:
+            made[name] = pickled_by_value(fn, name)
+        return made[name]
+
+    def _store_code(self, target: str, code: bytes) -> None:
+        """Store a function a worker cannot import, by value, once per target."""
+        if target not in self._targets_stored:
+            self.store.put_function(target, code)
+            self._targets_stored.add(target)
 
     # -- inline ----------------------------------------------------------------------------
     def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> dict[str, Any] | None:
@@ -723,7 +727,7 @@ def cached(url: str | None = None, *, version: str | None = None, cache: str | N
                 if p.kind is p.VAR_KEYWORD:
                     params.update(params.pop(p.name, {}))
             exp = experiment()
-            future = exp._submit(state["target"], [params], _returning(fn), retry=retry, code_of=None,
+            future = exp._submit(state["target"], [params], _returning(fn), retry=retry, code=None,
                                  unwrap=lambda results: results.get("return", results))
             return future[0].result()
 

@@ -15,6 +15,7 @@ from .errors import UsageError
 from .priority import check_priority
 from .nested import RESERVED, canonical_params, flatten
 from .status import CODES, Status
+from .scheduling import pickled_by_value
 from .store import Store, params_hash
 from .sweep import JobSpec
 from .url import parse_db
@@ -101,28 +102,18 @@ def insert_dict(jobdict: Mapping[str, Any], db: Database, force_dup: bool = Fals
 
 
 def _insert(jobdict: Mapping[str, Any], db: Database, *, force_dup: bool, priority: float,
-            code_of: Callable[..., Any] | None = None) -> int | None:
+            code: bytes | None = None) -> int | None:
     params, own = _split(jobdict)
     target = own.get(EXPERIMENT)
     if not target:
         raise UsageError(f"the job has no {EXPERIMENT!r} key naming its function; use insert_job(fn, state, db)")
     priority = check_priority(own.get(PRIORITY, priority))
     dump_json(params, "parameters")  # first: a value the database cannot hold is refused before any write
-    if code_of is not None:
-        db.store.put_function(str(target), _pickled(code_of, str(target)))
+    if code is not None:
+        db.store.put_function(str(target), code)
     result = db.store.schedule([JobSpec(0, "fn", str(target), params, None)], priority=priority,
                                duplicate=force_dup)
     return result.job_ids[0] if result.added else None
-
-
-def _pickled(fn: Callable[..., Any], target: str) -> bytes:
-    """The function's code by value (cloudpickle), as ``jobman.Experiment`` stores a script's functions."""
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(fn)
-    except Exception as exc:  # noqa: BLE001 - whatever cloudpickle cannot carry
-        raise UsageError(f"{target!r} cannot be stored by value: {type(exc).__name__}: {exc}") from None
 
 
 def insert_job(experiment_fn: Callable[..., Any], state: Mapping[str, Any], db: Database, force_dup: bool = False,
@@ -131,18 +122,20 @@ def insert_job(experiment_fn: Callable[..., Any], state: Mapping[str, Any], db: 
 
     A function a worker cannot import by name (one of the script being run, ``__main__``, or
     one made inside another function) is stored with its jobs by value, as ``jobman.Experiment``
-    stores it, and named ``__main__:name``.
+    stores it, and named ``__main__:name#digest`` (a digest of its code).
     """
     module = getattr(experiment_fn, "__module__", None)
     name = getattr(experiment_fn, "__qualname__", None) or getattr(experiment_fn, "__name__", None)
     if not callable(experiment_fn) or not module or not name:
         raise UsageError(f"{experiment_fn!r} is not a function: give insert_job the experiment function itself")
     by_value = module == "__main__" or "<" in name
-    experiment = f"{module}:{name}" if by_value else f"{module}.{name}"
+    named = f"{module}:{name}" if by_value else f"{module}.{name}"
+    experiment, code = pickled_by_value(experiment_fn, named) if by_value else (named, None)
     state = copy.copy(dict(flatten(state)))
-    if state.setdefault(EXPERIMENT, experiment) != experiment:
-        raise UsageError(f"state[{EXPERIMENT!r}] is {state[EXPERIMENT]!r}, not the function {experiment!r}")
-    return _insert(state, db, force_dup=force_dup, priority=priority, code_of=experiment_fn if by_value else None)
+    if state.get(EXPERIMENT, named) not in (named, experiment):
+        raise UsageError(f"state[{EXPERIMENT!r}] is {state[EXPERIMENT]!r}, not the function {named!r}")
+    state[EXPERIMENT] = experiment
+    return _insert(state, db, force_dup=force_dup, priority=priority, code=code)
 
 
 __all__ = ["db", "Database", "insert_job", "insert_dict", "hash_state", "JOBID", "EXPERIMENT", "STATUS", "HASH",

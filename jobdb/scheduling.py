@@ -326,8 +326,36 @@ def search_moves_on(log: Log, now: Callable[[Connection], float]) -> Ended:
 
 # -- functions run by value ------------------------------------------------------------------
 
+def pickled_by_value(fn: Callable[..., Any], name: str) -> tuple[str, bytes]:
+    """A function run by value: the target it is stored and called under, ``name#digest``, and its code
+    (cloudpickle). The digest is of the code, so that two functions of one name (two lambdas, two
+    functions made by one factory, two scripts' ``train``) never share a stored code, while a re-run
+    of the same script finds its calls again."""
+    try:
+        import cloudpickle
+    except ImportError:
+        raise UsageError(f"{name!r} is run by value, which needs cloudpickle: pip install cloudpickle") from None
+    try:
+        code = cloudpickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - whatever cloudpickle cannot carry
+        raise UsageError(f"{name!r} cannot be stored by value: {type(exc).__name__}: {exc}") from None
+    base, at, version = name.partition("@")
+    return f"{base}#{_code_digest(code, cloudpickle)}{at}{version}", code
+
+
+def _code_digest(code: bytes, cloudpickle: Any) -> str:
+    """The digest of a pickled function, without the random ids cloudpickle gives the classes of a
+    script (new in every process), so that the same code has the same digest in every run."""
+    tracked = getattr(getattr(cloudpickle, "cloudpickle", None), "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None)
+    for tracker_id in list(tracked.values()) if tracked is not None else ():
+        if isinstance(tracker_id, str):
+            code = code.replace(tracker_id.encode(), b"")
+    return hashlib.sha256(code).hexdigest()[:16]
+
+
 def put_function(conn: Connection, exp: int, target: str, code: bytes) -> None:
-    """Store the code of a function run by value under its target name (the newest wins)."""
+    """Store the code of a function run by value under its target (the newest wins: a target
+    ``name#digest`` only ever gets the same code; one stored before digests, plain ``name``, any)."""
     digest = hashlib.sha256(code).hexdigest()
     key = (t_code.c.experiment_id == exp) & (t_code.c.target == target)
     old = conn.execute(sa.select(t_code.c.digest).where(key)).scalar()

@@ -144,8 +144,9 @@ job_metric = Table(
 Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.step)
 
 # Functions stored by value (``cloudpickle``): one defined in a script's or a notebook's
-# ``__main__`` cannot be imported by a worker, so its code is kept here under its target name.
-# Like a module on disk, the newest definition is the one workers run.
+# ``__main__`` cannot be imported by a worker, so its code is kept here under its target,
+# ``name#digest`` (the digest of its code: one row per distinct code, never shared by two functions).
+# A row stored before digests, under a plain ``name``, keeps its newest definition.
 function_code = Table(
     "function_code",
     metadata,

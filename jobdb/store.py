@@ -425,7 +425,7 @@ class Store:
         return self._read(run)
 
     def put_function(self, target: str, code: bytes) -> None:
-        """Store the code of a function run by value under its target name (the newest wins)."""
+        """Store the code of a function run by value under its target (``name#digest``)."""
         self._write(lambda conn: scheduling.put_function(conn, self._exp(conn, create=True), target, code))
 
     def function_code(self, target: str) -> bytes | None:

@@ -407,7 +407,74 @@ def test_insert_job_stores_a_scripts_own_function_by_value(db_url, tmp_path, job
     store = Store.open(db_url)
     try:
         (job,) = store.jobs()
-        assert (job.status.name, job.target, job.results) == ("DONE", "__main__:adder", {"total": 7})
+        assert (job.status.name, job.target.partition("#")[0], job.results) == ("DONE", "__main__:adder", {"total": 7})
+    finally:
+        store.dispose()
+
+
+SAME_NAMES_SCRIPT = textwrap.dedent("""\
+    import os
+    from jobman import sql
+
+    def offset(by):
+        def add(state, channel):
+            state.total = state.first + by
+            return channel.COMPLETE
+        return add
+
+    def times(k):
+        return lambda state, channel: (setattr(state, "total", state.first * k), channel.COMPLETE)[1]
+
+    db = sql.db(os.environ['TUTORIAL_DB'])
+    for fn in (offset(1), offset(100), times(2), times(3), offset(1)):
+        print(sql.insert_job(fn, {'first': 5}, db))
+    """)
+
+
+def test_insert_job_keeps_the_code_of_each_function_of_one_name(db_url, tmp_path, jobman):
+    """Two functions of one factory, two lambdas: one name each, ``__main__:offset.<locals>.add``
+    and ``__main__:times.<locals>.<lambda>``; each job runs its own code, the same code is one job."""
+    (tmp_path / "same_names.py").write_text(SAME_NAMES_SCRIPT)
+    r = run_script(tmp_path / "same_names.py", {"TUTORIAL_DB": db_url}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    ids = r.stdout.split()
+    assert all(i.isdigit() for i in ids[:4]) and len(set(ids[:4])) == 4 and ids[4] == "None"
+    r = run_script(tmp_path / "same_names.py", {"TUTORIAL_DB": db_url}, tmp_path)
+    assert r.stdout.split() == ["None"] * 5, r.stderr  # a re-run of the script finds its jobs again
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = jobman("sql", "-n0", db_url, ".", cwd=elsewhere)
+    assert r.code == 0, r.err
+    store = Store.open(db_url)
+    try:
+        jobs = sorted(store.jobs(), key=lambda j: j.id)
+        assert [(j.status.name, j.results["total"]) for j in jobs] == [("DONE", 6), ("DONE", 105), ("DONE", 10),
+                                                                         ("DONE", 15)]
+        assert [j.target.partition("#")[0] for j in jobs] == ["__main__:offset.<locals>.add"] * 2 + [
+            "__main__:times.<locals>.<lambda>"] * 2
+    finally:
+        store.dispose()
+
+
+def test_a_function_stored_by_value_before_its_code_had_a_digest_still_runs(db_url, tmp_path, jobman):
+    """A database made before targets carried a digest: its job ``__main__:adder`` and the code stored
+    under that plain name run as they did."""
+    import cloudpickle
+
+    namespace = {"__name__": "__main__"}
+    exec("def adder(state, channel):\n    state.total = state.first + 1\n    return channel.COMPLETE\n", namespace)
+    store = Store.open(db_url)
+    try:
+        store.put_function("__main__:adder", cloudpickle.dumps(namespace["adder"]))
+        store.schedule([JobSpec(0, "fn", "__main__:adder", {"first": 4}, None)])
+    finally:
+        store.dispose()
+    r = jobman("sql", "-n0", db_url, ".", cwd=tmp_path)
+    assert r.code == 0, r.err
+    store = Store.open(db_url)
+    try:
+        (job,) = store.jobs()
+        assert (job.status.name, job.target, job.results) == ("DONE", "__main__:adder", {"total": 5})
     finally:
         store.dispose()
 

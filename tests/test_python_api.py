@@ -86,10 +86,74 @@ def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_
     try:
         jobs = store.jobs()
         assert [j.status for j in jobs] == [Status.DONE] * 4
-        assert {j.target for j in jobs} == {"__main__:train"}
+        assert {j.target.partition("#")[0] for j in jobs} == {"__main__:train"}
+        assert len({j.target for j in jobs}) == 1
         assert {j.backend for j in jobs} == {"local"}
     finally:
         store.dispose()
+
+
+def test_functions_of_one_name_each_run_their_own_code_on_workers_and_a_rerun_is_answered_from_the_cache(
+        db_url, tmp_path):
+    """Two lambdas, and two functions made by one factory, share a name (``__main__:<lambda>``,
+    ``__main__:scaled.<locals>.step``): each call runs its own function's code on a worker."""
+    body = '''
+        def scaled(k):
+            def step(x):
+                with open(SIDE, "a") as fh:
+                    fh.write(f"step {k} {x}\\n")
+                return {"y": x * k}
+            return step
+
+        class Note:  # a class of the script: cloudpickle gives it a new random id in every process
+            def __init__(self, what):
+                self.what = what
+
+        def noted(what, y):
+            with open(SIDE, "a") as fh:
+                fh.write(f"{Note(what).what}\\n")
+            return {"y": y}
+
+        plus = lambda x: noted("plus", x + 1)  # noqa: E731
+        minus = lambda x: noted("minus", x - 1)  # noqa: E731
+        exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
+        futures = [exp.call(fn, x=10) for fn in (plus, minus, scaled(2), scaled(3))]
+        got = [f.result(timeout=90)["y"] for f in futures]
+        exp.close()
+        print(json.dumps(got))
+    '''
+    assert last_json(run_script(tmp_path, body, db_url)) == [11, 9, 20, 30]
+    assert sorted(side_lines(tmp_path)) == ["minus", "plus", "step 2 10", "step 3 10"]
+    assert last_json(run_script(tmp_path, body, db_url)) == [11, 9, 20, 30]  # the same script again
+    assert len(side_lines(tmp_path)) == 4  # ... answered from the database
+    store = Store.open(db_url)
+    try:
+        jobs = store.jobs()
+        assert [j.status for j in jobs] == [Status.DONE] * 4
+        names = sorted(j.target.partition("#")[0] for j in jobs)
+        assert names == ["__main__:<lambda>"] * 2 + ["__main__:scaled.<locals>.step"] * 2
+        assert len({j.target for j in jobs}) == 4
+        assert len({store.function_code(j.target) for j in jobs}) == 4
+    finally:
+        store.dispose()
+
+
+def test_two_scripts_train_each_run_their_own_code(db_url, tmp_path):
+    """Two scripts, each with its own ``train``: one name, ``__main__:train``, two functions."""
+    body = '''
+        def train(x):
+            return {"y": x * FACTOR}
+
+        exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
+        print(json.dumps(exp.call(train, x=7).result(timeout=90)))
+        exp.close()
+    '''
+    got = []
+    for factor in (2, 5):
+        here = tmp_path / f"script{factor}"
+        here.mkdir()
+        got.append(last_json(run_script(here, f"FACTOR = {factor}\n" + textwrap.dedent(body), db_url)))
+    assert got == [{"y": 14}, {"y": 35}]
 
 
 def test_a_cache_hit_runs_nothing_and_a_new_version_runs_again(db_url, tmp_path):
