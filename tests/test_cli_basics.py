@@ -246,12 +246,18 @@ def test_bad_input_on_sqlite_is_one_masked_sentence_and_changes_nothing(sqlite_u
 def test_bad_input_on_postgresql_is_one_masked_sentence_and_changes_nothing(pg_database):
     server = pg_database.rsplit("/", 1)[0].replace("postgres@", f"postgres:{SECRET}@")
     pid = os.getpid()
+    # An experiment of its own, as the SQLite test has: the session's database holds jobman's tables
+    # and a sweep whatever ran before, so a missing experiment is told apart from a database without them.
+    mine = f"mlp_{uuid.uuid4().hex[:8]}"
+    s = Store.open(f"{pg_database}?table={mine}")
+    s.schedule(expand(parse_sweep([TARGET, "n={{1,2}}", "--", "m={{a,b}}"])))
+    s.dispose()
     cases = [
         ("unknown database", ["sqlschedule", f"{server}/jobman_no_such_db_{pid}?table=x", "--no-check", "p.m:f", "a=1"],
          ["cannot connect to", "database does not exist", "postgres:***@"]),
         ("unknown role", ["list", f"{server.replace('postgres:', f'no_such_role_{pid}:')}/postgres?table=x"],
          ["cannot connect to", "role (user) does not exist", f"no_such_role_{pid}:***@"]),
-        ("missing experiment", ["list", f"{pg_database}?table=nope_{pid}"], [f"no experiment 'nope_{pid}'"]),
+        ("missing experiment", ["list", f"{pg_database}?table=nope_{pid}"], [f"no experiment 'nope_{pid}'", mine]),
     ]
     before = dump_db(pg_database)
     refused_all(cases)
