@@ -131,7 +131,7 @@ class Dispatcher:
         """After its workers were stopped: any job still RUNNING under one of them (a worker that could
         not write, or was killed after its grace) is put back without spending an attempt; where the
         database refuses even that, the job is marked as interrupted (``dispatch.interrupted``), for the
-        next dispatch or monitor on this host to put back once it can."""
+        next dispatch or monitor to put back once it can."""
         started = getattr(self.backend, "started_ids", None)
         if started is None:
             return

@@ -33,8 +33,8 @@ from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 from .channel import job_info
 from .experiment import TargetError, by_value
-from .interrupted import mark_interrupted
 from .forkserver import ForkServer, ForkServerGone, Frames, JobProcess, child_pids, end_job_processes, send_msg
+from .interrupted import mark_interrupted
 from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage
