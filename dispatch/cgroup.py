@@ -15,7 +15,8 @@ Job cgroups live below the worker's own cgroup, so that every limit set on it (a
 systemd unit's) holds for its jobs too, one folder per worker, named by its pid and start time:
 ``<its cgroup>/jobman/w<pid>-<start>/job-<pid>``. Each job process makes its own and moves into it before it
 runs anything, so nothing it starts is outside. Whoever finds the worker dead (its fork server, the
-worker itself, the monitor on its host) kills what is left in its folder.
+worker itself, the monitor on its host, the next fork server started beside it) kills what is left
+in its folder.
 """
 
 from __future__ import annotations
@@ -127,7 +128,26 @@ def worker_folder(base: Path | None, worker_pid: int) -> Path | None:
         where.mkdir(exist_ok=True)
     except OSError:
         return None
+    end_dead_workers_folders(base)
     return where
+
+
+def end_dead_workers_folders(base: Path) -> int:
+    """Kill what is left in the folders of workers that are gone (killed together with their fork
+    server, and no monitor came by), and remove those folders; how many processes were killed."""
+    killed = 0
+    try:
+        folders = [p for p in base.iterdir() if p.name.startswith("w") and p.is_dir()]
+    except OSError:
+        return 0
+    for folder in folders:
+        try:
+            pid, ticks = (int(part) for part in folder.name[1:].split("-", 1))
+        except ValueError:
+            continue
+        if start_ticks(pid) != ticks:
+            killed += kill_cgroup(folder)
+    return killed
 
 
 def cgroup_of(pid: int, folder: Path | None) -> Path | None:

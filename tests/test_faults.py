@@ -450,8 +450,12 @@ def _crashed_and_relaunched(store: Store, job_id: int, url: str, jobman) -> None
     assert any(e.to_status == Status.CRASHED.value and "is gone" in (e.why or "") for e in events), events
 
 
+KILLED = ["worker", "worker and fork server", "worker and fork server, v1 cgroup",
+          "worker and fork server, then another worker"]
+
+
 @pytest.mark.parametrize("kind", ["fn", "cmd"])
-@pytest.mark.parametrize("killed", ["worker", "worker and fork server", "worker and fork server, v1 cgroup"])
+@pytest.mark.parametrize("killed", KILLED)
 def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, jobman, kind, killed, monkeypatch):
     """The worker alone SIGKILLed: its fork server kills the job's processes in every session. The
     worker and its fork server at once: nobody is left to act, what the job started waits in the job's
@@ -465,7 +469,7 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
     if not alone and cgroup.job_cgroup_base() is None:
         where = "the v1 pids controller" if "v1" in killed else "cgroup v2 or the v1 pids controller"
         pytest.skip(f"no cgroup can be made for a job here (none writable in {where})")
-    mark = str(800000 + 10 * os.getpid() + 4 * (kind == "cmd") + ("v1" in killed) * 2 + alone)
+    mark = str(800000 + 100 * os.getpid() + 10 * KILLED.index(killed) + (kind == "cmd"))
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
     with spawner_worker(url, kind, mark, mods, tmp_path) as (store, job_id, worker):
         if alone:
@@ -478,6 +482,12 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         else:
             time.sleep(0.5)
             assert len(sleepers(mark)) == 3  # orphaned, but in the job's cgroup
+        if "another worker" in killed:  # its fork server, starting, ends what dead workers left
+            other = f"sqlite:///{tmp_path / 'other.db'}?table=other"
+            Store.open(other).schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 0}, None)])
+            r = jobman("worker", other, "--exproot", str(tmp_path / "other"), "--no-wait", env=mods)
+            assert r.code == 0, r.err
+            assert sleepers(mark) == [], "what the job left outlived the start of another fork server"
         _crashed_and_relaunched(store, job_id, url, jobman)
         wait_until(lambda: sleepers(mark) == [], 10, "the monitor to kill what the job left")
 
