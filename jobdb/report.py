@@ -630,7 +630,10 @@ class _RowJson:
             n, s, q, lo, hi = raw[8 + 5 * i: 13 + 5 * i]
             if n:
                 mean, std = aggregates.stat_of(n, s, q, lo, hi)
-                if math.isfinite(q) and math.isfinite(s):  # then so are the mean, std, min and max
+                if lo == hi:  # one value (one run, or equal runs): written once
+                    m = lo_ = hi_ = f"{lo!r}" if math.isfinite(lo) else _num(lo)
+                    sd = "null" if std is None else "0.0"
+                elif math.isfinite(q) and math.isfinite(s):  # then so are the mean, std, min and max
                     m, sd, lo_, hi_ = f"{mean!r}", "null" if std is None else f"{std!r}", f"{lo!r}", f"{hi!r}"
                 else:
                     m, sd, lo_, hi_ = _num(mean), "null" if std is None else _num(std), _num(lo), _num(hi)
