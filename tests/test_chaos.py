@@ -8,7 +8,9 @@ dispatcher's workers get SIGTERM (no worker outlives its dispatcher): each lets 
 puts it back, and exits; a new ``jobman dispatch`` is started at once, as a user would. After the window every process of the
 test is SIGKILLed, ``jobman monitor --once --relaunch`` must find every job left RUNNING and queue
 it again (by its dead worker's pid: the heartbeat grace is ten minutes), and a fresh ``jobman
-dispatch`` must finish the sweep.
+dispatch`` must finish the sweep. It runs with a fresh process per job, and (on SQLite) with job
+processes that run four jobs each: the same kills then take down a process between two jobs, or
+mid-job after others it ran.
 
 Processes are told apart in the live tree: dispatchers and workers carry the experiment's URL on
 their command line (``dispatch`` or ``worker``); a job's process is a descendant of a worker that
@@ -238,7 +240,8 @@ def read_side_file(path: Path) -> dict[int, dict[int, list[tuple[str, int]]]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, engine_name, tmp_path: Path, jobman):
+def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, engine_name, tmp_path: Path, jobman,
+                                                                       jobs_per_process):
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / f"{MODULE}.py").write_text(EXPERIMENTS)
@@ -256,7 +259,7 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
     env = {**os.environ, "JM_CHAOS_LOG": str(side),
            "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p)}
     args = ["dispatch", db_url, "-j", str(WORKERS), "--exproot", str(runs_dir), "--heartbeat", "1",
-            "--no-progress"]
+            "--no-progress", "--jobs-per-process", str(jobs_per_process)]
     rng = random.Random(SEED)
     kills: Counter[str] = Counter()
     misses: Counter[str] = Counter()  # picks that found no such process
