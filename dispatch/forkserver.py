@@ -186,9 +186,16 @@ def become_subreaper() -> bool:
 
 def child_pids() -> list[int]:
     """The pids of this process's children."""
-    try:
-        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as fh:
-            return [int(pid) for pid in fh.read().split()]
+    pid = os.getpid()
+    try:  # read on every job: a bare descriptor, no text file object
+        fd = os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        finally:
+            os.close(fd)
+        return [int(child) for child in data.split()]
     except OSError:
         import psutil
 

@@ -38,14 +38,14 @@ def memory_cgroup(proc_cgroup: Path = Path("/proc/self/cgroup")) -> tuple[Path, 
     return None
 
 
-_open_files: dict[Path, int] = {}  # read again and again at offset 0: the kernel writes them anew each time
+_open_files: dict[tuple[Path, str], int] = {}  # read again and again at offset 0: the kernel writes them anew
 
 
-def _read(path: Path) -> str:
+def _read(where: Path, name: str) -> str:
     """A cgroup file's current text, from a descriptor kept open (read before every job, so kept cheap)."""
-    fd = _open_files.get(path)
+    fd = _open_files.get((where, name))
     if fd is None:
-        fd = _open_files[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_files[where, name] = os.open(where / name, os.O_RDONLY | os.O_CLOEXEC)
     return os.pread(fd, 65536, 0).decode()
 
 
@@ -56,10 +56,10 @@ def _counters(cgroup: tuple[Path, int] | None) -> tuple[int, int] | None:
     where, version = cgroup
     try:
         if version == 2:
-            fields = dict(line.split() for line in _read(where / "memory.events").splitlines())
+            fields = dict(line.split() for line in _read(where, "memory.events").splitlines())
             return int(fields.get("oom_kill", 0)), int(fields.get("max", 0))
-        fields = dict(line.split() for line in _read(where / "memory.oom_control").splitlines())
-        return int(fields.get("oom_kill", 0)), int(_read(where / "memory.failcnt"))
+        fields = dict(line.split() for line in _read(where, "memory.oom_control").splitlines())
+        return int(fields.get("oom_kill", 0)), int(_read(where, "memory.failcnt"))
     except (OSError, ValueError):
         return None
 
