@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import engine as _engine
-from .errors import NoSuchExperiment, UsageError
+from .errors import NoSuchExperiment
 from .schema import experiment as t_exp
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 TEMP = "jobman_report"
-_NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}
+_NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}  # JSON types of a number
 
 
 @contextlib.contextmanager
@@ -421,14 +421,6 @@ def stat_of(n: int, s: float, q: float, lo: float, hi: float) -> tuple[float, fl
     if n < 2:
         return mean, None
     return mean, math.sqrt(max((q - s * s / n) / (n - 1), 0.0))
-
-
-def check_where_keys(conditions: Sequence["Condition"], keys: set[str]) -> None:
-    from .report import _listing
-
-    for cond in conditions:
-        if cond.key not in keys and keys:
-            raise UsageError(f"--where {cond}: no job has a parameter {cond.key!r} ({_listing(keys)})")
 
 
 def drop(conn: Connection) -> None:

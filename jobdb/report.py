@@ -489,7 +489,7 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
 
     scopes = aggregates.scope_counts(conn, selected, sql.binds)
     found = aggregates.result_keys(conn, selected, sql.binds)
-    numeric = set(aggregates._NUMERIC["postgresql" if sql.pg else "sqlite"])
+    numeric = set(sql.numeric)
     with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
     dropped: list[tuple[int | None, str | None, int]] = []
     if not with_metric:
