@@ -436,13 +436,21 @@ def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequ
         rep = _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
                                  keep, sample=sample)
         if rep is not None:
-            yield rep
+            try:
+                yield rep
+            finally:
+                rep._stream = rep._stream_json = _closed
             return
     rep = from_store_in_python(store, metric, mode, group_over, phase=phase, outer=outer,
                                allow_incomplete=allow_incomplete, where=conditions)
     if sample:
         rep.sample = _spread(iter(rep.rows), sum(1 for r in rep.rows if r.n), sample)
     yield rep
+
+
+def _closed() -> Iterator[Any]:
+    raise UsageError("the report's rows beyond the first ones are read while it is open (report.open_report); "
+                     "report.from_store holds them all")
 
 
 def _spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[ConfigRow]:

@@ -448,6 +448,10 @@ def same_report(store: Store, metric: str = "valid_error", mode: str = "min", **
         assert [r.to_dict() for r in part.iter_rows()] == [r.to_dict() for r in in_db.rows]
         assert [json.loads(t) for t in part.iter_json()] == [r.to_dict() for r in in_db.rows]
         assert part.summary_lines() == in_py.summary_lines()
+    if not part.holds_all:  # closed: what it holds stays readable, the rest says where to find it
+        assert part.rows and part.best_by_outer
+        with pytest.raises(UsageError, match="while it is open"):
+            list(part.iter_rows())
     return in_db
 
 
