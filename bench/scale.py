@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> list[Figure]:
     args = parser.parse_args(argv)
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("JOBMAN_BENCH_TMP")) as tmp:
-        for engine in args.engines.split(","):
+        for engine in filter(None, args.engines.split(",")):  # --engines '' --ten-million: that alone
             if engine == "sqlite":
                 run_engine("SQLite", args.jobs, f"sqlite:///{tmp}/scale.db", figures)
             else:
