@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import itertools
+import pickle
 import time
 from array import array
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
@@ -340,12 +342,26 @@ def pickled_by_value(fn: Callable[..., Any], name: str) -> tuple[str, bytes]:
     except Exception as exc:  # noqa: BLE001 - whatever cloudpickle cannot carry
         raise UsageError(f"{name!r} cannot be stored by value: {type(exc).__name__}: {exc}") from None
     base, at, version = name.partition("@")
-    return f"{base}#{_code_digest(code, cloudpickle)}{at}{version}", code
+    return f"{base}#{_code_digest(fn, cloudpickle)}{at}{version}", code
 
 
-def _code_digest(code: bytes, cloudpickle: Any) -> str:
-    """The digest of a pickled function, without the random ids cloudpickle gives the classes of a
-    script (new in every process), so that the same code has the same digest in every run."""
+def _code_digest(fn: Callable[..., Any], cloudpickle: Any) -> str:
+    """The digest of a function's code, the same in every run of its script: pickled as it is stored,
+    but with sets in a fixed order (a set of strings, a constant ``{"a", "b"}`` included, iterates in
+    an order that changes from one process to the next), and without the random ids cloudpickle
+    gives the classes of a script."""
+    def stable(obj: Any) -> bytes:
+        buffer = io.BytesIO()
+        _StablePickler(buffer, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+        return buffer.getvalue()
+
+    class _StablePickler(cloudpickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if type(obj) in (set, frozenset):
+                return type(obj).__name__, tuple(sorted(stable(item) for item in obj))
+            return None
+
+    code = stable(fn)
     tracked = getattr(getattr(cloudpickle, "cloudpickle", None), "_DYNAMIC_CLASS_TRACKER_BY_CLASS", None)
     for tracker_id in list(tracked.values()) if tracked is not None else ():
         if isinstance(tracker_id, str):
