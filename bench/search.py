@@ -2,14 +2,26 @@
 
     python bench/search.py                   # small: 16 points, 3 folds, 9 epochs at most, 2 seeds
     python bench/search.py --points 32 --epochs 27 --seeds 3     # the size the targets are stated for
+    python bench/search.py --space 3d --points 32 --epochs 27 --seeds 3      # lr, nhid and momentum
 
 The bundled MLP (``jobman.models.mlp:train``) on digits, with ``nb_cross_fold`` folds; a
 configuration's score is its validation error averaged over the folds, as ``jobman report``
-ranks it. Over the same ranges (lr log-uniform in [1e-4, 1e-1], nhid in {32, 64, 128, 256}):
+ranks it. Two search spaces (``--space``):
 
-- grid: lr at evenly log-spaced values times the four nhid, ``--points`` in all, full budget;
-- random: ``--points`` draws of ``lr=loguniform(1e-4,1e-1) nhid=choice(32,64,128,256)`` from the
-  seed (the sweep grammar's own draws), full budget;
+- ``2d``: lr log-uniform in [1e-4, 1e-1], nhid in {32, 64, 128, 256}, the trainer's default
+  optimizer (Adam); the grid is ``--points / 4`` log-spaced lr (both ends included) times the
+  four nhid.
+- ``3d``: the same two plus momentum uniform in [0.5, 0.99], with ``optimizer=momentum``
+  (heavy-ball SGD: Adam does not read ``momentum``); the grid is ``--points / 8`` log-spaced lr
+  times the four nhid times two momenta, evenly spaced with both ends included (0.5 and 0.99).
+
+In either space, over the same ranges and the same folds:
+
+- grid: the points above, full budget;
+- random: ``--points`` draws of the distributions from the seed (the sweep grammar's own draws,
+  ``--sampler random``), full budget;
+- quasi-random: ``--points`` draws from the same seed with ``--sampler halton`` (a Halton
+  sequence randomly shifted by the seed), full budget;
 - full: the random configurations, each trained to ``--epochs`` (the baseline of halving);
 - halving: the same configurations through ``--halving epochs=MIN:MAX --eta 3`` rungs, chosen by
   the rules the database applies (``jobdb.halving.choose``), each promoted run continuing in a copy
@@ -18,7 +30,8 @@ ranks it. Over the same ranges (lr log-uniform in [1e-4, 1e-1], nhid in {32, 64,
 Runs are made in this process with ``run_direct`` (no database: the benchmark measures the search,
 not the queue), one BLAS thread, one after another. Epochs are counted as trained: a promoted run
 counts only the epochs it added. Figures are measured in this run and written to
-``bench/RESULTS-search.md``; on a shared machine only the seconds are noisy, not the errors.
+``bench/RESULTS-search.md`` (replacing it); on a shared machine only the seconds are noisy, not
+the errors.
 """
 
 from __future__ import annotations
@@ -78,16 +91,47 @@ def _epochs_in(workdir: Path) -> int:
     return max(json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines())
 
 
-def grid_configs(points: int) -> list[dict]:
-    per = max(1, points // len(NHID))
-    lrs = [float(f"{10 ** (-4 + 3 * i / max(1, per - 1)):.6g}") for i in range(per)]
-    tokens = [TARGET, "lr={{" + ",".join(map(format_value, lrs)) + "}}", "nhid={{" + ",".join(map(str, NHID)) + "}}"]
+def _log_spaced(low_exp: float, high_exp: float, count: int) -> list[float]:
+    return [float(f"{10 ** (low_exp + (high_exp - low_exp) * i / max(1, count - 1)):.6g}") for i in range(count)]
+
+
+def _even(low: float, high: float, count: int) -> list[float]:
+    return [float(f"{low + (high - low) * i / max(1, count - 1):.6g}") for i in range(count)]
+
+
+def _grid_token(key: str, values: list) -> str:
+    return f"{key}={{{{" + ",".join(map(format_value, values)) + "}}"
+
+
+# Each space: the fixed parameters, the distributions random search draws from, and the grid
+# over the same ranges for a given number of points.
+SPACES = {
+    "2d": {
+        "fixed": [],
+        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})"],
+        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // len(NHID)))),
+                                _grid_token("nhid", list(NHID))],
+        "grid_text": "{lrs} log-spaced lr x 4 nhid",
+    },
+    "3d": {
+        "fixed": ["optimizer=momentum"],
+        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})",
+                  "momentum=uniform(0.5,0.99)"],
+        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
+                                _grid_token("nhid", list(NHID)), _grid_token("momentum", _even(0.5, 0.99, 2))],
+        "grid_text": "{lrs} log-spaced lr x 4 nhid x 2 momentum",
+    },
+}
+
+
+def grid_configs(space: str, points: int) -> list[dict]:
+    tokens = [TARGET, *SPACES[space]["fixed"], *SPACES[space]["grid"](points)]
     return [s.params for s in expand(parse_sweep(tokens))]
 
 
-def random_configs(points: int, seed: int) -> list[dict]:
-    tokens = [TARGET, "lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})"]
-    return [s.params for s in expand(parse_sweep(tokens), samples=points, seed=seed)]
+def random_configs(space: str, points: int, seed: int, sampler: str = "random") -> list[dict]:
+    tokens = [TARGET, *SPACES[space]["fixed"], *SPACES[space]["drawn"]]
+    return [s.params for s in expand(parse_sweep(tokens), samples=points, seed=seed, sampler=sampler)]
 
 
 def full_budget(runner: Runner, configs: list[dict], epochs: int) -> float:
@@ -111,53 +155,77 @@ def halving(runner: Runner, configs: list[dict], low: int, high: int, eta: int) 
     return best
 
 
+def _versus(bests: list[float], grid_best: float) -> str:
+    # Compared in whole validation digits: errors are means of per-fold fractions, so equal counts
+    # may differ in the last bits.
+    won = sum(b < grid_best - 1e-9 for b in bests)
+    tied = sum(abs(b - grid_best) <= 1e-9 for b in bests)
+    return f"beats the grid on {won} seed(s), ties on {tied}, loses on {len(bests) - won - tied}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--points", type=int, default=16, help="configurations per search (grid: a multiple of 4)")
+    ap.add_argument("--space", choices=sorted(SPACES), default="2d",
+                    help="2d: lr x nhid (Adam); 3d: lr x nhid x momentum (SGD with momentum)")
+    ap.add_argument("--points", type=int, default=16,
+                    help="configurations per search (grid: a multiple of 4, or of 8 for --space 3d)")
     ap.add_argument("--folds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=9, help="the full budget: epochs of a fully trained run")
     ap.add_argument("--min-epochs", type=int, default=1, help="the first rung of halving")
     ap.add_argument("--eta", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=2)
     args = ap.parse_args()
+    space = SPACES[args.space]
 
     rows = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="jobman-bench-search-") as tmp:
+        grid = grid_configs(args.space, args.points)
         grid_runner = Runner(Path(tmp) / "grid", args.folds)
-        grid_best = full_budget(grid_runner, grid_configs(args.points), args.epochs)
-        print(f"grid of {args.points}: best valid_error {grid_best:.4f}, {grid_runner.epochs} epochs", flush=True)
+        grid_best = full_budget(grid_runner, grid, args.epochs)
+        print(f"grid of {len(grid)}: best valid_error {grid_best:.4f}, {grid_runner.epochs} epochs", flush=True)
         for seed in range(args.seeds):
-            configs = random_configs(args.points, seed)
+            configs = random_configs(args.space, args.points, seed)
             full, halv = Runner(Path(tmp) / f"full{seed}", args.folds), Runner(Path(tmp) / f"halv{seed}", args.folds)
+            quasi = Runner(Path(tmp) / f"quasi{seed}", args.folds)
             full_best = full_budget(full, configs, args.epochs)
+            quasi_best = full_budget(quasi, random_configs(args.space, args.points, seed, "halton"), args.epochs)
             halving_best = halving(halv, configs, args.min_epochs, args.epochs, args.eta)
-            rows.append((seed, full_best, full.epochs, halving_best, halv.epochs))
-            print(f"seed {seed}: random/full best {full_best:.4f} in {full.epochs} epochs; "
-                  f"halving best {halving_best:.4f} in {halv.epochs} epochs", flush=True)
+            rows.append((seed, full_best, quasi_best, full.epochs, halving_best, halv.epochs))
+            print(f"seed {seed}: random/full best {full_best:.4f}, quasi-random {quasi_best:.4f}, "
+                  f"each in {full.epochs} epochs; halving best {halving_best:.4f} in {halv.epochs} epochs", flush=True)
     seconds = time.perf_counter() - started
 
     random_mean = statistics.fmean(r[1] for r in rows)
-    gaps = [100 * (r[3] - r[1]) for r in rows]
-    shares = [r[4] / r[2] for r in rows]
+    quasi_mean = statistics.fmean(r[2] for r in rows)
+    gaps = [100 * (r[4] - r[1]) for r in rows]
+    shares = [r[5] / r[3] for r in rows]
     halving_met = all(g <= 0.5 for g in gaps) and all(s <= 1 / 3 for s in shares)
-    random_met = random_mean <= grid_best
+    grid_text = space["grid_text"].format(lrs=len({c["lr"] for c in grid}))
     lines = [
-        f"## Search quality ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
-        f"{os.cpu_count()} cores, shared)",
+        f"## Search quality, space {args.space} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.machine()}, {os.cpu_count()} cores, shared)",
         "",
-        f"`python bench/search.py --points {args.points} --folds {args.folds} --epochs {args.epochs} "
-        f"--min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}` ({seconds:.0f} s). "
-        "Validation error is the mean over the folds, in percent.",
+        f"`python bench/search.py --space {args.space} --points {args.points} --folds {args.folds} "
+        f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}` "
+        f"({seconds:.0f} s). Random search draws {' '.join(f'`{t}`' for t in space['drawn'])}"
+        + (f" with {' '.join(f'`{t}`' for t in space['fixed'])}" if space["fixed"] else "")
+        + ". Validation error is the mean over the folds, in percent.",
         "",
-        "| seed | random, full budget: best | its epochs | halving: best | its epochs | gap (points) | epochs share |",
-        "|---|---|---|---|---|---|---|",
-        *[f"| {s} | {100 * fb:.2f} | {fe} | {100 * hb:.2f} | {he} | {g:+.2f} | {sh:.2f} |"
-          for (s, fb, fe, hb, he), g, sh in zip(rows, gaps, shares)],
+        "| seed | random, full budget: best | quasi-random (halton), full budget: best | epochs of each "
+        "| halving of the random points: best | its epochs | gap (points) | epochs share |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {s} | {100 * fb:.2f} | {100 * qb:.2f} | {fe} | {100 * hb:.2f} | {he} | {g:+.2f} | {sh:.2f} |"
+          for (s, fb, qb, fe, hb, he), g, sh in zip(rows, gaps, shares)],
         "",
-        f"- grid of {args.points} (lr log-spaced x nhid), full budget: best {100 * grid_best:.2f} "
-        f"({grid_runner.epochs} epochs); random search, mean over seeds: {100 * random_mean:.2f}. "
-        f"Target (random at least matches the grid): {'met' if random_met else 'MISSED'}.",
+        f"- grid of {len(grid)} ({grid_text}), full budget: best {100 * grid_best:.2f} "
+        f"({grid_runner.epochs} epochs).",
+        f"- random search, mean over seeds: {100 * random_mean:.2f}; it "
+        f"{_versus([r[1] for r in rows], grid_best)}. Target (random at least matches the grid): "
+        f"{'met' if random_mean <= grid_best else 'MISSED'}.",
+        f"- quasi-random search, mean over seeds: {100 * quasi_mean:.2f}; it "
+        f"{_versus([r[2] for r in rows], grid_best)}. Target (at least matches the grid): "
+        f"{'met' if quasi_mean <= grid_best else 'MISSED'}.",
         f"- halving within 0.5 points of the full-budget best with at most a third of its epochs, every seed: "
         f"{'met' if halving_met else 'MISSED'} (largest gap {max(gaps):+.2f} points, largest share "
         f"{max(shares):.2f}).",
