@@ -335,9 +335,11 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
                  f"AND n0 > 0) AS r) AS s WHERE (rn - 1) % {int(every)} = 0 ORDER BY rn")
     else:
         query = f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
-    result = conn.execution_options(yield_per=5000).execute(sa.text(query), sql.binds)
+    # A server-side cursor on PostgreSQL (``yield_per`` alone would fetch every row first); SQLite's
+    # cursor reads as it goes.
+    result = conn.execution_options(stream_results=True, max_row_buffer=5000).execute(sa.text(query), sql.binds)
     try:
-        for part in result.partitions():
+        for part in result.partitions(5000):
             yield from part
     finally:
         result.close()
