@@ -4,12 +4,17 @@ Each function runs inside the caller's write transaction (``conn``) and writes e
 change it makes to the event log (``log``, :meth:`Transactions.log`) in that transaction, then
 moves the graph on (:mod:`jobdb.graph`): a DONE job queues its ready dependents, a job that ends
 badly blocks everything downstream, a job put back in the queue is re-derived from its parents.
-The store's verbs (:mod:`jobdb.store`) choose the jobs, check leases and ids, and call these.
+The store's verbs (:mod:`jobdb.store`) open the transaction and call these; the checks a move
+needs (ids of the experiment, the caller's lease, no RUNNING job reset by hand) live here too.
+Moves of many jobs are batch-first: one locked read, one statement per chunk of ids, one insert
+of events, and the graph moved on once for the set.
 
 The moves::
 
-    claim            QUEUED -> RUNNING                  (jobdb/hot.py: the claim statement)
-    finish           RUNNING -> DONE | FAILED | CRASHED | QUEUED (INCOMPLETE, REQUEUE) | CANCELED (stop asked)
+    claim            QUEUED -> RUNNING                  (jobdb/hot.py: the claim statement; claim_job: a given job)
+    assign           QUEUED -> QUEUED                   (an allocation made for the job, which it waits for)
+    finish           RUNNING -> DONE | FAILED | CRASHED | QUEUED (INCOMPLETE, REQUEUE) | CANCELED (stop asked,
+                                                         unless the run ended DONE)
     crash_found      RUNNING -> CRASHED | CANCELED      (the monitor: found dead)
     relaunch_crashed CRASHED -> QUEUED                  (within max_attempts, keeping the checkpoint)
     release          QUEUED -> QUEUED | CRASHED         (an allocation ended without claiming its job)
