@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Figure, Timer, fresh_pg_database, grid, say  # noqa: E402
-from schedule import INSERT  # noqa: E402
+from schedule import raw_pg, raw_sqlite  # noqa: E402
 
 import sqlalchemy as sa  # noqa: E402
 
@@ -74,25 +74,8 @@ def raw_insert(url: str, rows: list[tuple], engine: str) -> float:
     """One executemany of ``rows`` through the bare driver, in one transaction, into jobman's schema."""
     Store.open(url + "raw").schedule([])  # the schema, made by jobman
     if engine == "sqlite":
-        import sqlite3
-
-        con = sqlite3.connect(url[len("sqlite:///"):].split("?")[0], isolation_level=None)
-        con.execute("PRAGMA journal_mode=WAL")
-        con.execute("PRAGMA synchronous=NORMAL")
-        with Timer() as t:
-            con.execute("BEGIN IMMEDIATE")
-            con.executemany(INSERT.format(",".join("?" * 11)), rows)
-            con.execute("COMMIT")
-        con.close()
-        return t.seconds
-    import psycopg
-
-    with psycopg.connect(url.split("?")[0]) as con:
-        with Timer() as t:
-            with con.cursor() as cur:
-                cur.executemany(INSERT.format(",".join(["%s"] * 11)), rows)
-            con.commit()
-    return t.seconds
+        return raw_sqlite(Path(url[len("sqlite:///"):].split("?")[0]), rows)
+    return raw_pg(url.split("?")[0], rows)
 
 
 def best_ms(fn, repeat: int = 5) -> float:
