@@ -20,12 +20,13 @@ import contextlib
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import engine as _engine
+from .canonical import found_by_json_path
 from .errors import NoSuchExperiment
 from .schema import experiment as t_exp
 
@@ -55,10 +56,11 @@ def reading(store: "Store") -> Iterator[tuple[Connection, int]]:
                         conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
 
 
-def sql_able(conditions: Sequence["Condition"], keys: Sequence[str]) -> bool:
+def sql_able(conditions: Sequence["Condition"], keys: Iterable[str], dialect: str) -> bool:
     """Whether every filter and key can be said in SQL the way the Python path tests it."""
     plain = (int, float, str, bool, type(None))
-    return all(isinstance(c.value, plain) for c in conditions) and all('"' not in k for k in keys)
+    return (all(isinstance(c.value, plain) for c in conditions)
+            and all(found_by_json_path(k, dialect) for k in keys))
 
 
 class Sql:

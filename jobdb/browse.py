@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from . import engine as _engine
 from . import graph
-from .canonical import dump_json
+from .canonical import dump_json, found_by_json_path
 from .errors import NoSuchExperiment, NoSuchJob, UsageError
 from .hot import HotStatements
 from .records import RUNNING_COLUMNS, Event, Job, RunningJob
@@ -298,8 +298,8 @@ def _params_match(dialect: str, params: dict[str, Any]) -> list[Any]:
         return [t_job.c.params.op("@>")(sa.cast(sa.literal(dump_json(params, "parameters")), JSONB))]
     out = []
     for key, value in params.items():
-        if '"' in key or "\\" in key:
-            continue
+        if not found_by_json_path(key, dialect):
+            continue  # compared by _has_params alone
         path = f'$."{key}"'
         if value is None or isinstance(value, (bool, list, dict)):
             kind = {type(None): "null", list: "array", dict: "object"}.get(type(value), "true" if value else "false")

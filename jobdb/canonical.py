@@ -41,6 +41,19 @@ def dump_json(value: Any, what: str = "value") -> str:
     return text
 
 
+def found_by_json_path(key: str, dialect: str) -> bool:
+    """Whether a JSON path of ``dialect`` finds the stored key ``key``.
+
+    SQLite (3.40, as Python bundles it) matches a path's label against the key as the stored
+    text spells it, escapes included, so a key that the ASCII encoder escapes (a letter beyond
+    ASCII, a quote, a backslash, a control character) is not found by ``$."key"``: such keys are
+    compared in Python. PostgreSQL's ``->`` takes the key itself; a quote is kept out of both.
+    """
+    if '"' in key:
+        return False
+    return dialect == "postgresql" or _ENCODER.encode(key)[1:-1] == key
+
+
 # A NUL character, as the ASCII encoder writes it. PostgreSQL's jsonb (and its text columns) cannot
 # hold one, so it is refused on every engine alike, before anything is written.
 _NUL_ESCAPE = "\\u0000"

@@ -484,7 +484,7 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
     if not sampled:
         keys_all = exact_keys or aggregates.param_keys(conn, base, base_binds)
     all_keys = set(keys_all)
-    if not aggregates.sql_able(conditions, [*all_keys, *named, metric]):
+    if not aggregates.sql_able(conditions, [*all_keys, *named, metric], conn.dialect.name):
         return None
     for cond in conditions:
         if cond.key not in all_keys and all_keys:
@@ -497,6 +497,8 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
 
     scopes = aggregates.scope_counts(conn, selected, sql.binds)
     found = aggregates.result_keys(conn, selected, sql.binds)
+    if not aggregates.sql_able([], (key for _, _, key, _ in found), conn.dialect.name):
+        return None
     numeric = set(sql.numeric)
     with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
     dropped: list[tuple[int | None, str | None, int]] = []
