@@ -197,12 +197,19 @@ class Tree:
                 pass
 
     def kill_all(self) -> None:
-        """SIGKILL every process of the test, until none is left."""
+        """SIGKILL every process of the test, until none is left twice in a row: a worker the
+        zygote forked as its dispatcher died is an orphan with the zygote's name for an instant."""
         deadline = time.time() + 30
+        empty = 0
         while time.time() < deadline:
             procs = self.alive()
             if not procs:
-                break
+                empty += 1
+                if empty == 2:
+                    break
+                time.sleep(0.5)
+                continue
+            empty = 0
             for p in procs:
                 try:
                     p.send_signal(signal.SIGKILL)

@@ -58,13 +58,14 @@ def serve(fd: int, parent_pid: int) -> None:
         got = recv_msg(ctrl)
         if got is None:
             return
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for own in (ctrl.fileno(), wake_r, wake_w):
                 os.close(own)
-            _worker_main(main, got[0])
+            _worker_main(main, got[0], zygote)
         send_msg(ctrl, {"pid": pid})
 
 
@@ -79,8 +80,12 @@ def _send_exits(ctrl: socket.socket) -> None:
         send_msg(ctrl, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _worker_main(main: Any, request: dict[str, Any]) -> None:
-    """In the forked worker: a session and output of its own, then the ``jobman worker`` command."""
+def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
+    """In the forked worker: a session and output of its own, then the ``jobman worker`` command.
+
+    ``zygote`` is the pid of the process that forked it, named before the fork: should the zygote
+    die first (with its dispatcher), the worker's parent is already another process, and the
+    worker must still see that its parent is gone."""
     from .local import DIE_WITH_VARIABLE
 
     code = 70
@@ -98,7 +103,7 @@ def _worker_main(main: Any, request: dict[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         if DIE_WITH_VARIABLE in os.environ:  # the zygote dies with the dispatcher, so the worker with the zygote
-            os.environ[DIE_WITH_VARIABLE] = str(os.getppid())
+            os.environ[DIE_WITH_VARIABLE] = str(zygote)
         code = main(request["args"])
     except BaseException:  # noqa: BLE001 - a worker's error must not return into the zygote's loop
         import traceback
