@@ -213,4 +213,7 @@ class Zygote:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    try:
+        serve(int(sys.argv[1]), int(sys.argv[2]))
+    except ConnectionError:  # the dispatcher went away while a pid or an exit was sent to it: no one to tell
+        pass
