@@ -191,13 +191,19 @@ def config_of(params: Mapping[str, Any], resource: str) -> str:
 
 def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
              params: Sequence[Mapping[str, Any]]) -> int:
-    """Record a search over the rung-0 jobs ``job_ids``; the same search twice is one row."""
+    """Record a search over the rung-0 jobs ``job_ids``; the same search twice is one row.
+
+    A search scheduled again with more samples is the same search grown: the jobs it already holds
+    stay where they are, and the new ones join its first rung, to be ranked with the others.
+    """
     spec = rules.to_json()
     only_draws = not rules.rungs and not rules.prune  # it remembers the distributions; no job needs it
     members = "" if only_draws else "|" + ",".join(map(str, sorted(job_ids)))
     key = hashlib.sha256((spec + members).encode()).hexdigest()
     found = conn.execute(sa.select(t_search.c.id).where(t_search.c.experiment_id == exp,
                                                         t_search.c.key == key)).scalar()
+    if found is None and not only_draws and job_ids:
+        found = _grown(conn, exp, spec, job_ids, params, rules.resource)
     if found is not None:
         return found
     search_id = conn.execute(sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec,
@@ -207,6 +213,27 @@ def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
     conn.execute(sa.insert(t_sjob), [{"job_id": j, "search_id": search_id, "rung": 0,
                                       "config": config_of(p, rules.resource)} for j, p in zip(job_ids, params)])
     return search_id
+
+
+def _grown(conn: Connection, exp: int, spec: str, job_ids: Sequence[int], params: Sequence[Mapping[str, Any]],
+           resource: str) -> int | None:
+    """The search of these rules that already holds some of ``job_ids`` at its first rung, given the
+    others as new first-rung members; None when no search holds any of them."""
+    def first_rung(*where: Any) -> sa.Select:
+        return (sa.select(t_sjob.c.search_id, t_sjob.c.job_id).join(t_search, t_search.c.id == t_sjob.c.search_id)
+                .where(t_search.c.experiment_id == exp, t_search.c.spec == spec, t_sjob.c.rung == 0, *where))
+
+    chunks = [job_ids[i:i + 900] for i in range(0, len(job_ids), 900)]
+    holders = {row.search_id for chunk in chunks for row in conn.execute(first_rung(t_sjob.c.job_id.in_(chunk)))}
+    if not holders:
+        return None
+    found = min(holders)
+    held = {row.job_id for row in conn.execute(first_rung(t_sjob.c.search_id == found))}
+    new = [{"job_id": j, "search_id": found, "rung": 0, "config": config_of(p, resource)}
+           for j, p in zip(job_ids, params) if j not in held]
+    if new:
+        conn.execute(sa.insert(t_sjob), new)
+    return found
 
 
 def after_finish(conn: Connection, job_id: int, refresh: Callable[[Connection, list[int], str], None],
@@ -246,7 +273,7 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
-            values = [(load_json(m.results) or {}).get(rules.metric) if m.status == Status.DONE.value else None
+            values = [(load_json(m.results) if m.results else {}).get(rules.metric) if m.status == Status.DONE.value else None
                       for m in members]
             ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
             scores[config] = sum(values) / len(values) if ok else None
@@ -330,7 +357,7 @@ def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str
                                    t_metric.c.step == step, t_job.c.status == Status.DONE.value,
                                    t_metric.c.job_id != job_id).order_by(t_metric.c.id))
         for other, value, results in rows:
-            if not (load_json(results) or {}).get("pruned"):
+            if not (load_json(results) if results else {}).get("pruned"):
                 last[other] = value
         value = float(metrics[rules.metric])
         median = median_says_stop(value, list(last.values()), rules.mode)
@@ -352,7 +379,7 @@ def summaries(conn: Connection, exp: int) -> list[str]:
                 sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.results).join(t_job, t_job.c.id == t_sjob.c.job_id)
                 .where(t_sjob.c.search_id == search_id)):
             reached.setdefault(rung, set()).add(config)
-            pruned += bool((load_json(results) or {}).get("pruned"))
+            pruned += bool(results and load_json(results).get("pruned"))
         parts = []
         if not rules.rungs and not rules.prune:  # it only records the draws
             continue
@@ -416,7 +443,7 @@ def rungs_detail(conn: Connection, exp: int) -> list[Rungs]:
                 .order_by(t_job.c.id)):
             params.setdefault(config, {k: v for k, v in load_json(job_params).items() if k != rules.resource})
             runs = values.setdefault(config, {}).setdefault(rung, [])
-            value = (load_json(results) or {}).get(rules.metric) if status == Status.DONE.value else None
+            value = (load_json(results) if results else {}).get(rules.metric) if status == Status.DONE.value else None
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 runs.append(float(value))
         means = {c: {r: (sum(v) / len(v) if v else None) for r, v in sorted(by_rung.items())}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import textwrap
 from pathlib import Path
 
@@ -233,3 +234,32 @@ def test_the_folds_of_a_configuration_are_one_configuration_at_every_rung():
     assert a == config_of({"lr": 0.1, "nhid": 64, "id_cross_fold": 2, "epochs": 9}, "epochs")
     assert a == config_of({"lr": 0.1, "nhid": 64, "seed": 5, "epochs": 3}, "epochs")
     assert a != config_of({"lr": 0.2, "nhid": 64, "id_cross_fold": 0, "epochs": 3}, "epochs")
+
+
+def test_more_samples_grow_the_same_search_even_after_its_first_promotions(jobman, db_url, store, exp):
+    def schedule(samples: int):
+        result = jobman("sqlschedule", db_url, f"{MODULE}:counter", "lr=loguniform(1e-4,3)", "--samples", str(samples),
+                        "--seed", "3", "--halving", "epochs=1:9", "--eta", "3", "--metric", "err", env=exp.env)
+        assert result.code == 0, result.err
+        return result
+
+    schedule(6)
+    work(jobman, db_url, exp)
+    assert [len(js) for _, js in sorted(by_phase(store).items())] == [6, 2, 1]
+    first = {j.id for j in by_phase(store)[1]}
+    assert "added 3 jobs" in schedule(9).out
+    assert "nothing added" in schedule(9).out
+    assert len(store.search_summaries()) == 1  # one search, grown, not a second one beside it
+    report = jobman("report", db_url, "--metric", "err")  # mid-search: jobs without results yet
+    assert report.code == 0, report.err
+    assert re.search(r"search \d+: successive halving by err: configurations reaching each rung: 9 at epochs=1,",
+                     report.out)
+    work(jobman, db_url, exp)
+    phases = by_phase(store)
+    assert [len(phases[p]) for p in sorted(phases)] == [9, 3, 1]
+    assert first < {j.id for j in phases[1]}  # promotions are never taken back
+    assert all(j.status is Status.DONE for js in phases.values() for j in js)
+    best = best_of(phases[0], 3)
+    assert best_of(phases[0], 1)[0].params["lr"] == phases[2][0].params["lr"] or \
+        phases[2][0].params["lr"] in {j.params["lr"] for j in best}
+    assert store.search_summaries()[0].endswith("9 at epochs=1, 3 at epochs=3, 1 at epochs=9")
