@@ -202,6 +202,48 @@ def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tup
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
 
 
+def sampled_results(conn: Connection, where: str, binds: dict[str, Any]) -> dict[str, bool] | None:
+    """The result keys of the first and the last DONE job of the selection (found by index), each with
+    whether one of them holds a number there: what the grouping starts from in place of
+    :func:`result_keys` reading every pair, checked on every job by :func:`unseen_results` while
+    grouping. None when no DONE job has results that are an object."""
+    cast = "::text" if conn.dialect.name == "postgresql" else ""
+    found: dict[str, bool] = {}
+    for way in ("ASC", "DESC"):
+        text = conn.execute(sa.text(f"SELECT job.results{cast} FROM job WHERE {where} AND job.status = 'DONE' "
+                                    f"ORDER BY job.id {way} LIMIT 1"), binds).scalar()
+        results = json.loads(text) if text else None
+        if not isinstance(results, dict):
+            return None
+        for key, value in results.items():
+            number = type(value) in (int, float) and math.isfinite(value)
+            found[key] = found.get(key, False) or number
+    return found
+
+
+def unseen_results(sql: Sql, sample: dict[str, bool]) -> str:
+    """SQL true for a job whose results have a key ``sample`` lacks, or a number under a key the
+    sample held none in (a result the report would then list): the grouping read from the sample
+    would then not be the report's."""
+    if sql.pg:
+        rest = (f"CASE WHEN jsonb_typeof(job.results) = 'object' THEN "
+                f"(job.results - CAST({sql.bind(list(sample))} AS text[])) <> '{{}}'::jsonb ELSE true END")
+    else:
+        rest = "json_remove(job.results" + "".join(", " + sql.path(k) for k in sample) + ") <> '{}'"
+    tests = [rest] + [f"{sql.type_of('job.results', k)} IN ({', '.join(repr(t) for t in sql.numeric)})"
+                      for k, number in sample.items() if not number and not k.startswith("_")]
+    return "job.results IS NOT NULL AND (" + " OR ".join(tests) + ")"
+
+
+def results_hold(conn: Connection) -> set[tuple[Any, Any]] | None:
+    """The (phase, target) scopes of the grouped configurations when every one of them has a job with
+    the metric and no job was marked by :func:`unseen_results`; None otherwise."""
+    rows = conn.exec_driver_sql(f"SELECT phase, target, max(unseen), max(n0) FROM {TEMP} GROUP BY phase, target").all()
+    if any(unseen or not n for _, _, unseen, n in rows):
+        return None
+    return {(phase, target) for phase, target, _, _ in rows}
+
+
 def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, int, int]]:
     """(phase, target, jobs, DONE jobs) of the selection."""
     sql = ("SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = 'DONE' THEN 1 ELSE 0 END) "
@@ -210,14 +252,17 @@ def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tu
 
 
 def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns: Sequence[str],
-          guarded: set[str]) -> None:
+          guarded: set[str], unseen: str | None = None) -> None:
     """The configurations of the selection into the temporary table: per (phase, target, parameters but
     the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
-    result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number."""
+    result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number.
+    With ``unseen`` (SQL), whether it held for one of a configuration's DONE jobs (column ``unseen``)."""
     values = []
     for i, name in enumerate(columns):
         number = sql.number("job.results", name, guard=sql.pg or name in guarded)
         values.append(f"CASE WHEN job.status = 'DONE' THEN {number} END AS v{i}")
+    if unseen is not None:
+        values.append(f"CASE WHEN job.status = 'DONE' AND ({unseen}) THEN 1 ELSE 0 END AS u")
     stats = [f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
              for i in range(len(columns))]
     ids = "string_agg(id::text, ',')" if sql.pg else "group_concat(id)"
@@ -229,6 +274,7 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
              + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
     body = (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
             f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
+            + (", max(u) AS unseen" if unseen is not None else "")
             # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
             # out of the JSON once, not once per aggregate.
             + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY phase, target, cfg")

@@ -469,9 +469,14 @@ def _spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[Con
 
 def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: Sequence[str] | None, phase: int | None,
                        outer: str | None, allow_incomplete: bool, conditions: list[Condition],
-                       keep: int | None, exact_keys: dict[str, Any] | None = None, sample: int = 0) -> Report | None:
+                       keep: int | None, exact_keys: dict[str, Any] | None = None, sample: int = 0,
+                       exact_results: bool = False) -> Report | None:
     """:func:`_build`, its grouping and sums done by the database (``jobdb.aggregates``); None when a
-    filter cannot be said in SQL."""
+    filter cannot be said in SQL.
+
+    The parameter and result keys are first read from a job or two (by index) and checked on every
+    job while grouping; when the check fails, the keys of every job are read and the jobs grouped
+    again (``exact_keys``, ``exact_results``)."""
     sql = aggregates.Sql(conn.dialect.name)
     base = f"job.experiment_id = {sql.bind(exp)}" + ("" if phase is None else f" AND job.phase = {sql.bind(phase)}")
     base_binds = dict(sql.binds)
@@ -495,33 +500,53 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
             raise UsageError(f"no job matches --where {' and '.join(map(str, conditions))}")
     outer_key, groups = _outer_and_groups(all_keys, outer, group_over, bool(all_keys))
 
-    scopes = aggregates.scope_counts(conn, selected, sql.binds)
-    found = aggregates.result_keys(conn, selected, sql.binds)
-    if not aggregates.sql_able([], (key for _, _, key, _ in found), conn.dialect.name):
-        return None
-    numeric = set(sql.numeric)
-    with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
+    # The results of the first and the last DONE job: when they hold the metric as a number, every
+    # scope is assumed to report it and no job to report a result they lack, which the grouping checks.
+    results = None if exact_results else aggregates.sampled_results(conn, selected, sql.binds)
+    if results is not None and not (results.get(metric) and aggregates.sql_able([], results, conn.dialect.name)):
+        results = None
     dropped: list[tuple[int | None, str | None, int]] = []
-    if not with_metric:
-        if any(done for _, _, _, done in scopes):
-            names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
-            listing = ", ".join(names) if names else "none"
-            raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
+    if results is not None:
+        columns = [metric, *sorted(k for k, number in results.items()
+                                   if number and k != metric and not k.startswith("_"))]
+        guarded, unseen = set(columns), aggregates.unseen_results(sql, results)
     else:
-        dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
-                         key=lambda d: (_sort_key(d[0]), str(d[1])))
-    kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
-    if dropped:
-        selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
-                                           for p, t in sorted(kept, key=str)) + ")"
+        scopes = aggregates.scope_counts(conn, selected, sql.binds)
+        found = aggregates.result_keys(conn, selected, sql.binds)
+        if not aggregates.sql_able([], (key for _, _, key, _ in found), conn.dialect.name):
+            return None
+        numeric = set(sql.numeric)
+        with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
+        if not with_metric:
+            if any(done for _, _, _, done in scopes):
+                names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
+                listing = ", ".join(names) if names else "none"
+                raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
+        else:
+            dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
+                             key=lambda d: (_sort_key(d[0]), str(d[1])))
+        kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
+        if dropped:
+            selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
+                                               for p, t in sorted(kept, key=str)) + ")"
+        others = sorted({k for p, t, k, kind in found
+                         if (p, t) in kept and kind in numeric and not k.startswith("_")} - {metric})
+        columns = [metric, *others]
+        guarded, unseen = {k for _, _, k, kind in found if kind not in numeric}, None
+        has_metric = bool(with_metric)
     keys = keys_all
     if (conditions or dropped) and not sampled:  # constant within the selection
         keys = aggregates.param_keys(conn, selected, sql.binds)
-    others = sorted({k for p, t, k, kind in found if (p, t) in kept and kind in numeric and not k.startswith("_")}
-                    - {metric})
-    columns = [metric, *others]
-    guarded = {k for _, _, k, kind in found if kind not in numeric}
-    aggregates.group(conn, sql, selected, groups, columns, guarded)
+    aggregates.group(conn, sql, selected, groups, columns, guarded, unseen)
+    if results is not None:
+        held_scopes = aggregates.results_hold(conn)
+        if held_scopes is None:
+            # A scope without the metric, or a job with a result the two sampled lack: the result keys
+            # of every job, then the grouping again.
+            aggregates.drop(conn)
+            return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
+                                      keep, exact_keys, sample, exact_results=True)
+        kept, has_metric = held_scopes, True
     if sampled:
         seen, same = aggregates.constant_candidates(conn)
         keys = {k: aggregates.KeyStats(-1, k in same) for k in seen}
@@ -530,10 +555,10 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
         # they share, or one the job sampled lacks: the keys of every job, then the grouping again.
         aggregates.drop(conn)
         return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                  keep, aggregates.param_keys(conn, base, base_binds), sample)
+                                  keep, aggregates.param_keys(conn, base, base_binds), sample, exact_results)
     configs, jobs, constant_results = aggregates.totals(conn, columns)
     sections = aggregates.sections(conn, sql, outer_key)
-    shown = columns if with_metric else []
+    shown = columns if has_metric else []
     grouped = set(groups)
 
     def section_rows(section: aggregates.Section) -> Iterator[ConfigRow]:

@@ -193,7 +193,7 @@ def test_a_report_reads_only_its_experiments_jobs_through_an_index(busy_store):
     assert rep.best is not None and rep.configurations == 5
     reads = [(s.split(" AS ", 1)[1] if s.startswith("CREATE TEMP TABLE") else s, p) for s, p in ran
              if "FROM job" in s and "experiment_id" in s and not s.startswith("SELECT experiment.")]
-    assert len(reads) >= 4, ran  # the sample, the scopes, the result keys, the grouping
+    assert len(reads) >= 4, ran  # the sampled parameters, the two sampled results, the grouping
     dialect = small.engine.dialect.name
     with small.engine.connect() as conn:
         for statement, params in reads:

@@ -550,3 +550,35 @@ def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_f
     put_jobs(store, nested, phase=2, target="tests.fake:nested")
     rep = same_report(store, phase=2)
     assert rep.outer == "id_outer_fold" and set(rep.best_by_outer) == {0, 1, 2} and rep.overall
+
+
+def reads_every_result_key(store: Store, build) -> bool:
+    """Whether ``build()`` reads the result keys of every job (rather than of the two sampled)."""
+    from test_query_plans import statements_of
+
+    return any("json_each(job.results)" in s or "jsonb_each(job.results)" in s for s, _ in statements_of(store, build))
+
+
+def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
+    # The first and the last DONE job tell the report's result keys; a key only jobs between them
+    # report (as a number, or as a number where those two hold text) is still listed, as in Python.
+    import dataclasses
+
+    def sweep(more: dict[int, dict]) -> list[tuple[dict, str, dict]]:
+        return [({"lr": lr, "id_cross_fold": i, "nb_cross_fold": 2}, "DONE",
+                 {"valid_error": lr + i / 10, "note": "text", "_private": 1.0, **more.get(2 * c + i, {})})
+                for c, lr in enumerate((0.3, 0.1, 0.2, 0.4)) for i in range(2)]
+
+    put_jobs(store, sweep({}))
+    assert not reads_every_result_key(store, lambda: same_report(store))  # the two sampled told it all, checked
+    assert report.from_store(store, "valid_error").columns == ["valid_error"]
+    for name, rare, column, numbers in (("rare", {3: {"test_error": 0.5}}, "test_error", 1),
+                                        ("text_then_number", {4: {"note": 2.5}}, "note", 1),
+                                        ("boolean", {5: {"test_error": 1.0}, 6: {"test_error": True}}, "test_error", 1)):
+        other = Store(dataclasses.replace(store.target, experiment=f"{store.experiment}_{name}"))
+        put_jobs(other, sweep(rare))
+        assert reads_every_result_key(other, lambda: same_report(other)), name  # caught: every job's keys read
+        rep = report.from_store(other, "valid_error")
+        assert rep.columns == ["valid_error", column], name
+        assert sum(r.stats[column].n for r in rep.rows if column in r.stats) == numbers, name
+        other.dispose()
