@@ -374,16 +374,18 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
     else:  # a complete configuration has as many jobs as the largest of its phase and target
         expected = "CASE" + "".join(f" WHEN phase = {sql.bind(p)} AND target = {sql.bind(t)} THEN {int(n)}"
                                     for (p, t), n in scopes) + " END"
+    rank = (f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
+            "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
+            "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var")
     select = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
-              f"{expected} AS expected, CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
-              "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
-              "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var "
-              f"FROM {TEMP} WHERE {section.match}")
+              f"{expected} AS expected, {rank} FROM {TEMP} WHERE {section.match}")
     order = f"cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, first_id"
     if every:  # one configuration with the metric in ``every``, by the database's order
-        cols = "phase, target, cfg, jobs, first_id, others, ids, metric_ids" + stats + ", expected, cls, m, var"
-        query = (f"SELECT {cols} FROM (SELECT r.*, row_number() OVER (ORDER BY {order}) AS rn FROM ({select} "
-                 f"AND n0 > 0) AS r) AS s WHERE (rn - 1) % {int(every)} = 0 ORDER BY rn")
+        # Numbered on what orders them alone; only the rows picked are read whole.
+        picked = (f"SELECT first_id FROM (SELECT first_id, row_number() OVER (ORDER BY {order}) AS rn FROM "
+                  f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
+                  f"WHERE (rn - 1) % {int(every)} = 0")
+        query = f"{select} AND first_id IN ({picked}) ORDER BY {order}"
     else:
         query = f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
     # A server-side cursor on PostgreSQL (``yield_per`` alone would fetch every row first); SQLite's

@@ -582,3 +582,17 @@ def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
         assert rep.columns == ["valid_error", column], name
         assert sum(r.stats[column].n for r in rep.rows if column in r.stats) == numbers, name
         other.dispose()
+
+
+def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(store):
+    # What the dashboard's charts draw of a report too large to hold: every k-th configuration with
+    # the metric, picked by the database as the Python path picks them from its ranking.
+    put_jobs(store, [({"lr": lr, "id_cross_fold": i}, "DONE", {"valid_error": lr * (i + 1)} if lr != 0.5 else {})
+                     for lr in (0.3, 0.1, 0.7, 0.2, 0.5, 0.4, 0.6) for i in range(2)])
+    in_py = report.from_store_in_python(store, "valid_error")
+    for count in (1, 2, 3, 6):
+        with report.open_report(store, "valid_error", keep=1, sample=count) as part:
+            assert not part.holds_all
+            want = report._spread(iter(in_py.rows), 6, count)
+            assert_close([r.to_dict() for r in part.sample], [r.to_dict() for r in want], str(count))
+            assert len(part.sample) == len(want) > 0
