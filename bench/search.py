@@ -14,6 +14,9 @@ ranks it. Two search spaces (``--space``):
 - ``3d``: the same two plus momentum uniform in [0.5, 0.99], with ``optimizer=momentum``
   (heavy-ball SGD: Adam does not read ``momentum``); the grid is ``--points / 8`` log-spaced lr
   times the four nhid times two momenta, evenly spaced with both ends included (0.5 and 0.99).
+- ``3d-adam``: the same three with the trainer's default optimizer, Adam, which does not read
+  ``momentum``: a space where one of three parameters has no effect (the case random search is
+  made for), and the same grid as ``3d``.
 
 In either space, over the same ranges and the same folds:
 
@@ -30,8 +33,8 @@ In either space, over the same ranges and the same folds:
 Runs are made in this process with ``run_direct`` (no database: the benchmark measures the search,
 not the queue), one BLAS thread, one after another. Epochs are counted as trained: a promoted run
 counts only the epochs it added. Figures are measured in this run and written to
-``bench/RESULTS-search.md`` (replacing it); on a shared machine only the seconds are noisy, not
-the errors.
+``bench/RESULTS-search.md``, in place of an earlier run of the same command; on a shared machine
+only the seconds are noisy, not the errors.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
 import platform  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -121,6 +125,14 @@ SPACES = {
                                 _grid_token("nhid", list(NHID)), _grid_token("momentum", _even(0.5, 0.99, 2))],
         "grid_text": "{lrs} log-spaced lr x 4 nhid x 2 momentum",
     },
+    "3d-adam": {
+        "fixed": [],
+        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})",
+                  "momentum=uniform(0.5,0.99)"],
+        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
+                                _grid_token("nhid", list(NHID)), _grid_token("momentum", _even(0.5, 0.99, 2))],
+        "grid_text": "{lrs} log-spaced lr x 4 nhid x 2 momentum, momentum without effect under Adam",
+    },
 }
 
 
@@ -166,7 +178,8 @@ def _versus(bests: list[float], grid_best: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--space", choices=sorted(SPACES), default="2d",
-                    help="2d: lr x nhid (Adam); 3d: lr x nhid x momentum (SGD with momentum)")
+                    help="2d: lr x nhid (Adam); 3d: lr x nhid x momentum (SGD with momentum); "
+                         "3d-adam: lr x nhid x momentum under Adam, which ignores momentum")
     ap.add_argument("--points", type=int, default=16,
                     help="configurations per search (grid: a multiple of 4, or of 8 for --space 3d)")
     ap.add_argument("--folds", type=int, default=3)
@@ -233,8 +246,24 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    RESULTS.write_text("# Search benchmark\n\nWritten by `bench/search.py`; see its docstring for the method.\n\n"
-                       + text)
+    RESULTS.write_text(with_section(RESULTS.read_text() if RESULTS.exists() else "", lines[0], lines[2], text))
+
+
+def with_section(document: str, heading: str, command: str, text: str) -> str:
+    """The results file with this run's section, in place of an earlier run of the same command.
+
+    The file's other sections (other spaces, seeds and first rungs, and the summary above them)
+    are kept; a new command's section is added after the last.
+    """
+    if not document:
+        document = "# Search benchmark\n\nWritten by `bench/search.py`; see its docstring for the method.\n"
+    parts = re.split(r"(?m)^(?=## )", document)
+    run = command.split(" (")[0]
+    kept = [part for part in parts if not (part.startswith("## Search quality") and run in part)]
+    position = next((i for i, part in enumerate(parts) if part not in kept), len(kept))
+    kept.insert(position, text if text.endswith("\n") else text + "\n")
+    return "".join(part if part.endswith("\n\n") or i == len(kept) - 1 else part + "\n"
+                   for i, part in enumerate(kept))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from report_bench import make_jobs  # noqa: E402
 from jobman.jobdb import report  # noqa: E402
 from jobman.jobdb.store import Store  # noqa: E402
 
-TARGET = 0.5  # seconds: the bound for a first paint and the report view
+TARGET = 0.5  # seconds: the bound set for a first paint and the report view
 
 
 def fetch(url: str, token: str) -> tuple[float, int]:
