@@ -249,13 +249,14 @@ def _charts(rep: report.Report) -> dict[str, Any]:
     best = rep.best
     # Parameters every plotted configuration has (a one-off extra parameter makes no axis).
     keys = [k for k in rep.varying if k != rep.outer and all(k in r.params for r in rows)]
+    labels = [rep.label(r) for r in rows]  # once per configuration, not once per chart
     scatters = []
     for key in keys:
-        pts = [(r.params[key], r.mean, rep.label(r)) for r in rows]
+        pts = [(r.params[key], r.mean, label) for r, label in zip(rows, labels)]
         scatters.append((key, charts.scatter(pts, key, rep.metric, best=rep.label(best) if best else None)))
     lines = rows[:PARALLEL_LINES]
-    par = charts.parallel(keys, [([r.params.get(k) for k in keys], r.mean, rep.label(r)) for r in lines], rep.metric) \
-        if keys else None
+    par = charts.parallel(keys, [([r.params.get(k) for k in keys], r.mean, label) for r, label in zip(lines, labels)],
+                          rep.metric) if keys else None
     return {"scatters": scatters, "parallel": par, "points": len(rows)}
 
 
