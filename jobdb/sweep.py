@@ -152,6 +152,12 @@ def parse_value(text: str, offset: int = 0) -> Any:
     call = _CALL.match(s)
     if call:
         return _distribution(call, lead)
+    head = _CALL_START.match(s)
+    if head and head.group(1) in distributions.NAMES:  # a distribution's call, cut short or followed
+        close = s.rfind(")")
+        if close < 0:
+            raise ValueError(f"{head.group(1)}( is never closed by ')'@{lead + len(s)}")
+        raise ValueError(f"unexpected text after the call of {head.group(1)}()@{lead + close + 1}")
     if len(s) >= 2 and s[0] == s[-1] == '"':
         try:
             return json.loads(s)

@@ -67,6 +67,8 @@ def test_a_string_that_looks_like_a_call_stays_a_string_when_quoted():
     ("lr={{1,uniform(1,2)}}", "inside a grid", 8),
     ("lr=[uniform(1,2)]", "inside a list", 5),
     ("lr=uniform(1,[2)", "never closed", 14),
+    ("lr=uniform(1,2", "uniform( is never closed", 15),
+    ("lr=loguniform(1e-4,1e-1)x", "unexpected text after the call of loguniform()", 25),
 ])
 def test_a_bad_distribution_is_refused_at_its_position(token, words, char):
     with pytest.raises(SweepError) as err:
