@@ -2,10 +2,11 @@
 
 :mod:`jobman.jobdb.report` groups a list of records in Python; this module does the same for a
 store's experiment inside the database, so that a report of a million jobs never holds them.
-One read transaction: the parameter and result keys are found (``json_each`` / ``jsonb_each``),
+One read transaction: the parameter and result keys are read from a job or two found by index,
 the jobs are grouped into a temporary table of configurations (count, sum, sum of squares, min
-and max of each numeric result), and the configurations are read back ranked, a section (outer
-fold) at a time. Python keeps the rules: it computes each mean and std from those sums, and puts
+and max of each numeric result) while the grouping checks those keys on every job (when the check
+fails, the keys of every job are read with ``json_each`` / ``jsonb_each`` and the jobs grouped
+again), and the configurations are read back ranked, a section (outer fold) at a time. Python keeps the rules: it computes each mean and std from those sums, and puts
 configurations whose means agree to 12 significant digits in the order :func:`report._rank`
 gives. What SQL cannot say the same way (a ``--where`` on a list, a key JSON paths cannot name)
 is left to the Python path: :func:`sql_able` says which.

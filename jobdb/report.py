@@ -511,42 +511,30 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
                                    if number and k != metric and not k.startswith("_"))]
         guarded, unseen = set(columns), aggregates.unseen_results(sql, results)
     else:
-        scopes = aggregates.scope_counts(conn, selected, sql.binds)
-        found = aggregates.result_keys(conn, selected, sql.binds)
-        if not aggregates.sql_able([], (key for _, _, key, _ in found), conn.dialect.name):
+        exact = _exact_results(conn, sql, selected, metric)
+        if exact is None:
             return None
-        numeric = set(sql.numeric)
-        with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
-        if not with_metric:
-            if any(done for _, _, _, done in scopes):
-                names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
-                listing = ", ".join(names) if names else "none"
-                raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
-        else:
-            dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
-                             key=lambda d: (_sort_key(d[0]), str(d[1])))
-        kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
-        if dropped:
-            selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
-                                               for p, t in sorted(kept, key=str)) + ")"
-        others = sorted({k for p, t, k, kind in found
-                         if (p, t) in kept and kind in numeric and not k.startswith("_")} - {metric})
-        columns = [metric, *others]
-        guarded, unseen = {k for _, _, k, kind in found if kind not in numeric}, None
-        has_metric = bool(with_metric)
+        selected, kept, dropped, columns, guarded, has_metric = exact
+        unseen = None
     keys = keys_all
     if (conditions or dropped) and not sampled:  # constant within the selection
         keys = aggregates.param_keys(conn, selected, sql.binds)
     aggregates.group(conn, sql, selected, groups, columns, guarded, unseen)
     if results is not None:
         held_scopes = aggregates.results_hold(conn)
-        if held_scopes is None:
-            # A scope without the metric, or a job with a result the two sampled lack: the result keys
-            # of every job, then the grouping again.
-            aggregates.drop(conn)
-            return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                      keep, exact_keys, sample, exact_results=True)
-        kept, has_metric = held_scopes, True
+        if held_scopes is not None:
+            kept, has_metric = held_scopes, True
+        else:
+            # A scope without the metric, or a job with a result the two sampled lack: the result keys of
+            # every job say whether the grouping stands (the result is never a number) or is made again.
+            exact = _exact_results(conn, sql, selected, metric)
+            if exact is None:
+                return None
+            if exact[2] or exact[3] != columns:
+                aggregates.drop(conn)
+                return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete,
+                                          conditions, keep, exact_keys, sample, exact_results=True)
+            kept, has_metric = exact[1], exact[5]
     if sampled:
         seen, same = aggregates.constant_candidates(conn)
         keys = {k: aggregates.KeyStats(-1, k in same) for k in seen}
@@ -616,6 +604,35 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
             for i, raw in enumerate(aggregates.ranked(conn, sql, section, columns, mode, allow_incomplete, every=step)):
                 report.sample.append(_row_of(raw, 1 + i * step, metric, shown, outer_key, sql.pg))
     return report
+
+
+def _exact_results(conn: Any, sql: aggregates.Sql, selected: str, metric: str) -> tuple | None:
+    """From the result keys of every job: (the selection without the scopes that lack the metric, the
+    scopes kept, those dropped, the result columns, the results to read with their type checked,
+    whether any job has the metric); None when a key cannot be said in SQL."""
+    scopes = aggregates.scope_counts(conn, selected, sql.binds)
+    found = aggregates.result_keys(conn, selected, sql.binds)
+    if not aggregates.sql_able([], (key for _, _, key, _ in found), conn.dialect.name):
+        return None
+    numeric = set(sql.numeric)
+    with_metric = {(p, t) for p, t, k, kind in found if k == metric and kind in numeric}
+    dropped: list[tuple[int | None, str | None, int]] = []
+    if not with_metric:
+        if any(done for _, _, _, done in scopes):
+            names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
+            listing = ", ".join(names) if names else "none"
+            raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
+    else:
+        dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
+                         key=lambda d: (_sort_key(d[0]), str(d[1])))
+    kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
+    if dropped:
+        selected += " AND (" + " OR ".join(f"(job.phase = {sql.bind(p)} AND job.target = {sql.bind(t)})"
+                                           for p, t in sorted(kept, key=str)) + ")"
+    others = sorted({k for p, t, k, kind in found
+                     if (p, t) in kept and kind in numeric and not k.startswith("_")} - {metric})
+    guarded = {k for _, _, k, kind in found if kind not in numeric}
+    return selected, kept, dropped, [metric, *others], guarded, bool(with_metric)
 
 
 def _row_of(raw: Sequence[Any], rank: int, metric: str, columns: Sequence[str], outer_key: str | None,

@@ -552,11 +552,20 @@ def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_f
     assert rep.outer == "id_outer_fold" and set(rep.best_by_outer) == {0, 1, 2} and rep.overall
 
 
-def reads_every_result_key(store: Store, build) -> bool:
-    """Whether ``build()`` reads the result keys of every job (rather than of the two sampled)."""
-    from test_query_plans import statements_of
+def report_reads(store: Store, build) -> tuple[bool, int]:
+    """Whether ``build()`` reads the result keys of every job (rather than of the two sampled), and how
+    many times it groups the jobs."""
+    import sqlalchemy as sa
 
-    return any("json_each(job.results)" in s or "jsonb_each(job.results)" in s for s, _ in statements_of(store, build))
+    ran: list[str] = []
+    listener = lambda *sent: ran.append(sent[2])  # noqa: E731 (conn, cursor, statement, ...)
+    sa.event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        build()
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", listener)
+    return (any("json_each(job.results)" in s or "jsonb_each(job.results)" in s for s in ran),
+            sum("CREATE TEMP TABLE" in s for s in ran))
 
 
 def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
@@ -570,17 +579,21 @@ def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
                 for c, lr in enumerate((0.3, 0.1, 0.2, 0.4)) for i in range(2)]
 
     put_jobs(store, sweep({}))
-    assert not reads_every_result_key(store, lambda: same_report(store))  # the two sampled told it all, checked
+    assert report_reads(store, lambda: report.from_store(store, "valid_error")) == (False, 1)  # the two told it all
+    same_report(store)
     assert report.from_store(store, "valid_error").columns == ["valid_error"]
-    for name, rare, column, numbers in (("rare", {3: {"test_error": 0.5}}, "test_error", 1),
-                                        ("text_then_number", {4: {"note": 2.5}}, "note", 1),
-                                        ("boolean", {5: {"test_error": 1.0}, 6: {"test_error": True}}, "test_error", 1)):
+    for name, rare, column, numbers, groupings in (
+            ("rare", {3: {"test_error": 0.5}}, "test_error", 1, 2),  # in one job of eight: grouped again
+            ("text_then_number", {4: {"note": 2.5}}, "note", 1, 2),  # a number where the sampled hold text
+            ("boolean", {5: {"test_error": 1.0}, 6: {"test_error": True}}, "test_error", 1, 2),  # True is no number
+            ("text_only", {3: {"status_note": "slow"}, 4: {"_seconds": 3.5}}, None, 0, 1)):  # no column: grouped once
         other = Store(dataclasses.replace(store.target, experiment=f"{store.experiment}_{name}"))
         put_jobs(other, sweep(rare))
-        assert reads_every_result_key(other, lambda: same_report(other)), name  # caught: every job's keys read
+        assert report_reads(other, lambda: report.from_store(other, "valid_error")) == (True, groupings), name
+        same_report(other)
         rep = report.from_store(other, "valid_error")
-        assert rep.columns == ["valid_error", column], name
-        assert sum(r.stats[column].n for r in rep.rows if column in r.stats) == numbers, name
+        assert rep.columns == ["valid_error", *([column] if column else [])], name
+        assert sum(r.stats[column].n for r in rep.rows if column in r.stats) == numbers if column else True, name
         other.dispose()
 
 
