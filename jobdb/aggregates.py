@@ -279,9 +279,10 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
             # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
             # out of the JSON once, not once per aggregate.
             + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY "
-            # Sorted to be grouped, jobs are compared by a hash of their configuration first (equal for
-            # equal jsonb): comparing the jsonb values themselves took most of the grouping's time.
-            + ("jsonb_hash_extended(cfg, 0), phase, target, cfg" if sql.pg else "phase, target, cfg"))
+            # Sorted to be grouped, jobs are compared by what tells configurations apart first: on
+            # PostgreSQL a hash of the configuration (equal for equal jsonb; comparing the jsonb values
+            # themselves took most of the grouping's time), on SQLite its text, before phase and target.
+            + ("jsonb_hash_extended(cfg, 0), phase, target, cfg" if sql.pg else "cfg, phase, target"))
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
