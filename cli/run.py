@@ -300,8 +300,11 @@ def _dispatch_local(store, workers, worker_args, exproot, show, outage_wait=None
     local = LocalBackend(log_dir)
     watcher = _watcher(store, {"local": local})
     options = DispatchOptions(n, tuple(worker_args), outage_wait=outage_wait)
-    with _ProgressView(show) as view, _terminate_as_interrupt():
-        tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update).run()
+    try:
+        with _ProgressView(show) as view, _terminate_as_interrupt():
+            tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update).run()
+    finally:
+        local.close()  # its workers are gone: the zygote goes now, not when this process ends
     return _report_end(store, tally, view)
 
 

@@ -206,29 +206,50 @@ def _worker_folders(pid: int) -> list[Path]:
     return found
 
 
-def members(where: Path) -> list[int]:
+def members(where: Path | str) -> list[int]:
+    """The pids in a cgroup (not those below it). Read after every job: a bare descriptor."""
     try:
-        return [int(p) for p in (where / "cgroup.procs").read_text().split()]
+        fd = os.open(os.path.join(where, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return [int(p) for p in data.split()]
     except (OSError, ValueError):
         return []
+    finally:
+        os.close(fd)
 
 
-def kill_cgroup(where: Path | None, remove: bool = True, keep: tuple[int, ...] = ()) -> int:
+def kill_cgroup(where: Path | str | None, remove: bool = True, keep: tuple[int, ...] = (),
+                remove_below: bool | None = None) -> int:
     """Kill every process in the cgroup and those below it but ``keep`` (and what they fork meanwhile),
-    and remove them; how many were in them."""
-    if where is None or not where.is_dir():
+    and remove them (``remove``; the cgroups below it: ``remove_below``, by default as ``remove``);
+    how many were in them. Returns once none of them is left in it (or after some seconds of trying)."""
+    if where is None:
         return 0
-    try:
-        below = [p for p in where.iterdir() if p.is_dir()]
+    if remove_below is None:
+        remove_below = remove
+    try:  # the kinds of the entries come with the listing: no stat of each of a cgroup's files
+        with os.scandir(where) as entries:
+            below = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
     except OSError:
         below = []
-    count = sum(kill_cgroup(p, remove, keep) for p in below)
+    count = sum(kill_cgroup(p, remove_below, keep) for p in below)
     pids = [pid for pid in members(where) if pid not in keep]
     if pids:
-        if not keep and (where / "cgroup.kill").exists():
+        if not keep:
             try:
-                (where / "cgroup.kill").write_text("1")
-            except OSError:
+                fd = os.open(os.path.join(where, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"1")
+                finally:
+                    os.close(fd)
+            except OSError:  # v1, or not allowed: one by one below
                 pass
         for _round in range(100):  # v1, or a v2 kill not allowed: one by one, until none is left
             left = [pid for pid in members(where) if pid not in keep]
@@ -241,8 +262,67 @@ def kill_cgroup(where: Path | None, remove: bool = True, keep: tuple[int, ...] =
                     pass
             time.sleep(0.001 * (_round + 1))
     if remove:
-        remove_cgroup(where)
+        remove_cgroup(Path(where))
     return count + len(pids)
+
+
+class Slot:
+    """A job cgroup that the jobs of one fork server use in turn (one at a time), instead of one made
+    and removed for each job (a cgroup's making, entering and removal cost a millisecond of CPU).
+    Between two jobs it is emptied: what the job left in it is killed, and the next job enters it
+    only once it is seen empty; a slot that cannot be emptied is left to its folder's removal, and
+    the next job gets a new one."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.path: Path | None = None
+        self.fd = -1  # its cgroup.procs, open for writing: a forked job enters with one write
+        self.made = 0
+
+    def ready(self) -> Path | None:
+        """The slot the next job enters (made if need be), or None where none can be made."""
+        if self.path is None and self.folder is not None:
+            self.made += 1
+            where = self.folder / f"jobs-{self.made}"
+            try:
+                where.mkdir(exist_ok=True)
+                self.fd = os.open(where / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+                self.path = where
+            except OSError:
+                try:
+                    where.rmdir()
+                except OSError:
+                    pass
+        return self.path
+
+    def enter(self) -> bool:
+        """In the job's process, first thing: move into the slot. False where it cannot."""
+        if self.fd < 0:
+            return False
+        try:
+            os.write(self.fd, b"0")
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def empty(self) -> int:
+        """After a job: kill what it left in the slot, and the cgroups it made below it; how many
+        processes were killed. A slot still not empty is let go."""
+        if self.path is None:
+            return 0
+        killed = kill_cgroup(self.path, remove=False, remove_below=True)
+        if killed and members(self.path):  # a process that would not die: the next job gets a new slot
+            self.drop()
+        return killed
+
+    def drop(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.path = None
 
 
 def remove_cgroup(where: Path, wait: float = 1.0) -> bool:

@@ -53,7 +53,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .cgroup import cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
+from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Channel, Parent, job_state, to_jsonable
 from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
 
@@ -297,7 +297,7 @@ def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any]
                  mask: set) -> None:
     """A fresh job process: the one job it was forked for (what it leaves is ended by the server)."""
     os.setpgid(0, 0)  # a process group of its own: what its job starts dies with it
-    enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
+    _slot.enter()  # and a cgroup, where one can be made
     die_with_parent(oom_score_adj=500)
     send_msg(sock, _job_main(function_of(targets, request), request, sock, mask))
 
@@ -311,6 +311,7 @@ def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket,
     once it has started, so no stop meant for one job reaches the next.
     """
     os.setpgid(0, 0)  # a process group of its own: what its jobs start dies with them
+    _slot.drop()  # the server's, for jobs that run alone
     mine = enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
     die_with_parent(oom_score_adj=500)
     become_subreaper()  # what its jobs orphan comes to it, to be ended with the job
@@ -350,7 +351,7 @@ def _start_command(request: dict[str, Any]) -> int:
         try:
             os.close(failed)
             os.setpgid(0, 0)
-            enter_own_cgroup(_cgroup_folder)
+            _slot.enter()
             die_with_parent(oom_score_adj=500)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, LAST_RITES, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)
@@ -392,6 +393,9 @@ def _start_command(request: dict[str, Any]) -> int:
 # -- the server ---------------------------------------------------------------------------
 _running_jobs: set[int] = set()  # the job processes alive, whose groups die with the worker
 _cgroup_folder: Path | None = None  # where its job processes make their cgroups, if anywhere
+# The cgroup that fresh job processes and command jobs enter in turn (one runs at a time); a job
+# process that runs several jobs makes its own.
+_slot = Slot(None)
 
 
 def _last_rites(_signum: int, _frame: object) -> None:
@@ -405,7 +409,7 @@ def _last_rites(_signum: int, _frame: object) -> None:
 
 def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
     """The fork server's loop: one request, one job, its exit status; until the worker hangs up."""
-    global _cgroup_folder
+    global _cgroup_folder, _slot
     signal.signal(LAST_RITES, _last_rites)
     if not signal_on_parent_death(LAST_RITES):
         die_with_parent()
@@ -414,6 +418,7 @@ def serve(fd: int, worker_pid: int, jobs_per_process: int = 1) -> None:
     become_subreaper()
     if os.environ.get("JOBMAN_JOB_CGROUP", "1") != "0":
         _cgroup_folder = worker_folder(job_cgroup_base(), worker_pid)
+        _slot = Slot(_cgroup_folder)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     ctrl = socket.socket(fileno=fd)
@@ -490,12 +495,14 @@ def _serve_requests(ctrl: socket.socket) -> None:
         if got is False:
             return
         request, job_sock = got
+        slot = _slot.ready()
         pid = _fork_job(ctrl, lambda mask: _job_process(targets, request, job_sock, mask))
         job_sock.close()
         _running_jobs.add(pid)
-        send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
+        send_msg(ctrl, {"pid": pid, "cgroup": str(slot) if slot else None})
         status = os.waitpid(pid, 0)[1]
-        end_job_processes(pid, cgroup=cgroup_of(pid, _cgroup_folder))
+        _slot.empty()
+        end_job_processes(pid)
         _running_jobs.discard(pid)  # ended before the worker hears of the end: nothing of the job outlives it
         send_msg(ctrl, {"exit": pid, "status": status})
 
@@ -554,15 +561,17 @@ def _cgroup_text(pid: int) -> str | None:
 
 def _serve_command(ctrl: socket.socket, request: dict[str, Any], keep: tuple[int, ...]) -> None:
     """A command job: started, its pid sent, waited for, everything it started killed, its exit sent."""
+    slot = _slot.ready()
     try:
         pid = _start_command(request)
     except OSError as exc:
         send_msg(ctrl, {"error": str(exc)})
         return
     _running_jobs.add(pid)
-    send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
+    send_msg(ctrl, {"pid": pid, "cgroup": str(slot) if slot else None})
     status = os.waitpid(pid, 0)[1]
-    end_job_processes(pid, keep=keep, cgroup=cgroup_of(pid, _cgroup_folder))
+    _slot.empty()
+    end_job_processes(pid, keep=keep)
     _running_jobs.discard(pid)
     send_msg(ctrl, {"exit": pid, "status": status})
 
@@ -616,6 +625,12 @@ class ForkServer:
             theirs.close()
         self.ctrl = mine
         self._path_sent = list(sys.path)
+
+    def warm(self) -> None:
+        """Start the server now, so that its start overlaps the worker's own (opening the database,
+        claiming) instead of delaying the first job."""
+        if self.proc is None:
+            self._start()
 
     def start_job(self, request: dict[str, Any]) -> tuple[int, socket.socket]:
         """Send a job to the server, which forks a process for it: its pid and the worker's end of its

@@ -118,6 +118,7 @@ class Worker(StoppableLoop):
         summary = WorkerSummary()
         identity = worker_identity()
         root = self.workdir_root()
+        self.runner.server.warm()
         idle_since = time.time()
         idle_polls = 0
         claimed = None  # the next job, when the last one's record claimed it

@@ -48,7 +48,7 @@ class LocalBackend:
         self.log_dir = Path(log_dir)
         self.environment = dict(environment or {})  # set for the workers, over this process's own
         self.procs: list[subprocess.Popen | Forked] = []
-        self.zygote = Zygote()  # workers are forked from it: a warm start instead of a new interpreter each
+        self.zygote = Zygote.ready()  # workers are forked from it: a warm start instead of a new interpreter each
         weakref.finalize(self, self.zygote.close)
         self.logs: dict[int, Path] = {}
         self._seen_exits: set[int] = set()
@@ -72,6 +72,10 @@ class LocalBackend:
             self.logs[proc.pid] = log_path
             ids.append(str(proc.pid))
         return ids
+
+    def close(self) -> None:
+        """Stop the zygote (once the workers are gone; it would stop with this process anyway)."""
+        self.zygote.close()
 
     def started_ids(self) -> set[str]:
         """The backend ids (pids) of every worker this backend started."""
