@@ -15,6 +15,7 @@ dispatcher itself is when the dispatcher ends.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import select
 import signal
@@ -36,6 +37,8 @@ def serve(fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
     import jobman.cli.run  # noqa: F401 - the worker command and the store, imported once
     from jobman.cli.main import main
+
+    gc.freeze()  # out of every collection, in here and in the workers: their pages stay shared
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
