@@ -308,8 +308,11 @@ def write_json(report: Report, stream: IO[str], *, top: int, experiment: str, wh
         data["rows"] = _ROWS
         head, tail = json.dumps(data, default=str).split(json.dumps(_ROWS))
         stream.write(head + "[")
-        for i, row in enumerate(report.iter_json()):
-            stream.write((", " if i else "") + row)
+        sep = ""
+        for rows in report.iter_json_lists():  # thousands of rows a write
+            if rows:
+                stream.write(sep + ", ".join(rows))
+                sep = ", "
         stream.write("]" + tail + "\n")
         return
     # Indented for a reader; compact (and several times faster to write) beyond a thousand rows.

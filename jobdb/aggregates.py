@@ -361,12 +361,9 @@ def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str
     return configs, int(jobs), constant
 
 
-def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-           allow_incomplete: bool, limit: int | None = None, every: int = 0) -> Iterator[tuple]:
-    """A section's configurations in the database's order: eligible ones by mean (then more runs, the
-    lower spread, the first scheduled), then ineligible ones, then those without the metric. The
-    rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
-    result, expected, class, mean, variance)."""
+def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool,
+                 limit: int | None = None, every: int = 0, ids: bool = True) -> str:
+    """The SQL of :func:`ranked` (``ids`` False: the column of every job's id read as NULL)."""
     stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
     cfg = "cfg::text" if sql.pg else "cfg"
     allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
@@ -379,17 +376,25 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
     rank = (f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
             "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
             "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var")
-    select = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, ids, metric_ids{stats}, "
-              f"{expected} AS expected, {rank} FROM {TEMP} WHERE {section.match}")
+    select = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, {'ids' if ids else 'NULL'} AS ids, "
+              f"metric_ids{stats}, {expected} AS expected, {rank} FROM {TEMP} WHERE {section.match}")
     order = f"cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, first_id"
     if every:  # one configuration with the metric in ``every``, by the database's order
         # Numbered on what orders them alone; only the rows picked are read whole.
         picked = (f"SELECT first_id FROM (SELECT first_id, row_number() OVER (ORDER BY {order}) AS rn FROM "
                   f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
                   f"WHERE (rn - 1) % {int(every)} = 0")
-        query = f"{select} AND first_id IN ({picked}) ORDER BY {order}"
-    else:
-        query = f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
+        return f"{select} AND first_id IN ({picked}) ORDER BY {order}"
+    return f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
+
+
+def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
+           allow_incomplete: bool, limit: int | None = None, every: int = 0) -> Iterator[tuple]:
+    """A section's configurations in the database's order: eligible ones by mean (then more runs, the
+    lower spread, the first scheduled), then ineligible ones, then those without the metric. The
+    rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
+    result, expected, class, mean, variance)."""
+    query = ranked_query(sql, section, columns, mode, allow_incomplete, limit, every)
     # A server-side cursor on PostgreSQL (``yield_per`` alone would fetch every row first); SQLite's
     # cursor reads as it goes.
     result = conn.execution_options(stream_results=True, max_row_buffer=5000).execute(sa.text(query), sql.binds)
@@ -398,6 +403,31 @@ def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str],
             yield from part
     finally:
         result.close()
+
+
+BATCH = 5000  # rows fetched at a time by :func:`ranked_batches`
+
+
+def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
+                   allow_incomplete: bool) -> Iterator[list[tuple]]:
+    """The rows of :func:`ranked`, every job's ids left out (read as None), in lists of plain tuples read
+    straight from the driver's cursor: a million rows without a million result-row objects. A named
+    (server-side) cursor on PostgreSQL, so that the rows are read as they are written, never all held."""
+    query = sa.text(ranked_query(sql, section, columns, mode, allow_incomplete, ids=False))
+    compiled = query.compile(dialect=conn.dialect)
+    params = compiled.construct_params(sql.binds)
+    args = tuple(params[k] for k in compiled.positiontup) if compiled.positiontup else params
+    raw = conn.connection.dbapi_connection
+    cursor = raw.cursor(name=f"{TEMP}_rows") if sql.pg else raw.cursor()
+    try:
+        cursor.execute(compiled.string, args)
+        while True:
+            part = cursor.fetchmany(BATCH)
+            if not part:
+                return
+            yield part
+    finally:
+        cursor.close()
 
 
 def first_ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
@@ -445,6 +475,55 @@ def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
             last_cls, last_mean = cls, mean
         run.append(row)
     yield from _sorted_run(run, width)
+
+
+def in_python_order_batches(batches: Iterable[list[tuple]], width: int) -> Iterator[list[tuple]]:
+    """:func:`in_python_order` over lists of rows, a list at a time. A list whose rows all have the
+    metric in one class, with no two next to each other within 1e-11 of each other (relatively), is
+    already in order and passes as it is; a run of equal means is put in order by
+    :func:`in_python_order`. The last row of each list is held for the next: its run may go on there."""
+    cls_at, mean_at = 8 + 5 * width + 1, 8 + 5 * width + 2
+    held: list[tuple] = []
+    for batch in batches:
+        rows = held + batch if held else batch
+        if _apart(rows, cls_at, mean_at):
+            held = rows[-1:]
+            if len(rows) > 1:
+                yield rows[:-1]
+            continue
+        run_start = _last_run(rows, cls_at, mean_at)
+        held = rows[run_start:]
+        if run_start:
+            yield list(in_python_order(iter(rows[:run_start]), width))
+    if held:
+        yield list(in_python_order(iter(held), width))
+
+
+def _apart(rows: list[tuple], cls_at: int, mean_at: int) -> bool:
+    """Whether ``rows`` all have a mean, all in one class, and no two next to each other agree to
+    12 significant digits (nor could: they differ by more than 1e-11 of the larger)."""
+    first, last = rows[0], rows[-1]
+    if first[cls_at] != last[cls_at] or first[mean_at] is None or last[mean_at] is None:
+        return False  # the classes are sorted, and means without the metric come last in a section
+    import numpy as np  # here: every jobman command imports this module
+
+    means = np.fromiter((r[mean_at] for r in rows), dtype=np.float64, count=len(rows))
+    gaps = np.abs(np.diff(means))
+    return bool((gaps > 1e-11 * np.maximum(np.abs(means[:-1]), np.abs(means[1:]))).all())
+
+
+def _last_run(rows: list[tuple], cls_at: int, mean_at: int) -> int:
+    """Where the last run of equal means (by :func:`in_python_order`'s rule) of ``rows`` starts."""
+    start = 0
+    last_cls, last_mean = None, None
+    for i, row in enumerate(rows):
+        mean, cls = row[mean_at], row[cls_at]
+        if mean is None:
+            start, last_mean = i, None
+            continue
+        if last_mean is None or cls != last_cls or not _same_12(last_mean, mean):
+            start, last_cls, last_mean = i, cls, mean
+    return start
 
 
 def _same_12(a: float, b: float) -> bool:

@@ -168,7 +168,7 @@ class Report:
     sample: list[ConfigRow] = field(default_factory=list)  # see ``open_report``
     summary: "Overview | None" = None
     _stream: Callable[[], Iterator[ConfigRow]] | None = field(default=None, repr=False)
-    _stream_json: Callable[[], Iterator[str]] | None = field(default=None, repr=False)
+    _stream_json: Callable[[], Iterator[list[str]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.configurations < 0:
@@ -188,8 +188,12 @@ class Report:
 
     def iter_json(self) -> Iterator[str]:
         """The JSON text of every row's :meth:`ConfigRow.to_dict`, as :meth:`iter_rows` would give them."""
+        return (text for part in self.iter_json_lists() for text in part)
+
+    def iter_json_lists(self) -> Iterator[list[str]]:
+        """:meth:`iter_json` in lists of rows (those the database streams: thousands at a time)."""
         if self.holds_all or self._stream_json is None:
-            return (json.dumps(r.to_dict(), default=str) for r in self.rows)
+            return iter([[json.dumps(r.to_dict(), default=str) for r in self.rows]])
         return self._stream_json()
 
     @property
@@ -570,12 +574,14 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
         for section in sections:
             yield from section_rows(section)
 
-    def stream_json() -> Iterator[str]:
-        to_json = _RowJson(shown, outer_key)
+    def stream_json() -> Iterator[list[str]]:
+        to_json = _RowJson(shown, outer_key, len(columns))
         for section in sections:
-            rows = aggregates.ranked(conn, sql, section, columns, mode, allow_incomplete)
-            for rank, raw in enumerate(aggregates.in_python_order(rows, len(columns)), 1):
-                yield to_json(raw, rank)
+            rank = 1
+            batches = aggregates.ranked_batches(conn, sql, section, columns, mode, allow_incomplete)
+            for batch in aggregates.in_python_order_batches(batches, len(columns)):
+                yield to_json.rows(batch, rank)
+                rank += len(batch)
 
     constant: dict[str, Any] = {}
     varying: list[str] = []
@@ -664,57 +670,97 @@ def _row_of(raw: Sequence[Any], rank: int, metric: str, columns: Sequence[str], 
 
 
 class _RowJson:
-    """A row of ``aggregates.ranked`` as the JSON text of its ``ConfigRow.to_dict()``, written directly:
-    a million rows are written in seconds, not in the minutes their objects would take."""
+    """Rows of ``aggregates.ranked`` as the JSON text of their ``ConfigRow.to_dict()``, written directly,
+    a list of rows at a time: a million rows are written in seconds, not in the minutes their objects
+    would take.
 
-    def __init__(self, columns: Sequence[str], outer_key: str | None) -> None:
-        self.columns = [json.dumps(c) for c in columns]
+    The loop over a list of rows is compiled once per report for its number of results (a row of
+    ``width`` results unpacks into that many names), with the results' names as constants: per row
+    it is then a few comparisons, a ``repr`` per number and one f-string."""
+
+    def __init__(self, columns: Sequence[str], outer_key: str | None, width: int) -> None:
         self.outer_key = outer_key
-        self.targets: dict[str, str] = {}
-        self.width = len(columns)
+        self.targets: dict[Any, str] = {}
+        names = ["phase", "target", "cfg", "jobs", "_first", "others", "_ids", "mids"]
+        names += [f"{v}{i}" for i in range(width) for v in ("n", "s", "q", "lo", "hi")]
+        names += ["expected", "cls", "_mean", "_var"]
+        lines = ["def rows(batch, rank):", "    out = []", "    append = out.append",
+                 f"    for ({', '.join(names)},) in batch:"]
+        for i in range(len(columns)):
+            lines += [f"        if n{i}:",
+                      f"            if lo{i} == hi{i}:  # one value (one run, or equal runs): written once",
+                      f"                m{i} = repr(lo{i}) if finite(lo{i}) else num(lo{i})",
+                      f"                sd{i} = '0.0' if n{i} > 1 else 'null'",
+                      f"                r{i} = f'{{K{i}}}: {{{{\"n\": {{n{i}}}, \"mean\": {{m{i}}}, \"std\": {{sd{i}}}, "
+                      f"\"min\": {{m{i}}}, \"max\": {{m{i}}}}}}}'",
+                      "            else:",
+                      f"                r{i}, m{i}, sd{i} = spread(K{i}, n{i}, s{i}, q{i}, lo{i}, hi{i})",
+                      "        else:",
+                      f"            r{i}, m{i}, sd{i} = '', 'null', 'null'"]
+        if columns:
+            every = " and ".join(f"n{i}" for i in range(len(columns)))
+            lines += ["        nm = n0",
+                      f"        if {every}:",
+                      "            results = " + " + ', ' + ".join(f"r{i}" for i in range(len(columns))),
+                      "        else:",
+                      "            results = ', '.join([r for r in (" + "".join(f"r{i}, " for i in range(len(columns)))
+                      + ") if r])"]
+        else:
+            lines += ["        nm, m0, sd0, results = 0, 'null', 'null', ''"]
+        lines += ["        status = statuses(others, jobs) if others else f'{{\"DONE\": {jobs}}}'",
+                  "        if not mids:",
+                  "            ids = '[]'",
+                  "        elif ',' in mids:",
+                  "            ids = job_ids(mids)",
+                  "        else:",
+                  "            ids = '[' + mids + ']'",
+                  "        t = targets.get(target) or add_target(target)",
+                  "        o = outer(cfg) if outer else 'null'",
+                  "        ok = cls == 0",
+                  "        append(f'{{\"rank\": {rank}, \"best\": {TRUTH[rank == 1 and ok]}, \"eligible\": {TRUTH[ok]}, '",
+                  "               f'\"complete\": {TRUTH[nm == jobs == expected]}, \"phase\": {phase}, \"target\": {t}, '",
+                  "               f'\"outer\": {o}, \"params\": {cfg}, \"n\": {nm}, \"expected\": {expected}, '",
+                  "               f'\"status\": {status}, \"mean\": {m0}, \"std\": {sd0}, \"job_ids\": {ids}, '",
+                  "               f'\"results\": {{{results}}}}}')",
+                  "        rank += 1",
+                  "    return out"]
+        scope: dict[str, Any] = {f"K{i}": json.dumps(c) for i, c in enumerate(columns)}
+        scope.update(finite=math.isfinite, num=_num, spread=_json_spread, statuses=_statuses, job_ids=_job_ids,
+                     targets=self.targets, add_target=self._target, outer=self._outer if outer_key else None,
+                     TRUTH=_TRUTH)
+        exec("\n".join(lines), scope)  # noqa: S102 - our own source: names and values are constants in scope
+        self.rows: Callable[[Sequence[Sequence[Any]], int], list[str]] = scope["rows"]
 
-    def __call__(self, raw: Sequence[Any], rank: int) -> str:
-        phase, target, cfg, jobs, first_id, others, ids, metric_ids = raw[:8]
-        expected, cls = raw[-4], raw[-3]
-        parts = []
-        n0, mean0, std0 = 0, "null", "null"
-        for i, name in enumerate(self.columns):
-            n, s, q, lo, hi = raw[8 + 5 * i: 13 + 5 * i]
-            if n:
-                mean, std = aggregates.stat_of(n, s, q, lo, hi)
-                if lo == hi:  # one value (one run, or equal runs): written once
-                    m = lo_ = hi_ = f"{lo!r}" if math.isfinite(lo) else _num(lo)
-                    sd = "null" if std is None else "0.0"
-                elif math.isfinite(q) and math.isfinite(s):  # then so are the mean, std, min and max
-                    m, sd, lo_, hi_ = f"{mean!r}", "null" if std is None else f"{std!r}", f"{lo!r}", f"{hi!r}"
-                else:
-                    m, sd, lo_, hi_ = _num(mean), "null" if std is None else _num(std), _num(lo), _num(hi)
-                parts.append(f'{name}: {{"n": {n}, "mean": {m}, "std": {sd}, "min": {lo_}, "max": {hi_}}}')
-                if i == 0:
-                    n0, mean0, std0 = n, m, sd
-        if others:
-            counts = Counter(others.split(","))
-            done = jobs - sum(counts.values())
-            if done:
-                counts["DONE"] = done
-            status = json.dumps(dict(sorted(counts.items())))
-        else:
-            status = f'{{"DONE": {jobs}}}'
-        if not metric_ids:
-            job_ids = "[]"
-        elif "," in metric_ids:
-            job_ids = "[" + ", ".join(map(str, sorted(map(int, metric_ids.split(","))))) + "]"
-        else:
-            job_ids = "[" + metric_ids + "]"
-        target_json = self.targets.get(target)
-        if target_json is None:
-            target_json = self.targets[target] = json.dumps(target)
-        outer = "null" if self.outer_key is None else json.dumps(json.loads(cfg).get(self.outer_key))
-        eligible = cls == 0
-        return (f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and eligible]}, "eligible": {_TRUTH[eligible]}, '
-                f'"complete": {_TRUTH[n0 == jobs == expected]}, "phase": {phase}, "target": {target_json}, '
-                f'"outer": {outer}, "params": {cfg}, "n": {n0}, "expected": {expected}, "status": {status}, '
-                f'"mean": {mean0}, "std": {std0}, "job_ids": {job_ids}, "results": {{{", ".join(parts)}}}}}')
+    def _target(self, target: Any) -> str:
+        text = self.targets[target] = json.dumps(target)
+        return text
+
+    def _outer(self, cfg: str) -> str:
+        return json.dumps(json.loads(cfg).get(self.outer_key))
+
+
+def _json_spread(name: str, n: int, s: float, q: float, lo: float, hi: float) -> tuple[str, str, str]:
+    """The JSON of a result whose runs differ: (its text, its mean, its std)."""
+    mean = s / n
+    std = math.sqrt(max((q - s * s / n) / (n - 1), 0.0))
+    if math.isfinite(q) and math.isfinite(s):  # then so are the mean, std, min and max
+        m, sd, lo_, hi_ = repr(mean), repr(std), repr(lo), repr(hi)
+    else:
+        m, sd, lo_, hi_ = _num(mean), _num(std), _num(lo), _num(hi)
+    return f'{name}: {{"n": {n}, "mean": {m}, "std": {sd}, "min": {lo_}, "max": {hi_}}}', m, sd
+
+
+def _statuses(others: str, jobs: int) -> str:
+    """The status counts of a configuration some of whose jobs are not DONE."""
+    counts = Counter(others.split(","))
+    done = jobs - sum(counts.values())
+    if done:
+        counts["DONE"] = done
+    return json.dumps(dict(sorted(counts.items())))
+
+
+def _job_ids(ids: str) -> str:
+    return "[" + ", ".join(map(str, sorted(map(int, ids.split(","))))) + "]"
 
 
 _TRUTH = {True: "true", False: "false"}

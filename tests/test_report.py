@@ -609,3 +609,32 @@ def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(s
             want = report._spread(iter(in_py.rows), 6, count)
             assert_close([r.to_dict() for r in part.sample], [r.to_dict() for r in want], str(count))
             assert len(part.sample) == len(want) > 0
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(store, monkeypatch, size):
+    # The json rows are read from the database a list at a time (thousands; here ``size``): a run of
+    # equal means that goes on from one list into the next is still put in the Python path's order.
+    from jobman.jobdb import aggregates
+
+    monkeypatch.setattr(aggregates, "BATCH", size)
+    third = (0.1 + 0.2) / 3  # 0.1 to 12 digits, not to the last bit
+    jobs = (folds_and_ties(0.05, [0.01, 0.02, 0.03])
+            + folds_and_ties(0.1, [0.2, 0.1, 0.3]) + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # a tie: by id
+            + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # the same mean, a lower std: first
+            + folds_and_ties(0.4, [0.2, 0.2, 0.2])  # the same mean, no spread: first of all
+            + folds_and_ties(0.45, [0.3, 0.3]) + folds_and_ties(0.46, [0.3, 0.3])  # fewer runs: not eligible
+            + folds_and_ties(0.5, [third, third, third]) + folds_and_ties(0.6, [0.1, 0.1, 0.1])
+            + folds_and_ties(0.7, [0.05, 0.1, 0.15]) + folds_and_ties(0.8, [0.1, 0.1, 0.1])
+            + folds_and_ties(0.9, [0.4, None, 0.4], ["DONE", "FAILED", "DONE"])
+            + folds_and_ties(0.95, [None, None, None], ["QUEUED"] * 3)
+            + folds_and_ties(0.99, [None, None, None], ["QUEUED"] * 3))
+    put_jobs(store, jobs)
+    for options in ({}, {"group_over": []}, {"allow_incomplete": True}):
+        for mode in ("min", "max"):
+            in_db = same_report(store, "valid_error", mode, **options)
+            with report.open_report(store, "valid_error", mode, keep=2, **options) as part:
+                texts = list(part.iter_json())
+                lists = list(part.iter_json_lists())
+            assert [json.loads(t) for t in texts] == [r.to_dict() for r in in_db.rows]
+            assert [t for rows in lists for t in rows] == texts
