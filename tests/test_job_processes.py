@@ -73,6 +73,40 @@ EXPERIMENTS = textwrap.dedent('''
         os._exit(5)
 
 
+    def leaves_daemon(state, channel):
+        """Leaves a process running in a session of its own (a double fork), then ends."""
+        mark = Path(os.environ["JM_STARTED"], f"daemon-{channel.job_id}")
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                mark.write_text(str(os.getpid()))
+                time.sleep(120)
+            os._exit(0)
+        os.wait()
+        while not mark.exists():
+            time.sleep(0.01)
+        state.pid = os.getpid()
+        state.cgroup, state.members = own_cgroup()
+
+
+    def alone_in_its_cgroup(state, channel):
+        state.pid = os.getpid()
+        state.cgroup, state.members = own_cgroup()
+
+
+    def own_cgroup():
+        """The job cgroup this process is in, and the pids in it."""
+        from jobman.dispatch import cgroup
+        mounts = cgroup._mount_points()
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _num, controllers, path = line.split(":", 2)
+            key = "2" if controllers == "" else "pids" if "pids" in controllers.split(",") else None
+            if "/jobman/" in path and key in mounts:
+                where = mounts[key] / path.lstrip("/")
+                return str(where), cgroup.members(where)
+        return None, []
+
+
     def until_stopped(state, channel):
         RAN_HERE.append(channel.job_id)
         Path(os.environ["JM_STARTED"], str(channel.job_id)).write_text(str(os.getpid()))
@@ -184,3 +218,47 @@ def test_dispatch_forks_its_workers_from_one_warm_interpreter(jobman, db_url, st
     assert {j.results["worker"] for j in jobs} == {j.pid for j in jobs}  # the worker is what the job row says
     assert len({j.pid for j in jobs}) == 2
     assert all("jobman.dispatch.backends.zygote" in j.results["started_by"] for j in jobs)
+
+
+def test_fresh_jobs_share_a_cgroup_in_turn_and_none_inherits_what_the_one_before_left(db_url, store, exp):
+    """In the default mode the jobs of a fork server enter one cgroup in turn instead of each making its
+    own: what a job leaves there (a daemon in a session of its own) is killed when it ends, and the next
+    job finds itself alone in it."""
+    from jobman.dispatch.cgroup import job_cgroup_base
+
+    if job_cgroup_base() is None:
+        pytest.skip("no cgroup can be made for a job here (none writable in cgroup v2 or the v1 pids controller)")
+    first, second = schedule(store, "leaves_daemon", "alone_in_its_cgroup")
+    run_worker(db_url, exp, 1)
+    a, b = store.job(first), store.job(second)
+    assert a.status is Status.DONE and b.status is Status.DONE, (a.error, b.error)
+    daemon = int((exp.started / f"daemon-{first}").read_text())
+    assert a.results["cgroup"] is not None and a.results["cgroup"] == b.results["cgroup"]
+    assert sorted(a.results["members"]) == sorted([a.results["pid"], daemon])
+    assert b.results["members"] == [b.results["pid"]]  # the daemon was killed before the next job entered
+    with pytest.raises(ProcessLookupError):
+        os.kill(daemon, 0)
+
+
+def test_a_local_dispatch_that_fails_at_once_leaves_no_zygote_behind(tmp_path, monkeypatch):
+    """The zygote is started as soon as the command line reads as a local dispatch, before the database
+    is opened: a dispatch that then fails stops it."""
+    import psutil
+
+    from jobman.cli.main import main
+    from jobman.dispatch.backends import zygote
+
+    started = []
+    real_start = zygote.Zygote._start
+
+    def start(self):
+        real_start(self)
+        started.append(self.proc.pid)
+
+    monkeypatch.setattr(zygote.Zygote, "_start", start)
+    assert main(["dispatch", f"sqlite:///{tmp_path / 'none.db'}?table=t", "-j", "2", "--no-progress"]) == 1
+    assert len(started) == 1
+    assert psutil.Process().children(recursive=True) == []
+    assert main(["dispatch", "--backend", "slurm", "--help"]) == 0
+    assert main(["dispatch", f"sqlite:///{tmp_path / 'none.db'}?table=t", "--backend", "slurm"]) != 0
+    assert len(started) == 1  # none for a Slurm dispatch
