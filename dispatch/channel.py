@@ -16,9 +16,10 @@ import math
 import os
 import signal
 import time
+from collections.abc import Mapping  # not typing's: its isinstance is several times slower
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from jobman.jobdb.nested import RESERVED, DD, expand, flatten
 

@@ -12,9 +12,10 @@ import inspect
 import os
 import sys
 import traceback
+from collections.abc import Mapping  # not typing's: its isinstance is several times slower
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from jobman.jobdb.nested import RESERVED
 

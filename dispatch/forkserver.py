@@ -312,7 +312,7 @@ def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket,
     """
     os.setpgid(0, 0)  # a process group of its own: what its jobs start dies with them
     _slot.drop()  # the server's, for jobs that run alone
-    mine = enter_own_cgroup(_cgroup_folder)  # and a cgroup, where one can be made
+    mine = cgroup_of(os.getpid(), _cgroup_folder) if enter_own_cgroup(_cgroup_folder) else None  # and a cgroup
     die_with_parent(oom_score_adj=500)
     become_subreaper()  # what its jobs orphan comes to it, to be ended with the job
     done = 0
@@ -333,7 +333,7 @@ def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket,
         report = _job_main(fn, request, link, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         if mine:  # the next job does not inherit this one's processes
-            kill_cgroup(cgroup_of(os.getpid(), _cgroup_folder), remove=False, keep=(os.getpid(),))
+            kill_cgroup(mine, remove=False, keep=(os.getpid(),))
         end_job_processes(None)
         done += 1
         send_msg(link, report)
