@@ -18,6 +18,8 @@ differ by dialect, the plan is the same.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -378,9 +380,14 @@ def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str
 
 def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool,
                  limit: int | None = None, every: int = 0, ids: bool = True, cls: int | None = None) -> str:
-    """The SQL of :func:`ranked` (``ids`` False: the column of every job's id read as NULL); with
-    ``cls``, of the configurations of that class alone, the mean its first key (see :func:`ranked`)."""
-    stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
+    """The SQL of :func:`ranked`; with ``cls``, of the configurations of that class alone, the mean its
+    first key (see :func:`ranked`). ``ids`` False: the rows as the json writes them, without the column
+    of every job's id (NULL), nor the sum and sum of squares of a result with one value (NULL)."""
+    if ids:
+        stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
+    else:
+        stats = "".join(f", n{i}, CASE WHEN lo{i} = hi{i} THEN NULL ELSE s{i} END, "
+                        f"CASE WHEN lo{i} = hi{i} THEN NULL ELSE q{i} END, lo{i}, hi{i}" for i in range(len(columns)))
     cfg = "cfg::text" if sql.pg else "cfg"
     allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
     scopes = list(section.expected.items())
@@ -448,25 +455,36 @@ BATCH = 5000  # rows fetched at a time by :func:`ranked_batches`
 
 def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
                    allow_incomplete: bool) -> Iterator[list[tuple]]:
-    """The rows of :func:`ranked`, every job's ids left out (read as None), in lists of plain tuples read
-    straight from the driver's cursor: a million rows without a million result-row objects. A named
-    (server-side) cursor on PostgreSQL, so that the rows are read as they are written, never all held,
-    in binary (no number written as text by the server and parsed back)."""
+    """The rows of :func:`ranked` as the json writes them (``ranked_query(ids=False)``), in lists of plain
+    tuples read straight from the driver's cursor: a million rows without a million result-row objects.
+    On PostgreSQL the rows come in binary (no number written as text by the server and parsed back), in
+    chunks the server sends while the last ones are being written (libpq's chunked mode): never all
+    held, and the server's work beside the client's rather than between its requests."""
     raw = conn.connection.dbapi_connection
     for cls in section.classes(allow_incomplete):
         query = sa.text(ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls))
         compiled = query.compile(dialect=conn.dialect)
         params = compiled.construct_params(sql.binds)
         args = tuple(params[k] for k in compiled.positiontup) if compiled.positiontup else params
-        cursor = raw.cursor(name=f"{TEMP}_rows", binary=True) if sql.pg else raw.cursor()
+        chunked = sql.pg and _chunked_mode()
+        cursor = raw.cursor(binary=True) if chunked else raw.cursor(name=f"{TEMP}_rows", binary=True) if sql.pg \
+            else raw.cursor()
+        rows = None
         try:
-            cursor.execute(compiled.string, args)
+            if chunked:
+                rows = cursor.stream(compiled.string, args, binary=True, size=BATCH)
+                fetch = functools.partial(lambda it: list(itertools.islice(it, BATCH)), rows)
+            else:  # SQLite, or an older libpq: a named (server-side) cursor
+                cursor.execute(compiled.string, args)
+                fetch = functools.partial(cursor.fetchmany, BATCH)
             while True:
-                part = cursor.fetchmany(BATCH)
+                part = fetch()
                 if not part:
                     break
                 yield part
         finally:
+            if rows is not None:
+                rows.close()  # read to its end, or the query cancelled
             cursor.close()
 
 
@@ -515,6 +533,13 @@ def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
             last_cls, last_mean = cls, mean
         run.append(row)
     yield from _sorted_run(run, width)
+
+
+def _chunked_mode() -> bool:
+    """Whether the libpq psycopg uses reads a result in chunks of many rows (version 17 on)."""
+    import psycopg
+
+    return psycopg.pq.version() >= 170000
 
 
 def in_python_order_batches(batches: Iterable[list[tuple]], width: int) -> Iterator[list[tuple]]:
