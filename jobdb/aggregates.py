@@ -167,9 +167,9 @@ def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[st
 def constant_candidates(conn: Connection) -> tuple[list[str], dict[str, Any]]:
     """The parameters of the first and the last configuration, and those that hold one value in both
     (the candidates for constant, with their values)."""
-    cfg = "cfg::text" if conn.dialect.name == "postgresql" else "cfg"
-    texts = [conn.exec_driver_sql(f"SELECT {cfg} FROM {TEMP} ORDER BY first_id {way} LIMIT 1").scalar()
-             for way in ("ASC", "DESC")]
+    cfg = "cfg::text" if conn.dialect.name == "postgresql" else "cfg"  # made text for the one row kept
+    texts = [conn.exec_driver_sql(f"SELECT {cfg} FROM (SELECT cfg FROM {TEMP} ORDER BY first_id {way} LIMIT 1) AS t"
+                                  ).scalar() for way in ("ASC", "DESC")]
     if texts[0] is None:
         return [], {}
     first, last = json.loads(texts[0]), json.loads(texts[1])
@@ -413,6 +413,11 @@ def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, 
                   f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
                   f"WHERE (rn - 1) % {int(every)} = 0")
         return f"{select} AND first_id IN ({picked}) ORDER BY {order}"
+    if limit is not None and sql.pg and ids:  # jsonb made text for the rows kept only, not for every one sorted
+        top = select.replace("cfg::text AS cfg", "cfg", 1)
+        cols = ("phase, target, cfg::text AS cfg, jobs, first_id, others, ids, metric_ids"
+                + "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns))) + ", expected, cls, m, var")
+        return f"SELECT {cols} FROM ({top} ORDER BY {order} LIMIT {int(limit)}) AS top ORDER BY {order}"
     return f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
 
 
