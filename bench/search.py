@@ -67,8 +67,9 @@ FIXED = {"dataset": "digits", "eval_every": 0, "progress_every": 0, "checkpoint_
 class Runner:
     """Runs MLP jobs in fresh directories and counts the epochs they train."""
 
-    def __init__(self, root: Path, folds: int) -> None:
+    def __init__(self, root: Path, folds: int, fixed: dict | None = None) -> None:
         self.root, self.folds, self.epochs, self.count = root, folds, 0, 0
+        self.fixed = {**FIXED, **(fixed or {})}
 
     def fold_dirs(self, config: dict, epochs: int) -> list[Path]:
         self.count += 1
@@ -80,7 +81,7 @@ class Runner:
         for fold, workdir in enumerate(dirs):
             if parents:
                 shutil.copytree(parents[fold], workdir)
-            params = {**FIXED, **config, "epochs": epochs, "nb_cross_fold": self.folds, "id_cross_fold": fold}
+            params = {**self.fixed, **config, "epochs": epochs, "nb_cross_fold": self.folds, "id_cross_fold": fold}
             outcome = run_direct(TARGET, params, workdir)
             if outcome.status != "DONE":
                 raise RuntimeError(f"{config}: {outcome.status} {outcome.error}")
@@ -187,6 +188,9 @@ def main() -> None:
     ap.add_argument("--min-epochs", type=int, default=1, help="the first rung of halving")
     ap.add_argument("--eta", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--valid-fraction", type=float, default=None,
+                    help="the share of each fold's training part held out for validation (the trainer's "
+                         "default: 0.1, 119 digits a fold); larger makes the validation error finer")
     args = ap.parse_args()
     space = SPACES[args.space]
 
@@ -194,13 +198,14 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="jobman-bench-search-") as tmp:
         grid = grid_configs(args.space, args.points)
-        grid_runner = Runner(Path(tmp) / "grid", args.folds)
+        fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+        grid_runner = Runner(Path(tmp) / "grid", args.folds, fixed)
         grid_best = full_budget(grid_runner, grid, args.epochs)
         print(f"grid of {len(grid)}: best valid_error {grid_best:.4f}, {grid_runner.epochs} epochs", flush=True)
         for seed in range(args.seeds):
             configs = random_configs(args.space, args.points, seed)
-            full, halv = Runner(Path(tmp) / f"full{seed}", args.folds), Runner(Path(tmp) / f"halv{seed}", args.folds)
-            quasi = Runner(Path(tmp) / f"quasi{seed}", args.folds)
+            full, halv = (Runner(Path(tmp) / f"{kind}{seed}", args.folds, fixed) for kind in ("full", "halv"))
+            quasi = Runner(Path(tmp) / f"quasi{seed}", args.folds, fixed)
             full_best = full_budget(full, configs, args.epochs)
             quasi_best = full_budget(quasi, random_configs(args.space, args.points, seed, "halton"), args.epochs)
             halving_best = halving(halv, configs, args.min_epochs, args.epochs, args.eta)
@@ -216,11 +221,14 @@ def main() -> None:
     halving_met = all(g <= 0.5 for g in gaps) and all(s <= 1 / 3 for s in shares)
     grid_text = space["grid_text"].format(lrs=len({c["lr"] for c in grid}))
     lines = [
-        f"## Search quality, space {args.space} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"## Search quality, space {args.space}"
+        + (f", {args.valid_fraction:g} of each fold for validation" if args.valid_fraction is not None else "")
+        + f" ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, shared)",
         "",
         f"`python bench/search.py --space {args.space} --points {args.points} --folds {args.folds} "
-        f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}` "
+        f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}"
+        + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "") + "` "
         f"({seconds:.0f} s). Random search draws {' '.join(f'`{t}`' for t in space['drawn'])}"
         + (f" with {' '.join(f'`{t}`' for t in space['fixed'])}" if space["fixed"] else "")
         + ". Validation error is the mean over the folds, in percent.",
