@@ -9,6 +9,7 @@ did before the database grouped them) on the folds sweep, table format.
     python bench/report_scale.py                         # both engines, 1,000,000 jobs
     python bench/report_scale.py --jobs 100000 --engines sqlite
     python bench/report_scale.py --no-baseline           # skip the slow in-Python run
+    python bench/report_scale.py --database URL          # on the experiments an earlier make() left there
 
 Writes bench/RESULTS-report-scale.md. The machine is shared: the load average is printed with
 each figure.
@@ -95,10 +96,11 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
 
 
-def bench(engine: str, url: str, jobs: int, baseline: bool, skip_flat_table: bool = False) -> list[Figure]:
+def bench(engine: str, url: str, jobs: int, baseline: bool, skip_flat_table: bool = False,
+          made: bool = False) -> list[Figure]:
     figures = []
     shapes = [("flat", jobs, 1), ("folds", jobs // 5, 5)]
-    for name, configs, folds in shapes:
+    for name, configs, folds in shapes if not made else ():
         seconds = make(url, name, configs, folds)
         print(f"{engine}: made {configs * folds:,} DONE jobs ({configs:,} configurations × {folds}) "
               f"in {seconds:.0f} s", flush=True)
@@ -128,13 +130,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--no-baseline", action="store_true", help="skip the in-Python baseline")
+    parser.add_argument("--database", metavar="URL",
+                        help="time the reports on this database, whose experiments flat and folds make() filled "
+                             "before (with --jobs), rather than on fresh ones")
     parser.add_argument("--beside-scale", action="store_true",
                         help="run from `run_all.py --scale`: leave out the flat table (bench/scale.py times it) "
                              "and write no file")
     args = parser.parse_args()
     info = machine()
     figures = []
-    for engine in args.engines.split(","):
+    for engine in args.engines.split(",") if not args.database else ():
         if engine == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:
                 figures += bench(engine, f"sqlite:///{Path(tmp) / 'scale.db'}", args.jobs, not args.no_baseline,
@@ -145,6 +150,9 @@ def main() -> None:
                 figures += bench(engine, url, args.jobs, not args.no_baseline, args.beside_scale)
             finally:
                 drop()
+    if args.database:
+        engine = "postgresql" if args.database.startswith(("postgres", "postgresql")) else "sqlite"
+        figures += bench(engine, args.database, args.jobs, not args.no_baseline, made=True)
     if args.beside_scale:
         return
     lines = ["# jobman report at scale", "", f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
