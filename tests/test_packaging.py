@@ -23,4 +23,4 @@ def test_wheel_holds_the_jobman_namespace_and_its_migrations(tmp_path: Path) -> 
     top_level = {n.split("/")[0] for n in names if not n.startswith("jobman_sql-")}
     assert top_level == {"jobman"}, f"only the jobman namespace may be installed, not {top_level - {'jobman'}}"
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "jobman = jobman.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "jobman = jobman.cli.main:run" in zipfile.ZipFile(wheel).read(entry_points).decode()
