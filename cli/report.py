@@ -38,7 +38,7 @@ def run_report(store: Store, *, metric: str, mode: str = "min", phase: int | Non
     keep = None if keep_all or (not top and fmt in ("table", "markdown")) else (top or STREAMED_AFTER)
     writer = {"table": write_table, "markdown": write_markdown, "csv": write_csv, "json": write_json}[fmt]
     with rp.open_report(store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete,
-                        where=where, keep=keep) as report:
+                        where=where, keep=keep, parallel=fmt in ("table", "markdown")) as report:
         writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
     if fmt in ("table", "markdown"):
         for line in store.search_summaries():

@@ -255,11 +255,13 @@ def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tu
 
 
 def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns: Sequence[str],
-          guarded: set[str], unseen: str | None = None) -> None:
+          guarded: set[str], unseen: str | None = None, *, parallel: bool = False) -> None:
     """The configurations of the selection into the temporary table: per (phase, target, parameters but
     the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
     result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number.
-    With ``unseen`` (SQL), whether it held for one of a configuration's DONE jobs (column ``unseen``)."""
+    With ``unseen`` (SQL), whether it held for one of a configuration's DONE jobs (column ``unseen``).
+    With ``parallel``, PostgreSQL may share the reading of the jobs among parallel workers (see
+    :func:`jobman.jobdb.report.open_report`)."""
     values = []
     for i, name in enumerate(columns):
         number = sql.number("job.results", name, guard=sql.pg or name in guarded)
@@ -288,6 +290,13 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        if parallel:
+            # The JSON of every job is read by parallel workers as well as this backend when the
+            # planner finds that cheaper: at the default costs it never does for 100,000 jobs (408 ms
+            # in one backend against 250 ms in three, measured on two cores). Later statements of the
+            # report read the temporary table, which is never scanned in parallel.
+            conn.exec_driver_sql("SET LOCAL parallel_setup_cost = 100")
+            conn.exec_driver_sql("SET LOCAL parallel_tuple_cost = 0.01")
         conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body}"), sql.binds)
     else:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")

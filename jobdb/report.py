@@ -424,7 +424,7 @@ def from_store_in_python(store: "Store", metric: str, mode: str = "min", group_o
 def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
                 phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
                 where: Sequence[str | Condition] = (), keep: int | None = None,
-                sample: int = 0) -> Iterator[Report]:
+                sample: int = 0, parallel: bool = False) -> Iterator[Report]:
     """The report of a store's experiment, grouped and ranked by the database, open for reading.
 
     With ``keep``, the report holds only the first ``keep`` configurations of each outer fold (and
@@ -432,13 +432,18 @@ def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequ
     context is open, :meth:`Report.iter_rows` streams every configuration from the database. With
     ``sample``, :attr:`Report.sample` holds that many configurations with the metric, evenly spaced
     over the ranking (what a chart of every configuration draws).
+
+    With ``parallel``, PostgreSQL may read the jobs with parallel workers as well (faster on a large
+    experiment); a configuration's sums then add its jobs in whatever order the workers hand them
+    over, so a mean can differ in its last bit from one report to the next. For reports that show
+    rounded figures (a table, the web page); csv and json keep one order.
     """
     if mode not in ("min", "max"):
         raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
     conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]
     with aggregates.reading(store) as (conn, exp):
         rep = _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                 keep, sample=sample)
+                                 keep, sample=sample, parallel=parallel)
         if rep is not None:
             try:
                 yield rep
@@ -474,7 +479,7 @@ def _spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[Con
 def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: Sequence[str] | None, phase: int | None,
                        outer: str | None, allow_incomplete: bool, conditions: list[Condition],
                        keep: int | None, exact_keys: dict[str, Any] | None = None, sample: int = 0,
-                       exact_results: bool = False) -> Report | None:
+                       exact_results: bool = False, parallel: bool = False) -> Report | None:
     """:func:`_build`, its grouping and sums done by the database (``jobdb.aggregates``); None when a
     filter cannot be said in SQL.
 
@@ -523,7 +528,7 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
     keys = keys_all
     if (conditions or dropped) and not sampled:  # constant within the selection
         keys = aggregates.param_keys(conn, selected, sql.binds)
-    aggregates.group(conn, sql, selected, groups, columns, guarded, unseen)
+    aggregates.group(conn, sql, selected, groups, columns, guarded, unseen, parallel=parallel)
     if results is not None:
         held_scopes = aggregates.results_hold(conn)
         if held_scopes is not None:
@@ -537,7 +542,8 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
             if exact[2] or exact[3] != columns:
                 aggregates.drop(conn)
                 return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete,
-                                          conditions, keep, exact_keys, sample, exact_results=True)
+                                          conditions, keep, exact_keys, sample, exact_results=True,
+                                          parallel=parallel)
             kept, has_metric = exact[1], exact[5]
     if sampled:
         seen, same = aggregates.constant_candidates(conn)
@@ -547,7 +553,8 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
         # they share, or one the job sampled lacks: the keys of every job, then the grouping again.
         aggregates.drop(conn)
         return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
-                                  keep, aggregates.param_keys(conn, base, base_binds), sample, exact_results)
+                                  keep, aggregates.param_keys(conn, base, base_binds), sample, exact_results,
+                                  parallel)
     configs, jobs, constant_results = aggregates.totals(conn, columns)
     sections = aggregates.sections(conn, sql, outer_key)
     shown = columns if has_metric else []

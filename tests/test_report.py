@@ -640,3 +640,49 @@ def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(sto
                 lists = list(part.iter_json_lists())
             assert [json.loads(t) for t in texts] == [r.to_dict() for r in in_db.rows]
             assert [t for rows in lists for t in rows] == texts
+
+
+def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_the_same(store, engine_name):
+    """``parallel``: on PostgreSQL the grouping's plan gathers parallel workers (a table option lets the
+    planner consider them for a test-sized table); on either engine the report is the same as without,
+    means to their last bits aside."""
+    import random
+
+    from sqlalchemy import event
+
+    rng = random.Random(3)
+    put_jobs(store, [({"lr": c / 1000, "nhid": 32 * (c % 3 + 1), "fold": f}, "DONE",
+                      {"valid_error": rng.random(), "train_error": rng.random()})
+                     for c in range(1200) for f in range(5)])
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, params, context, executemany):
+        if statement.startswith("CREATE TEMP TABLE") and conn.dialect.name == "postgresql":
+            select = statement.split(" AS ", 1)[1]
+            with conn.connection.dbapi_connection.cursor() as cur:  # same transaction, same settings
+                cur.execute("EXPLAIN " + select, params)
+                plans.append("\n".join(r[0] for r in cur.fetchall()))
+
+    pg = engine_name == "postgresql"
+    if pg:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE job SET (parallel_workers = 2)")
+            conn.exec_driver_sql("ANALYZE job")
+    event.listen(store.engine, "after_cursor_execute", explain)
+    try:
+        got = {}
+        for parallel in (False, True):
+            with report.open_report(store, "valid_error", keep=10, sample=50, parallel=parallel) as rep:
+                got[parallel] = rep
+    finally:
+        event.remove(store.engine, "after_cursor_execute", explain)
+        if pg:
+            with store.engine.begin() as conn:
+                conn.exec_driver_sql("ALTER TABLE job RESET (parallel_workers)")
+    if pg:
+        assert len(plans) == 2 and "Gather" not in plans[0] and "Workers Planned: 2" in plans[1], plans
+    one, other = got[False], got[True]
+    assert other.configurations == one.configurations == 1200 and other.jobs == one.jobs == 6000
+    assert [(r.params, r.all_job_ids, r.n) for r in other.rows] == [(r.params, r.all_job_ids, r.n) for r in one.rows]
+    assert [r.mean for r in other.rows] == pytest.approx([r.mean for r in one.rows], rel=1e-12)
+    assert [r.params for r in other.sample] == [r.params for r in one.sample]

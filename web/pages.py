@@ -104,7 +104,7 @@ class ReportCache:
         assert choice.metric is not None
         # The configurations shown and a spread of them for the charts; the rest stays in the database.
         with report.open_report(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True,
-                                keep=REPORT_ROWS, sample=CHART_POINTS) as built:
+                                keep=REPORT_ROWS, sample=CHART_POINTS, parallel=True) as built:
             pass
         with self._lock:
             self._built[key] = (version, now, built)
