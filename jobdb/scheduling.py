@@ -57,6 +57,7 @@ def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]
 
 SCHEDULE_CHUNK = 10_000  # jobs a schedule holds at once: made, hashed, checked, inserted, then let go
 _LOOKUP = 5_000  # identities per lookup (two per job at most with older spellings: under SQLite's limit)
+ANALYZE_AFTER = 50_000  # jobs, then twice as many each time
 _JOB_COLUMNS = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
                 "max_attempts", "created_at", "queued_at")
 
@@ -191,6 +192,7 @@ class SweepWriter:
         self.root_status, self.root_queued_at = (waiting, None) if after else (queued, self.now)
         self.dotted: dict[str, bool] = {}  # function target -> a job is stored under its older spelling
         self.needs_ids = with_parents or keep_ids or members or bool(after)
+        self.analyze_at = ANALYZE_AFTER  # PostgreSQL: jobs added when the planner's statistics are read again
 
     def write(self, index: int, chunk: ReadyChunk, *, lookup: bool) -> None:
         specs, encoded, hashes = chunk
@@ -216,6 +218,9 @@ class SweepWriter:
                          self.now, self.root_queued_at if root else None))
         bulk_insert(self.conn, t_job, _JOB_COLUMNS, rows)
         self.added += len(rows)
+        if self.added >= self.analyze_at and self.conn.dialect.name == "postgresql":
+            self.analyze_at = 2 * self.added
+            refresh_statistics(self.conn)
         if not self.needs_ids:
             return
         ids = {**found, **self._new_ids(list(fresh))}
@@ -302,6 +307,24 @@ class SweepWriter:
         got = dict(self.hot.ids_by_hash.rows(self.conn, exp=self.exp, after=start))
         self.last_id = max(self.last_id, *got.values())
         return {h: got[h] for h in hashes}
+
+
+def refresh_statistics(conn: Connection) -> None:
+    """PostgreSQL's planner statistics of the job table, read again inside a schedule's transaction.
+
+    The planner sizes the table by its last statistics, and autovacuum cannot count rows not yet
+    committed: past a few hundred thousand new jobs in a table it last saw small, it looked each
+    chunk's identities up by reading every job of the experiment (a lookup of 1,000 took over a
+    minute at 250,000 jobs). ``ANALYZE`` counts this transaction's own rows. It is skipped when
+    another ANALYZE or VACUUM holds the table (a lock it would keep to the end of the schedule)."""
+    timeout = conn.exec_driver_sql("SHOW lock_timeout").scalar()
+    try:
+        with conn.begin_nested():
+            conn.exec_driver_sql("SET LOCAL lock_timeout = '200ms'")
+            conn.exec_driver_sql("ANALYZE job")
+    except sa.exc.OperationalError:  # the lock was not free in time: the savepoint undid the attempt
+        pass
+    conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": timeout})
 
 
 def lock_experiment(conn: Connection, exp: int) -> None:
