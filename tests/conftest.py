@@ -35,9 +35,8 @@ def need_service(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> str:
-    """The URL of a PostgreSQL database made for this test session."""
+def made_pg_database():
+    """A fresh PostgreSQL database: yields its URL, then drops it."""
     import psycopg
 
     admin = PG_ADMIN_URL.replace("postgresql+psycopg://", "postgresql://")
@@ -54,6 +53,18 @@ def pg_database() -> str:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     except Exception:
         pass
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> str:
+    """The URL of a PostgreSQL database made for this test session."""
+    yield from made_pg_database()
+
+
+@pytest.fixture
+def own_pg_database() -> str:
+    """The URL of a PostgreSQL database of this test alone (its plans see no other test's jobs)."""
+    yield from made_pg_database()
 
 
 @pytest.fixture(scope="session")
