@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from jobman import __version__
+from jobman.jobdb import sqlite_memory
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.url import mask_password
 
@@ -136,6 +137,7 @@ def run() -> None:
     module (a tenth to a third of a second once SQLAlchemy and rich are loaded, at the end of every
     dispatch). Exit handlers still run and the standard streams are flushed; with other threads
     still alive it exits as usual, waiting for them."""
+    sqlite_memory.allow()  # nothing has opened a database yet
     code = main()
     if threading.active_count() > 1:
         sys.exit(code)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from . import sqlite_memory
 from .errors import DatabaseError, DatabaseUnavailable, SchemaError, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
@@ -86,6 +87,7 @@ def _one_line_errors(logger: logging.Logger) -> None:
 
 
 def _sqlite_engine(target: DbTarget) -> Engine:
+    sqlite_memory.apply()
     path = target.sqlite_path
     if path:
         refuse_network_filesystem(Path(path))

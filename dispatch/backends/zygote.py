@@ -37,6 +37,9 @@ def serve(fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
     import jobman.cli.run  # noqa: F401 - the worker command and the store, imported once
     from jobman.cli.main import main
+    from jobman.jobdb import sqlite_memory
+
+    sqlite_memory.allow()  # in each worker forked from here, before its first database
 
     gc.freeze()  # out of every collection, in here and in the workers: their pages stay shared
 
