@@ -22,6 +22,7 @@ import functools
 import itertools
 import json
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -255,13 +256,15 @@ def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tu
 
 
 def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns: Sequence[str],
-          guarded: set[str], unseen: str | None = None, *, parallel: bool = False) -> None:
+          guarded: set[str], unseen: str | None = None, *, parallel: bool = False, scope: str | None = None) -> None:
     """The configurations of the selection into the temporary table: per (phase, target, parameters but
     the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
     result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number.
     With ``unseen`` (SQL), whether it held for one of a configuration's DONE jobs (column ``unseen``).
-    With ``parallel``, PostgreSQL may share the reading of the jobs among parallel workers (see
-    :func:`jobman.jobdb.report.open_report`)."""
+    With ``parallel``, PostgreSQL may share the reading of the jobs among parallel workers, and SQLite
+    groups the two halves of the jobs side by side (:func:`_group_in_halves`; ``scope``, a condition
+    that holds for every job of ``where``, is what counts them cheaply). See
+    :func:`jobman.jobdb.report.open_report`."""
     values = []
     for i, name in enumerate(columns):
         number = sql.number("job.results", name, guard=sql.pg or name in guarded)
@@ -275,18 +278,21 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
         "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
     others = "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')" if sql.pg else \
         "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
-    inner = (f"SELECT job.id, job.phase, job.target, job.status, {sql.without(groups)} AS cfg"
-             + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
-    body = (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
-            f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
-            + (", max(u) AS unseen" if unseen is not None else "")
-            # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
-            # out of the JSON once, not once per aggregate.
-            + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY "
-            # Sorted to be grouped, jobs are compared by what tells configurations apart first: on
-            # PostgreSQL a hash of the configuration (equal for equal jsonb; comparing the jsonb values
-            # themselves took most of the grouping's time), on SQLite its text, before phase and target.
-            + ("jsonb_hash_extended(cfg, 0), phase, target, cfg" if sql.pg else "cfg, phase, target"))
+
+    def body(where: str) -> str:
+        inner = (f"SELECT job.id, job.phase, job.target, job.status, {sql.without(groups)} AS cfg"
+                 + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
+        return (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
+                f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
+                + (", max(u) AS unseen" if unseen is not None else "")
+                # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
+                # out of the JSON once, not once per aggregate.
+                + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY "
+                # Sorted to be grouped, jobs are compared by what tells configurations apart first: on
+                # PostgreSQL a hash of the configuration (equal for equal jsonb; comparing the jsonb values
+                # themselves took most of the grouping's time), on SQLite its text, before phase and target.
+                + ("jsonb_hash_extended(cfg, 0), phase, target, cfg" if sql.pg else "cfg, phase, target"))
+
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
@@ -297,10 +303,94 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
             # report read the temporary table, which is never scanned in parallel.
             conn.exec_driver_sql("SET LOCAL parallel_setup_cost = 100")
             conn.exec_driver_sql("SET LOCAL parallel_tuple_cost = 0.01")
-        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body}"), sql.binds)
+        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body(where)}"), sql.binds)
+        return
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
+    middle = _middle_id(conn, scope or where, sql.binds) if parallel else None
+    if middle is None:
+        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} AS {body(where)}"), sql.binds)
     else:
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")
-        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} AS {body}"), sql.binds)
+        at = sql.bind(middle)
+        _group_in_halves(conn, body(f"{where} AND job.id < {at}"), body(f"{where} AND job.id >= {at}"), sql.binds)
+
+
+# SQLite groups the jobs of a selection in two halves side by side (see _group_in_halves) when this
+# many ids lie between its first and its last: fewer are grouped too fast to gain, and of more, the
+# second half's configurations would be held in memory.
+HALVES_FROM, HALVES_UP_TO = 10_000, 200_000
+
+
+def _middle_id(conn: Connection, scope: str, binds: dict[str, Any]) -> int | None:
+    """The job id that parts the jobs of ``scope`` in two halves, when they are worth grouping apart.
+    Their first and last ids are found by index; how many lie between bounds how many there are."""
+    lo, hi = conn.execute(sa.text(f"SELECT (SELECT min(job.id) FROM job WHERE {scope}), "
+                                  f"(SELECT max(job.id) FROM job WHERE {scope})"), binds).one()
+    if lo is None or not HALVES_FROM <= hi - lo + 1 <= HALVES_UP_TO:
+        return None
+    return (lo + hi + 1) // 2
+
+
+def _group_in_halves(conn: Connection, lower: str, upper: str, binds: dict[str, Any]) -> None:
+    """The grouping of SQLite on two cores: this connection groups the lower half of the jobs into the
+    temporary table while a thread of its own, on another connection, groups the upper half and
+    reads its configurations; they are then added to the table, and a configuration with jobs in
+    both halves is made one row (its counts and sums added, its ids joined). About two thirds of
+    the time of one grouping (100,000 jobs: 210 against 320 ms) where SQLite counts no memory
+    (:mod:`jobman.jobdb.sqlite_memory`); where it does, its mutex lets the two run no faster than
+    one, and the result is the same.
+
+    The other connection reads the database as it is a moment later than this one's transaction:
+    a job that changed meanwhile is counted once, in the half its id falls in, as it was then. Its
+    sums are added in another order than one grouping's, so a mean can differ in its last bit."""
+    found: list[Any] = []
+
+    def read_upper() -> None:
+        try:
+            with conn.engine.connect().execution_options(jobman_readonly=True) as other, other.begin():
+                result = other.execute(sa.text(upper), binds)
+                found.extend([list(result.keys()), [tuple(r) for r in result]])
+        except BaseException as exc:  # noqa: BLE001 - raised again by the connection that waits for it
+            found[:] = [exc]
+
+    helper = threading.Thread(target=read_upper, name="jobman-report-half", daemon=True)
+    helper.start()
+    try:
+        conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} AS {lower}"), binds)
+    finally:
+        helper.join()
+    if len(found) == 1:
+        raise found[0]
+    names, rows = found
+    ours = {(phase, target, cfg): rowid for rowid, phase, target, cfg
+            in conn.exec_driver_sql(f"SELECT rowid, phase, target, cfg FROM temp.{TEMP}")}
+    both = {ours[r[:3]]: r for r in rows if r[:3] in ours}
+    fresh = [r for r in rows if r[:3] not in ours]
+    marks = ", ".join("?" * len(names))
+    if fresh:
+        conn.exec_driver_sql(f"INSERT INTO temp.{TEMP} VALUES ({marks})", fresh)
+    if both:
+        merged = []
+        for rowid, *mine in conn.exec_driver_sql(
+                f"SELECT rowid, * FROM temp.{TEMP} WHERE rowid IN ({', '.join(map(str, both))})"):
+            merged.append((*(_joined(n, a, b) for n, a, b in zip(names, mine, both[rowid])), rowid))
+        assignments = ", ".join(f"{n} = ?" for n in names)
+        conn.exec_driver_sql(f"UPDATE temp.{TEMP} SET {assignments} WHERE rowid = ?", merged)
+
+
+def _joined(name: str, a: Any, b: Any) -> Any:
+    """One column of a configuration grouped in two halves, from the column of each half."""
+    if a is None or b is None:
+        return b if a is None else a
+    kind = name.rstrip("0123456789")  # each result's columns end in its number
+    if kind in ("phase", "target", "cfg"):
+        return a
+    if kind in ("others", "ids", "metric_ids"):
+        return f"{a},{b}"
+    if kind in ("first_id", "lo"):
+        return min(a, b)
+    if kind in ("unseen", "hi"):
+        return max(a, b)
+    return a + b  # jobs, and each result's n, s (sum) and q (sum of squares)
 
 
 def outer_expr(sql: Sql, outer: str | None) -> str:

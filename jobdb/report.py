@@ -528,7 +528,7 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
     keys = keys_all
     if (conditions or dropped) and not sampled:  # constant within the selection
         keys = aggregates.param_keys(conn, selected, sql.binds)
-    aggregates.group(conn, sql, selected, groups, columns, guarded, unseen, parallel=parallel)
+    aggregates.group(conn, sql, selected, groups, columns, guarded, unseen, parallel=parallel, scope=base)
     if results is not None:
         held_scopes = aggregates.results_hold(conn)
         if held_scopes is not None:

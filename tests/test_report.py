@@ -688,3 +688,58 @@ def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_t
     assert [(r.params, r.all_job_ids, r.n) for r in other.rows] == [(r.params, r.all_job_ids, r.n) for r in one.rows]
     assert [r.mean for r in other.rows] == pytest.approx([r.mean for r in one.rows], rel=1e-12)
     assert [r.params for r in other.sample] == [r.params for r in one.sample]
+
+
+@pytest.mark.parametrize("folds_outside", [False, True], ids=["configurations-outside", "folds-outside"])
+def test_sqlite_groups_a_large_selection_in_two_halves_at_once_and_reports_the_same(tmp_path, folds_outside):
+    """``parallel`` on SQLite: the lower and upper halves of the jobs are grouped on two connections
+    at once (the upper in a thread of its own) and joined. A configuration with jobs in both halves
+    (every one when the folds are the sweep's outer loop) is one row, with the same jobs, statuses,
+    counts and extremes as one grouping gives, and its means to their last bits."""
+    import random
+    import threading
+
+    from sqlalchemy import event
+
+    store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "halves")
+    rng = random.Random(5)
+    pairs = [(c, f) for f in range(5) for c in range(2500)] if folds_outside else \
+        [(c, f) for c in range(2500) for f in range(5)]
+    jobs = []
+    for c, f in pairs:
+        status = "DONE" if (c + f) % 11 else ("RUNNING" if c % 2 else "CRASHED")
+        results = None
+        if status == "DONE" and (c * 5 + f) % 13:  # a DONE job without the metric now and then
+            results = {"valid_error": rng.random(), "train_error": rng.random()}
+        elif status == "DONE":
+            results = {"train_error": rng.random()}
+        jobs.append(({"lr": c / 1000, "nhid": 32 * (c % 3 + 1), "fold": f}, status, results))
+    put_jobs(store, jobs)
+    halves: list[str] = []
+
+    def seen(conn, cursor, statement, params, context, executemany):
+        if "job.id >=" in statement:
+            halves.append(threading.current_thread().name)
+
+    got = {}
+    for parallel in (False, True):
+        event.listen(store.engine, "before_cursor_execute", seen)
+        try:
+            with report.open_report(store, "valid_error", parallel=parallel, allow_incomplete=True) as rep:
+                got[parallel] = rep
+        finally:
+            event.remove(store.engine, "before_cursor_execute", seen)
+        # (grouped twice: the metric missing from a DONE job is found by the first grouping)
+        assert halves == (["jobman-report-half"] * 2 if parallel else []), halves
+    one, other = got[False], got[True]
+    assert other.configurations == one.configurations == 2500 and other.jobs == one.jobs == 12_500
+    assert len(other.rows) == len(one.rows) == 2500
+    for a, b in zip(one.rows, other.rows):
+        assert (b.params, b.rank, b.status, b.job_ids, b.all_job_ids, b.first_id, b.complete, b.eligible) == \
+            (a.params, a.rank, a.status, a.job_ids, a.all_job_ids, a.first_id, a.complete, a.eligible)
+        assert b.stats.keys() == a.stats.keys()
+        for name, s in a.stats.items():
+            t = b.stats[name]
+            assert (t.n, t.min, t.max) == (s.n, s.min, s.max)
+            assert t.mean == pytest.approx(s.mean, rel=1e-12)
+            assert (t.std is None) == (s.std is None) and (s.std is None or t.std == pytest.approx(s.std, rel=1e-9))
