@@ -57,7 +57,7 @@ def test_the_jobman_command_and_the_jobs_its_workers_run_go_without_the_statisti
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     env = {"PYTHONPATH": experiment_module(tmp_path, "probe", PROBE)}
     assert jobman("sqlschedule", url, "probe:memory_counted", "seed={{1,2}}", env=env).code == 0
-    done = jobman("dispatch", url, "-j", "2", env=env)
+    done = jobman("dispatch", url, "-j", "2", "--exproot", str(tmp_path / "runs"), env=env)
     assert done.code == 0, done.err
     shown = jobman("list", url, "--format", "json", env=env)
     assert shown.code == 0, shown.err
