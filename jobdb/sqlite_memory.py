@@ -53,4 +53,3 @@ def _turn_off() -> None:
     if shutdown() == 0:
         config(_SQLITE_CONFIG_MEMSTATUS, ctypes.c_int(0))
         initialize()
-

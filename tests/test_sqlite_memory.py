@@ -6,26 +6,25 @@ Once they are off, SQLite reports no memory in use at all, which is what these t
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-import _sqlite3
 import pytest
 
 from conftest import experiment_module
 
 engine_name = pytest.fixture(lambda: "sqlite")
 
-PROBE = '''
-import ctypes, _sqlite3
+# Python that reads how many bytes SQLite counts as in use, as ``used()``.
+MEMORY_USED = ("import ctypes, _sqlite3\n"
+               "used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used\n"
+               "used.restype = ctypes.c_int64\n")
 
+PROBE = MEMORY_USED + '''
 def memory_counted(state, channel):
-    used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
-    used.restype = ctypes.c_int64
     state["counted"] = used()
     return channel.COMPLETE
 '''
@@ -33,10 +32,7 @@ def memory_counted(state, channel):
 
 def sqlite_memory_counted_after(code: str) -> int:
     """Bytes SQLite counts as in use once ``code`` ran in a fresh interpreter."""
-    script = ("import ctypes, _sqlite3\n" + code + "\n"
-              "used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used\n"
-              "used.restype = ctypes.c_int64\n"
-              "print(used())\n")
+    script = code + "\n" + MEMORY_USED + "print(used())\n"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     return int(out.stdout.split()[-1])
 
@@ -65,10 +61,10 @@ def test_the_jobman_command_and_the_jobs_its_workers_run_go_without_the_statisti
     assert len(jobs) == 2 and all(j["status"] == "DONE" for j in jobs)
     assert [j["results"]["counted"] for j in jobs] == [0, 0]
     # The pytest process, which imported jobman and opened databases, still counts.
-    used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
-    used.restype = ctypes.c_int64
+    names: dict = {}
+    exec(MEMORY_USED, names)
     conn = sqlite3.connect(":memory:")
     try:
-        assert used() > 0
+        assert names["used"]() > 0
     finally:
         conn.close()
