@@ -165,12 +165,13 @@ def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[st
     return {k: KeyStats(-1, False) for k in (json.loads(found) if found else {})}
 
 
-def constant_candidates(conn: Connection) -> tuple[list[str], dict[str, Any]]:
-    """The parameters of the first and the last configuration, and those that hold one value in both
-    (the candidates for constant, with their values)."""
-    cfg = "cfg::text" if conn.dialect.name == "postgresql" else "cfg"  # made text for the one row kept
-    texts = [conn.exec_driver_sql(f"SELECT {cfg} FROM (SELECT cfg FROM {TEMP} ORDER BY first_id {way} LIMIT 1) AS t"
-                                  ).scalar() for way in ("ASC", "DESC")]
+def constant_candidates(conn: Connection, sql: Sql, where: str, groups: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """The parameters of the configurations of the first and the last job of the selection (found by
+    index), and those that hold one value in both: the candidates for constant, with their values,
+    checked on every configuration by :func:`survey`."""
+    cfg = sql.without(groups) + ("::text" if sql.pg else "")
+    texts = [conn.execute(sa.text(f"SELECT {cfg} FROM job WHERE {where} ORDER BY job.id {way} LIMIT 1"), sql.binds
+                          ).scalar() for way in ("ASC", "DESC")]
     if texts[0] is None:
         return [], {}
     first, last = json.loads(texts[0]), json.loads(texts[1])
@@ -186,16 +187,14 @@ def _json_equal(a: Any, b: Any) -> bool:
         and isinstance(b, (int, float)) and a == b)
 
 
-def keys_hold(conn: Connection, sql: Sql, keys: Sequence[str], constant: dict[str, Any]) -> bool:
-    """Whether every configuration has no parameter but ``keys`` and holds ``constant``'s values."""
+def keys_differ(sql: Sql, keys: Sequence[str], constant: dict[str, Any]) -> str:
+    """SQL true for a configuration with a parameter but ``keys``, or without ``constant``'s values."""
     rest = [k for k in keys if k not in constant]
     want = json.dumps(dict(sorted(constant.items())), separators=(",", ":"))
     if sql.pg:
-        test = f"(cfg - CAST({sql.bind(rest)} AS text[])) IS DISTINCT FROM CAST({sql.bind(want)} AS jsonb)"
-    else:
-        rest_of = ("json_remove(cfg, " + ", ".join(sql.path(k) for k in rest) + ")") if rest else "json(cfg)"
-        test = f"{rest_of} IS NOT {sql.bind(want)}"
-    return not conn.execute(sa.text(f"SELECT 1 FROM {TEMP} WHERE {test} LIMIT 1"), sql.binds).first()
+        return f"(cfg - CAST({sql.bind(rest)} AS text[])) IS DISTINCT FROM CAST({sql.bind(want)} AS jsonb)"
+    rest_of = ("json_remove(cfg, " + ", ".join(sql.path(k) for k in rest) + ")") if rest else "json(cfg)"
+    return f"{rest_of} IS NOT {sql.bind(want)}"
 
 
 def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, str, str]]:
@@ -237,15 +236,6 @@ def unseen_results(sql: Sql, sample: dict[str, bool]) -> str:
     tests = [rest] + [f"{sql.type_of('job.results', k)} IN ({', '.join(repr(t) for t in sql.numeric)})"
                       for k, number in sample.items() if not number and not k.startswith("_")]
     return "job.results IS NOT NULL AND (" + " OR ".join(tests) + ")"
-
-
-def results_hold(conn: Connection) -> set[tuple[Any, Any]] | None:
-    """The (phase, target) scopes of the grouped configurations when every one of them has a job with
-    the metric and no job was marked by :func:`unseen_results`; None otherwise."""
-    rows = conn.exec_driver_sql(f"SELECT phase, target, max(unseen), max(n0) FROM {TEMP} GROUP BY phase, target").all()
-    if any(unseen or not n for _, _, unseen, n in rows):
-        return None
-    return {(phase, target) for phase, target, _, _ in rows}
 
 
 def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, int, int]]:
@@ -422,8 +412,25 @@ class Section:
         return found
 
 
-def sections(conn: Connection, sql: Sql, outer: str | None) -> list[Section]:
-    """The outer folds with their counts, in the order of the Python path."""
+@dataclass
+class Survey:
+    """What one reading of the grouped configurations says of them all (:func:`survey`)."""
+
+    sections: list[Section]  # in the order of the Python path
+    configurations: int
+    jobs: int
+    constant_results: dict[str, float]  # results with one value in every run of every configuration
+    # The (phase, target) scopes when every one of them has a configuration with the metric and no job
+    # was marked by :func:`unseen_results`; None otherwise (or when not asked).
+    scopes: set[tuple[Any, Any]] | None
+    keys_hold: bool  # no configuration matched the ``differ`` test (true when none was given)
+
+
+def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str], *, unseen: bool = False,
+           differ: str | None = None) -> Survey:
+    """The outer folds with their counts, the totals, whether the results the grouping assumed hold
+    (``unseen``: the table has that column) and whether no configuration is ``differ`` (SQL, from
+    :func:`keys_differ`): one scan of the temporary table, grouped by outer value, phase and target."""
     from .report import _sort_key
 
     expr = outer_expr(sql, outer)
@@ -433,13 +440,29 @@ def sections(conn: Connection, sql: Sql, outer: str | None) -> list[Section]:
         shown = [f"({expr})::text"]
     else:
         shown = [f"json_type(cfg, {sql.path(outer)})", expr]
-    rows = conn.execute(sa.text(f"SELECT {', '.join(shown)}, phase, target, count(*), "
-                                f"sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END), max(jobs), min(jobs), "
-                                f"sum(CASE WHEN n0 > 0 AND n0 = jobs THEN 1 ELSE 0 END) FROM {TEMP} "
-                                f"GROUP BY {', '.join(str(i + 1) for i in range(len(shown) + 2))}"), sql.binds).all()
+    parts = ["count(*)", "sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END)", "max(jobs)", "min(jobs)",
+             "sum(CASE WHEN n0 > 0 AND n0 = jobs THEN 1 ELSE 0 END)", "sum(jobs)", "max(n0)",
+             "max(unseen)" if unseen else "0", f"max(CASE WHEN {differ} THEN 1 ELSE 0 END)" if differ else "0"]
+    for i in range(1, len(columns)):
+        parts += [f"sum(CASE WHEN n{i} > 0 THEN 1 ELSE 0 END)", f"min(lo{i})", f"max(hi{i})"]
+    keys = [*shown, "phase", "target"]
+    grouped = f"GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}"
+    if not sql.pg:
+        # SQLite sorts every row to group them, even into one group; the groups alone it finds with a
+        # table of the distinct ones (a million configurations: 0.1 s, where the sort took 0.4 s).
+        # With one group, its keys are read as bare columns of an aggregate without GROUP BY.
+        if len(conn.execute(sa.text(f"SELECT DISTINCT {', '.join(keys)} FROM {TEMP} LIMIT 2"), sql.binds).all()) == 1:
+            grouped = ""
+    rows = conn.execute(sa.text(f"SELECT {', '.join(keys)}, {', '.join(parts)} FROM {TEMP} {grouped}"),
+                        sql.binds).all()
     found: dict[tuple, Section] = {}
+    with_metric_in: dict[tuple[Any, Any], bool] = {}  # per scope: whether a configuration has the metric
+    configs = jobs = 0
+    marked = differs = False
+    results = [[0, None, None] for _ in columns[1:]]  # per result: configurations with it, min, max
     for r in rows:
-        key, (phase, target, count, with_metric, largest, smallest, all_done) = tuple(r[:len(shown)]), r[len(shown):]
+        key, (phase, target, count, with_metric, largest, smallest, all_done, total, most, unseen_here, odd) = \
+            tuple(r[:len(shown)]), r[len(shown):len(shown) + 11]
         if key not in found:
             if outer is None:
                 value, match = None, "1 = 1"
@@ -459,22 +482,25 @@ def sections(conn: Connection, sql: Sql, outer: str | None) -> list[Section]:
         section.expected[(phase, target)] = largest
         # Of one size, a configuration DONE with the metric in all its jobs is complete.
         section.maybe_incomplete += (with_metric or 0) - ((all_done or 0) if smallest == largest else 0)
-    return sorted(found.values(), key=lambda s: _sort_key(s.value))
+        configs += count
+        jobs += int(total)
+        with_metric_in[(phase, target)] = with_metric_in.get((phase, target), False) or bool(most)
+        marked = marked or bool(unseen_here)
+        differs = differs or bool(odd)
+        for res, (having, lo, hi) in zip(results, _threes(r[len(shown) + 11:])):
+            res[0] += having or 0
+            res[1] = lo if res[1] is None else (res[1] if lo is None else min(res[1], lo))
+            res[2] = hi if res[2] is None else (res[2] if hi is None else max(res[2], hi))
+    constant = {name: float(lo) for name, (having, lo, hi) in zip(columns[1:], results)
+                if configs and having == configs and lo == hi}
+    held = set(with_metric_in) if unseen and not marked and all(with_metric_in.values()) else None
+    return Survey(sorted(found.values(), key=lambda s: _sort_key(s.value)), configs, jobs, constant, held,
+                  not differs)
 
 
-def totals(conn: Connection, columns: Sequence[str]) -> tuple[int, int, dict[str, float]]:
-    """(configurations, jobs, results with one value in every run of every configuration)."""
-    parts = ["count(*)", "coalesce(sum(jobs), 0)"]
-    for i in range(1, len(columns)):
-        parts += [f"sum(CASE WHEN n{i} > 0 THEN 1 ELSE 0 END)", f"min(lo{i})", f"max(hi{i})"]
-    row = conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {TEMP}").one()
-    configs, jobs = row[0], row[1]
-    constant = {}
-    for i, name in enumerate(columns[1:]):
-        having, lo, hi = row[2 + 3 * i: 5 + 3 * i]
-        if configs and having == configs and lo == hi:
-            constant[name] = float(lo)
-    return configs, int(jobs), constant
+def _threes(values: Sequence[Any]) -> Iterator[tuple[Any, Any, Any]]:
+    for i in range(0, len(values), 3):
+        yield values[i], values[i + 1], values[i + 2]
 
 
 def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool,

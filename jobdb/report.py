@@ -529,10 +529,16 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
     if (conditions or dropped) and not sampled:  # constant within the selection
         keys = aggregates.param_keys(conn, selected, sql.binds)
     aggregates.group(conn, sql, selected, groups, columns, guarded, unseen, parallel=parallel, scope=base)
+    differ = None
+    if sampled:
+        seen, same = aggregates.constant_candidates(conn, sql, selected, groups)
+        keys = {k: aggregates.KeyStats(-1, k in same) for k in seen}
+        if set(keys) <= all_keys:
+            differ = aggregates.keys_differ(sql, list(keys), same)
+    survey = aggregates.survey(conn, sql, outer_key, columns, unseen=results is not None, differ=differ)
     if results is not None:
-        held_scopes = aggregates.results_hold(conn)
-        if held_scopes is not None:
-            kept, has_metric = held_scopes, True
+        if survey.scopes is not None:
+            kept, has_metric = survey.scopes, True
         else:
             # A scope without the metric, or a job with a result the two sampled lack: the result keys of
             # every job say whether the grouping stands (the result is never a number) or is made again.
@@ -545,18 +551,15 @@ def _build_in_database(conn: Any, exp: int, metric: str, mode: str, group_over: 
                                           conditions, keep, exact_keys, sample, exact_results=True,
                                           parallel=parallel)
             kept, has_metric = exact[1], exact[5]
-    if sampled:
-        seen, same = aggregates.constant_candidates(conn)
-        keys = {k: aggregates.KeyStats(-1, k in same) for k in seen}
-    if sampled and not (set(keys) <= all_keys and aggregates.keys_hold(conn, sql, list(keys), same)):
+    if sampled and (differ is None or not survey.keys_hold):
         # A configuration has a parameter the first and the last have not, or another value of one
         # they share, or one the job sampled lacks: the keys of every job, then the grouping again.
         aggregates.drop(conn)
         return _build_in_database(conn, exp, metric, mode, group_over, phase, outer, allow_incomplete, conditions,
                                   keep, aggregates.param_keys(conn, base, base_binds), sample, exact_results,
                                   parallel)
-    configs, jobs, constant_results = aggregates.totals(conn, columns)
-    sections = aggregates.sections(conn, sql, outer_key)
+    configs, jobs, constant_results = survey.configurations, survey.jobs, survey.constant_results
+    sections = survey.sections
     shown = columns if has_metric else []
     grouped = set(groups)
 
