@@ -696,6 +696,8 @@ class _RowJson:
         names += ["expected", "cls", "_mean", "_var"]
         lines = ["def rows(batch, rank):", "    out = []", "    append = out.append",
                  f"    for ({', '.join(names)},) in batch:"]
+        if columns:
+            lines.append(_one_run_rows(len(columns), bool(outer_key)))
         for i in range(len(columns)):
             lines += [f"        if n{i}:",
                       f"            if lo{i} == hi{i}:  # one value (one run, or equal runs): written once",
@@ -747,6 +749,36 @@ class _RowJson:
 
     def _outer(self, cfg: str) -> str:
         return json.dumps(json.loads(cfg).get(self.outer_key))
+
+
+# The rows of one DONE job with every result (a sweep without folds or seeds), in the loop of
+# ``_RowJson``: most of their text is known. A finite number's repr ends in a digit ('inf', 'nan' do not).
+_ONE_RUN = """\
+        if jobs == 1 and others is None and ONES:
+REPRS
+            if FINITE:
+                if rank > 1 and cls == 0 and expected == 1:
+                    head = f'{{"rank": {rank}, "best": false, "eligible": true, "complete": true, "phase": {phase}, '
+                else:
+                    ok = cls == 0
+                    head = (f'{{"rank": {rank}, "best": {TRUTH[rank == 1 and ok]}, "eligible": {TRUTH[ok]}, '
+                            f'"complete": {TRUTH[expected == 1]}, "phase": {phase}, ')
+                append(f'{head}"target": {targets.get(target) or add_target(target)}, "outer": OUTER, '
+                       f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, "mean": {m0}, '
+                       f'"std": null, "job_ids": [{mids}], "results": {{RESULTS}}}}')
+                rank += 1
+                continue"""
+
+
+def _one_run_rows(width: int, nested: bool) -> str:
+    """The source of ``_ONE_RUN`` for ``width`` results."""
+    results = ", ".join('{K%d}: {{"n": 1, "mean": {m%d}, "std": null, "min": {m%d}, "max": {m%d}}}' % (i, i, i, i)
+                        for i in range(width))
+    return (_ONE_RUN.replace("ONES", " and ".join(f"n{i} == 1" for i in range(width)))
+            .replace("REPRS", "\n".join(f"            m{i} = repr(lo{i})" for i in range(width)))
+            .replace("FINITE", " and ".join(f"m{i}[-1] <= '9'" for i in range(width)))
+            .replace("OUTER", "{outer(cfg)}" if nested else "null")
+            .replace("RESULTS", results))
 
 
 def _json_spread(name: str, n: int, s: float, q: float, lo: float, hi: float) -> tuple[str, str, str]:

@@ -642,6 +642,26 @@ def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(sto
             assert [t for rows in lists for t in rows] == texts
 
 
+def test_json_of_configurations_of_one_run_is_the_python_paths(store):
+    # A configuration of one DONE job with every result is written by a shorter route: the best, the
+    # next ones, one that is not eligible (its scope's others have two runs), one missing a result,
+    # one not DONE, and one per outer fold, each as the Python path writes it.
+    one = [({"lr": lr, "nhid": 8}, "DONE", {"valid_error": v, "train_error": v / 2})
+           for lr, v in ((0.1, 0.3), (0.2, 0.1), (0.3, 0.2), (0.4, 1e-7), (0.5, 1e22))]
+    one += [({"lr": 0.6, "nhid": 8}, "DONE", {"valid_error": 0.25}),  # without train_error
+            ({"lr": 0.7, "nhid": 8}, "RUNNING", None)]
+    put_jobs(store, one)
+    put_jobs(store, [({"lr": 0.1, "nhid": 16, "seed": s}, "DONE", {"valid_error": 0.05, "train_error": 0.01})
+                     for s in (1, 2)] + [({"lr": 0.2, "nhid": 16, "seed": 1}, "DONE",
+                                          {"valid_error": 0.01, "train_error": 0.01})], phase=1)
+    put_jobs(store, [({"lr": lr, "id_outer_fold": o}, "DONE", {"valid_error": lr * (o + 1), "train_error": lr})
+                     for o in range(2) for lr in (0.1, 0.2)], phase=2)
+    for phase in (0, 1, 2):
+        for mode in ("min", "max"):
+            rep = same_report(store, phase=phase, mode=mode)
+            assert any(r.n == 1 for r in rep.rows) and len(rep.rows) >= 2
+
+
 def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_the_same(engine_name, tmp_path,
                                                                                       request):
     """``parallel``: on PostgreSQL the grouping's plan gathers parallel workers (in a database of its
