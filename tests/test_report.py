@@ -662,6 +662,34 @@ def test_json_of_configurations_of_one_run_is_the_python_paths(store):
             assert any(r.n == 1 for r in rep.rows) and len(rep.rows) >= 2
 
 
+def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_small_ones(tmp_path, monkeypatch):
+    # A report's temporary table is dropped, or, above a size, closed with its connection (far faster at
+    # a million configurations); either way the pool's next connection holds no table and the store's
+    # own cache, and the next report reads the same.
+    from jobman.jobdb import aggregates
+    from jobman.jobdb.engine import SQLITE_CACHE_KIB
+
+    store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "exp")
+    put_jobs(store, [({"lr": lr / 10}, "DONE", {"valid_error": lr / 7}) for lr in range(1, 9)])
+
+    def pooled() -> tuple[Any, list, int]:
+        with store.engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            return (raw, raw.execute("SELECT name FROM sqlite_temp_master").fetchall(),
+                    raw.execute("PRAGMA cache_size").fetchone()[0])
+
+    first, tables, cache = pooled()
+    assert not tables and cache == -SQLITE_CACHE_KIB
+    want = [r.to_dict() for r in report.from_store(store, "valid_error").rows]
+    assert pooled() == (first, [], -SQLITE_CACHE_KIB)  # 8 configurations: dropped, the connection kept
+    monkeypatch.setattr(aggregates, "CLOSE_ABOVE", 5)
+    assert [r.to_dict() for r in report.from_store(store, "valid_error").rows] == want
+    other, tables, cache = pooled()
+    assert other is not first and not tables and cache == -SQLITE_CACHE_KIB  # closed with it: a new one
+    assert [r.to_dict() for r in report.from_store(store, "valid_error").rows] == want
+    store.dispose()
+
+
 def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_the_same(engine_name, tmp_path,
                                                                                       request):
     """``parallel``: on PostgreSQL the grouping's plan gathers parallel workers (in a database of its
