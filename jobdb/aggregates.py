@@ -554,8 +554,9 @@ def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, 
     if ids:
         stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
     else:
-        stats = "".join(f", n{i}, CASE WHEN lo{i} = hi{i} THEN NULL ELSE s{i} END, "
-                        f"CASE WHEN lo{i} = hi{i} THEN NULL ELSE q{i} END, lo{i}, hi{i}" for i in range(len(columns)))
+        stats = "".join(f", n{i}, CASE WHEN lo{i} = hi{i} THEN NULL ELSE s{i} END AS s{i}, "
+                        f"CASE WHEN lo{i} = hi{i} THEN NULL ELSE q{i} END AS q{i}, lo{i}, hi{i}"
+                        for i in range(len(columns)))
     cfg = "cfg::text" if sql.pg else "cfg"
     allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
     scopes = list(section.expected.items())
@@ -581,11 +582,15 @@ def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, 
                   f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
                   f"WHERE (rn - 1) % {int(every)} = 0")
         return f"{select} AND first_id IN ({picked}) ORDER BY {order}"
-    if limit is not None and sql.pg and ids:  # jsonb made text for the rows kept only, not for every one sorted
+    if sql.pg and (limit is not None and ids or limit is None and not ids):
+        # jsonb made text after the sort: for the rows kept only, or, when every row is read, as they
+        # are sent, beside the client's work rather than before the first row (a million: 0.4 s sooner).
+        # The outer ORDER BY is the inner one's, which PostgreSQL knows it need not sort again.
         top = select.replace("cfg::text AS cfg", "cfg", 1)
         cols = ("phase, target, cfg::text AS cfg, jobs, first_id, others, ids, metric_ids"
                 + "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns))) + ", expected, cls, m, var")
-        return f"SELECT {cols} FROM ({top} ORDER BY {order} LIMIT {int(limit)}) AS top ORDER BY {order}"
+        cut = f" LIMIT {int(limit)}" if limit is not None else ""
+        return f"SELECT {cols} FROM ({top} ORDER BY {order}{cut}) AS top ORDER BY {order}"
     return f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
 
 

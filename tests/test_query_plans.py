@@ -6,6 +6,7 @@ sorts fails here instead of slowing every worker down on a large database.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -328,3 +329,44 @@ def test_a_cascade_finds_the_descendants_by_index(busy_store):
             assert "ix_job_dep_parent" in text and "SCAN job_dep" not in text, text
         else:
             assert "ix_job_dep_parent" in text and "Seq Scan" not in text, text
+
+
+def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypatch):
+    """The json reads every configuration ranked; on PostgreSQL the jsonb is made text after the sort,
+    in a query around it whose ORDER BY the planner knows is met: one sort either way."""
+    import dataclasses
+    import re
+
+    from jobman.jobdb import aggregates, report
+    from jobman.jobdb.sweep import JobSpec
+
+    small = Store(dataclasses.replace(busy_store.target, experiment=f"{busy_store.experiment}_json"))
+    ids = small.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"lr": i}, None) for i in range(50)]).job_ids
+    with small.engine.begin() as conn:
+        for i in ids:
+            conn.execute(sa.update(t_job).where(t_job.c.id == i)
+                         .values(status="DONE", results=f'{{"valid_error": {(i * 7919) % 50 / 50}}}'))
+    pg = small.engine.dialect.name == "postgresql"
+    plans: list[str] = []
+    real = aggregates.ranked_batches
+
+    def explained(conn, sql, section, columns, mode, allow_incomplete):  # noqa: ANN001
+        for cls in section.classes(allow_incomplete):
+            query = aggregates.ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls)
+            rows = conn.execution_options(stream_results=False).execute(
+                sa.text(("EXPLAIN " if pg else "EXPLAIN QUERY PLAN ") + query), sql.binds).all()
+            plans.append("\n".join(str(r[-1]) for r in rows))
+        yield from real(conn, sql, section, columns, mode, allow_incomplete)
+
+    monkeypatch.setattr(aggregates, "ranked_batches", explained)
+    with report.open_report(small, "valid_error", keep=1) as rep:
+        rows = [json.loads(text) for text in rep.iter_json()]
+    assert [r["rank"] for r in rows] == list(range(1, 51)) and plans
+    means = [r["mean"] for r in rows]
+    assert means == sorted(means)
+    for text in plans:
+        if pg:
+            assert len(re.findall(r"(?:^|->)\s*Sort\s+\(", text, re.M)) == 1, text
+        else:
+            assert text.count("USE TEMP B-TREE FOR ORDER BY") == 1, text
+    small.dispose()
