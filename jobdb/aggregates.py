@@ -213,8 +213,11 @@ def constant_candidates(conn: Connection, sql: Sql, where: str, groups: Sequence
     index), and those that hold one value in both: the candidates for constant, with their values,
     checked on every configuration by :func:`survey`."""
     cfg = sql.without(groups) + ("::text" if sql.pg else "")
-    texts = [conn.execute(sa.text(f"SELECT {cfg} FROM job WHERE {where} ORDER BY job.id {way} LIMIT 1"), sql.binds
-                          ).scalar() for way in ("ASC", "DESC")]
+    # The first and last id by min() and max(), which read an index of the experiment's jobs alone: with
+    # ORDER BY id LIMIT 1, PostgreSQL's planner may walk the primary key from its far end, through every
+    # job of the experiments after this one (a million: 0.3 s).
+    texts = [conn.execute(sa.text(f"SELECT {cfg} FROM job WHERE job.id = (SELECT {way}(job.id) FROM job "
+                                  f"WHERE {where})"), sql.binds).scalar() for way in ("min", "max")]
     if texts[0] is None:
         return [], {}
     first, last = json.loads(texts[0]), json.loads(texts[1])
@@ -255,9 +258,9 @@ def sampled_results(conn: Connection, where: str, binds: dict[str, Any]) -> dict
     grouping. None when no DONE job has results that are an object."""
     cast = "::text" if conn.dialect.name == "postgresql" else ""
     found: dict[str, bool] = {}
-    for way in ("ASC", "DESC"):
-        text = conn.execute(sa.text(f"SELECT job.results{cast} FROM job WHERE {where} AND job.status = 'DONE' "
-                                    f"ORDER BY job.id {way} LIMIT 1"), binds).scalar()
+    for way in ("min", "max"):  # by min() and max(), as :func:`constant_candidates` says why
+        text = conn.execute(sa.text(f"SELECT job.results{cast} FROM job WHERE job.id = (SELECT {way}(job.id) "
+                                    f"FROM job WHERE {where} AND job.status = 'DONE')"), binds).scalar()
         results = json.loads(text) if text else None
         if not isinstance(results, dict):
             return None
@@ -294,10 +297,10 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
     the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
     result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number.
     With ``unseen`` (SQL), whether it held for one of a configuration's DONE jobs (column ``unseen``).
-    With ``parallel``, PostgreSQL may share the reading of the jobs among parallel workers, and SQLite
-    groups the two halves of the jobs side by side (:func:`_group_in_halves`; ``scope``, a condition
-    that holds for every job of ``where``, is what counts them cheaply). See
-    :func:`jobman.jobdb.report.open_report`."""
+    PostgreSQL may share the reading of the jobs among parallel workers, each configuration's jobs summed
+    in the order of their ids all the same. With ``parallel``, SQLite groups the two halves of the jobs
+    side by side (:func:`_group_in_halves`; ``scope``, a condition that holds for every job of ``where``,
+    is what counts them cheaply). See :func:`jobman.jobdb.report.open_report`."""
     values = []
     for i, name in enumerate(columns):
         number = sql.number("job.results", name, guard=sql.pg or name in guarded)
@@ -313,29 +316,37 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
         "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
 
     def body(where: str) -> str:
-        inner = (f"SELECT job.id, job.phase, job.target, job.status, {sql.without(groups)} AS cfg"
-                 + "".join(", " + v for v in values) + f" FROM job WHERE {where}")
+        cfg = sql.without(groups)
+        if sql.pg:
+            # Sorted to be grouped, jobs are compared by what tells configurations apart first: a hash of
+            # the configuration (equal for equal jsonb; comparing the jsonb values themselves took most of
+            # the grouping's time), and last by id, so that each configuration's sums add its jobs in one
+            # order whoever reads them: parallel workers may read and sort the jobs (their sorted runs are
+            # merged), and the report is the same bit for bit.
+            inner = (f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg, "
+                     f"jsonb_hash_extended({cfg}, 0) AS h" + "".join(", " + v for v in values)
+                     + f" FROM job WHERE {where} ORDER BY h, job.phase, job.target, cfg, job.id")
+            keys = "h, phase, target, cfg"
+        else:
+            # LIMIT keeps the subquery from being folded in (as the ORDER BY does on PostgreSQL): each
+            # value is then read out of the JSON once, not once per aggregate. Grouped by the text of the
+            # configuration before phase and target.
+            inner = (f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg"
+                     + "".join(", " + v for v in values) + f" FROM job WHERE {where} LIMIT -1")
+            keys = "cfg, phase, target"
         return (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
                 f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
-                + (", max(u) AS unseen" if unseen is not None else "")
-                # LIMIT (OFFSET on PostgreSQL) keeps the subquery from being folded in: each value is then read
-                # out of the JSON once, not once per aggregate.
-                + f" FROM ({inner}{' OFFSET 0' if sql.pg else ' LIMIT -1'}) AS j GROUP BY "
-                # Sorted to be grouped, jobs are compared by what tells configurations apart first: on
-                # PostgreSQL a hash of the configuration (equal for equal jsonb; comparing the jsonb values
-                # themselves took most of the grouping's time), on SQLite its text, before phase and target.
-                + ("jsonb_hash_extended(cfg, 0), phase, target, cfg" if sql.pg else "cfg, phase, target"))
+                + (", max(u) AS unseen" if unseen is not None else "") + f" FROM ({inner}) AS j GROUP BY {keys}")
 
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
         conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
-        if parallel:
-            # The JSON of every job is read by parallel workers as well as this backend when the
-            # planner finds that cheaper: at the default costs it never does for 100,000 jobs (408 ms
-            # in one backend against 250 ms in three, measured on two cores). Later statements of the
-            # report read the temporary table, which is never scanned in parallel.
-            conn.exec_driver_sql("SET LOCAL parallel_setup_cost = 100")
-            conn.exec_driver_sql("SET LOCAL parallel_tuple_cost = 0.01")
+        # The JSON of every job is read by parallel workers as well as this backend when the planner
+        # finds that cheaper: at the default costs it never does for 100,000 jobs (408 ms in one backend
+        # against 250 ms in three, measured on two cores). Later statements of the report read the
+        # temporary table, which is never scanned in parallel.
+        conn.exec_driver_sql("SET LOCAL parallel_setup_cost = 100")
+        conn.exec_driver_sql("SET LOCAL parallel_tuple_cost = 0.01")
         conn.execute(sa.text(f"CREATE TEMP TABLE {TEMP} ON COMMIT DROP AS {body(where)}"), sql.binds)
         return
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS temp.{TEMP}")

@@ -433,10 +433,11 @@ def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequ
     ``sample``, :attr:`Report.sample` holds that many configurations with the metric, evenly spaced
     over the ranking (what a chart of every configuration draws).
 
-    With ``parallel``, PostgreSQL may read the jobs with parallel workers as well (faster on a large
-    experiment); a configuration's sums then add its jobs in whatever order the workers hand them
-    over, so a mean can differ in its last bit from one report to the next. For reports that show
-    rounded figures (a table, the web page); csv and json keep one order.
+    With ``parallel``, SQLite groups the two halves of a large experiment's jobs on two connections at
+    once (faster on two cores); a configuration's sums then add its jobs in another order, so a mean can
+    differ in its last bit from the one-pass report. For reports that show rounded figures (a table,
+    the web page); csv and json keep one order. (PostgreSQL may read the jobs with parallel workers in
+    any report: its sums add each configuration's jobs in the order of their ids all the same.)
     """
     if mode not in ("min", "max"):
         raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
