@@ -541,20 +541,16 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
         with_metric_in[(phase, target)] = with_metric_in.get((phase, target), False) or bool(most)
         marked = marked or bool(unseen_here)
         differs = differs or bool(odd)
-        for res, (having, lo, hi) in zip(results, _threes(r[len(shown) + 11:])):
+        rest = r[len(shown) + 11:]  # per result after the metric: configurations with it, min, max
+        for res, having, lo, hi in zip(results, rest[0::3], rest[1::3], rest[2::3]):
             res[0] += having or 0
-            res[1] = lo if res[1] is None else (res[1] if lo is None else min(res[1], lo))
-            res[2] = hi if res[2] is None else (res[2] if hi is None else max(res[2], hi))
+            res[1] = min((v for v in (res[1], lo) if v is not None), default=None)
+            res[2] = max((v for v in (res[2], hi) if v is not None), default=None)
     constant = {name: float(lo) for name, (having, lo, hi) in zip(columns[1:], results)
                 if configs and having == configs and lo == hi}
     held = set(with_metric_in) if unseen and not marked and all(with_metric_in.values()) else None
     return Survey(sorted(found.values(), key=lambda s: _sort_key(s.value)), configs, jobs, constant, held,
                   not differs)
-
-
-def _threes(values: Sequence[Any]) -> Iterator[tuple[Any, Any, Any]]:
-    for i in range(0, len(values), 3):
-        yield values[i], values[i + 1], values[i + 2]
 
 
 def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool,
