@@ -208,16 +208,20 @@ def sampled_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[st
     return {k: KeyStats(-1, False) for k in (json.loads(found) if found else {})}
 
 
+def _first_and_last(conn: Connection, column: str, where: str, binds: dict[str, Any]) -> list[Any]:
+    """``column`` of the first and of the last job of ``where`` (None without one). Their ids are found
+    by min() and max(), which read an index of the experiment's jobs alone: with ORDER BY id LIMIT 1,
+    PostgreSQL's planner may walk the primary key from its far end, through every job of the
+    experiments after this one (a million: 0.3 s)."""
+    return [conn.execute(sa.text(f"SELECT {column} FROM job WHERE job.id = (SELECT {way}(job.id) FROM job "
+                                 f"WHERE {where})"), binds).scalar() for way in ("min", "max")]
+
+
 def constant_candidates(conn: Connection, sql: Sql, where: str, groups: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """The parameters of the configurations of the first and the last job of the selection (found by
     index), and those that hold one value in both: the candidates for constant, with their values,
     checked on every configuration by :func:`survey`."""
-    cfg = sql.without(groups) + ("::text" if sql.pg else "")
-    # The first and last id by min() and max(), which read an index of the experiment's jobs alone: with
-    # ORDER BY id LIMIT 1, PostgreSQL's planner may walk the primary key from its far end, through every
-    # job of the experiments after this one (a million: 0.3 s).
-    texts = [conn.execute(sa.text(f"SELECT {cfg} FROM job WHERE job.id = (SELECT {way}(job.id) FROM job "
-                                  f"WHERE {where})"), sql.binds).scalar() for way in ("min", "max")]
+    texts = _first_and_last(conn, sql.without(groups) + ("::text" if sql.pg else ""), where, sql.binds)
     if texts[0] is None:
         return [], {}
     first, last = json.loads(texts[0]), json.loads(texts[1])
@@ -258,9 +262,7 @@ def sampled_results(conn: Connection, where: str, binds: dict[str, Any]) -> dict
     grouping. None when no DONE job has results that are an object."""
     cast = "::text" if conn.dialect.name == "postgresql" else ""
     found: dict[str, bool] = {}
-    for way in ("min", "max"):  # by min() and max(), as :func:`constant_candidates` says why
-        text = conn.execute(sa.text(f"SELECT job.results{cast} FROM job WHERE job.id = (SELECT {way}(job.id) "
-                                    f"FROM job WHERE {where} AND job.status = 'DONE')"), binds).scalar()
+    for text in _first_and_last(conn, f"job.results{cast}", f"{where} AND job.status = 'DONE'", binds):
         results = json.loads(text) if text else None
         if not isinstance(results, dict):
             return None
@@ -589,7 +591,7 @@ def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, 
                   f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
                   f"WHERE (rn - 1) % {int(every)} = 0")
         return f"{select} AND first_id IN ({picked}) ORDER BY {order}"
-    if sql.pg and (limit is not None and ids or limit is None and not ids):
+    if sql.pg and (limit is not None) == ids:  # the rows of a page, or every row the json writes
         # jsonb made text after the sort: for the rows kept only, or, when every row is read, as they
         # are sent, beside the client's work rather than before the first row (a million: 0.4 s sooner).
         # The outer ORDER BY is the inner one's, which PostgreSQL knows it need not sort again.
