@@ -97,7 +97,12 @@ class _Stderr(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            err.print(self.format(record), markup=False, highlight=False, emoji=False)
+            line = self.format(record)
+            if err.is_terminal:  # a live display may be on screen: rich writes the line above it
+                err.print(line, markup=False, highlight=False, emoji=False)
+            else:  # a file or a pipe (a worker's log: two lines a job): the line as it is, unrendered
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
         except Exception:  # noqa: BLE001 - logging must never break the command
             self.handleError(record)
 
