@@ -95,14 +95,21 @@ def with_database(rest: str | None = None, *, create: bool = False) -> Callable[
 class _Stderr(logging.Handler):
     """Log lines on ``err``: whatever stderr is now, and above a live progress display when one is shown."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._stream: object = None  # the stderr last written to, and whether it is a terminal
+        self._terminal = False
+
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record)
-            if err.is_terminal:  # a live display may be on screen: rich writes the line above it
+            line, stream = self.format(record), sys.stderr
+            if stream is not self._stream:
+                self._stream, self._terminal = stream, err.is_terminal
+            if self._terminal:  # a live display may be on screen: rich writes the line above it
                 err.print(line, markup=False, highlight=False, emoji=False)
             else:  # a file or a pipe (a worker's log: two lines a job): the line as it is, unrendered
-                sys.stderr.write(line + "\n")
-                sys.stderr.flush()
+                stream.write(line + "\n")
+                stream.flush()
         except Exception:  # noqa: BLE001 - logging must never break the command
             self.handleError(record)
 
