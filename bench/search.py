@@ -3,10 +3,15 @@
     python bench/search.py                   # small: 16 points, 3 folds, 9 epochs at most, 2 seeds
     python bench/search.py --points 32 --epochs 27 --seeds 3     # the size the targets are stated for
     python bench/search.py --space 3d --points 32 --epochs 27 --seeds 3      # lr, nhid and momentum
+    python bench/search.py --space 3d --points 32 --epochs 27 --min-epochs 3 --seeds 10 --outer-folds 5
 
 The bundled MLP (``jobman.models.mlp:train``) on digits, with ``nb_cross_fold`` folds; a
 configuration's score is its validation error averaged over the folds, as ``jobman report``
-ranks it. Two search spaces (``--space``):
+ranks it. Each fold validates on a seeded 10 % of its training part (119 digits; ``--valid-fraction``
+changes the share), or, with ``--outer-folds K``, on one of the folds themselves: k-fold
+cross-validation of the pool left once outer fold 0 of K is set aside as the test set, the
+folds' validation sets covering that pool once (the trainer's double cross-validation,
+``nb_outer_fold``). Three search spaces (``--space``):
 
 - ``2d``: lr log-uniform in [1e-4, 1e-1], nhid in {32, 64, 128, 256}, the trainer's default
   optimizer (Adam); the grid is ``--points / 4`` log-spaced lr (both ends included) times the
@@ -188,10 +193,16 @@ def main() -> None:
     ap.add_argument("--min-epochs", type=int, default=1, help="the first rung of halving")
     ap.add_argument("--eta", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--outer-folds", type=int, default=None,
+                    help="validate by k-fold cross-validation: the --folds folds are the inner folds of "
+                         "outer fold 0 of this many (its test set left aside), so their validation sets "
+                         "together cover the whole pool (1,438 digits with 5), not 119 digits a fold")
     ap.add_argument("--valid-fraction", type=float, default=None,
                     help="the share of each fold's training part held out for validation (the trainer's "
                          "default: 0.1, 119 digits a fold); larger makes the validation error finer")
     args = ap.parse_args()
+    if args.outer_folds is not None and args.valid_fraction is not None:
+        ap.error("--outer-folds validates on whole folds: --valid-fraction has no share to set there")
     space = SPACES[args.space]
 
     rows = []
@@ -199,6 +210,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jobman-bench-search-") as tmp:
         grid = grid_configs(args.space, args.points)
         fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+        if args.outer_folds is not None:
+            fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
         grid_runner = Runner(Path(tmp) / "grid", args.folds, fixed)
         grid_best = full_budget(grid_runner, grid, args.epochs)
         print(f"grid of {len(grid)}: best valid_error {grid_best:.4f}, {grid_runner.epochs} epochs", flush=True)
@@ -223,12 +236,15 @@ def main() -> None:
     lines = [
         f"## Search quality, space {args.space}"
         + (f", {args.valid_fraction:g} of each fold for validation" if args.valid_fraction is not None else "")
+        + (f", validation by {args.folds}-fold CV in outer fold 0 of {args.outer_folds}"
+           if args.outer_folds is not None else "")
         + f" ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, shared)",
         "",
         f"`python bench/search.py --space {args.space} --points {args.points} --folds {args.folds} "
         f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}"
-        + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "") + "` "
+        + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "")
+        + (f" --outer-folds {args.outer_folds}" if args.outer_folds is not None else "") + "` "
         f"({seconds:.0f} s). Random search draws {' '.join(f'`{t}`' for t in space['drawn'])}"
         + (f" with {' '.join(f'`{t}`' for t in space['fixed'])}" if space["fixed"] else "")
         + ". Validation error is the mean over the folds, in percent.",
