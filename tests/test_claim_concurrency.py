@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 import sqlalchemy as sa
 
@@ -88,3 +91,69 @@ def test_many_processes_claim_every_job_exactly_once(db_url, tmp_path):
     assert len(claims) == JOBS and {n for _, n in claims} == {1}
     assert store.running() == []
     store.dispose()
+
+
+# Another process takes SQLite's write lock, says so, and keeps it until told to stop (a file appears).
+HOLD_LOCK = r"""
+import os, sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+con.execute("COMMIT")
+"""
+
+
+def _hold_write_lock(db: Path, release: Path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), str(release)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _busy_timeout(store: Store) -> int:
+    with store.engine.connect() as conn:
+        return conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+
+
+def test_a_sqlite_writer_waits_for_another_process_s_write_lock_then_writes(tmp_path):
+    from jobman.jobdb import engine as db_engine
+
+    db = tmp_path / "jobs.db"
+    store = Store.open(f"sqlite:///{db}?table=t")
+    release = tmp_path / "release"
+    holder = _hold_write_lock(db, release)
+    try:
+        # Releases the lock a moment after the write below has begun waiting for it.
+        subprocess.Popen([sys.executable, "-c", "import sys, time, pathlib; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()",
+                          str(release)])
+        with store.engine.connect() as conn:  # one try, no retry above it: the wait is the BEGIN's own
+            db_engine.in_write_transaction(conn, lambda c: c.exec_driver_sql("CREATE TABLE probe (x)"))
+        assert release.exists() and holder.wait(timeout=5) == 0  # it wrote once the other had let go
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM probe").scalar() == 0
+        assert _busy_timeout(store) == 60_000  # the connection's own timeout is back for every other statement
+    finally:
+        release.touch()
+        holder.wait(timeout=10)
+        store.dispose()
+
+
+def test_a_sqlite_writer_gives_up_on_a_lock_held_past_the_busy_timeout(tmp_path, monkeypatch):
+    from jobman.jobdb import engine as db_engine
+
+    db = tmp_path / "jobs.db"
+    store = Store.open(f"sqlite:///{db}?table=t")
+    release = tmp_path / "release"
+    holder = _hold_write_lock(db, release)
+    monkeypatch.setattr(db_engine, "SQLITE_BUSY_TIMEOUT_S", 0.3)
+    try:
+        with store.engine.connect() as conn:
+            with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+                db_engine.in_write_transaction(conn, lambda c: c.exec_driver_sql("SELECT 1").scalar())
+            assert not conn.connection.dbapi_connection.in_transaction
+        assert holder.poll() is None  # still holding: the writer gave up, it was not let in
+    finally:
+        release.touch()
+        holder.wait(timeout=10)
+        store.dispose()
