@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
@@ -471,6 +470,8 @@ class _ProgressView:
     def __init__(self, show: bool) -> None:
         self.show = show
         self.start = time.time()
+        if show:  # imported for a terminal only: workers and a --no-progress dispatch start without it
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err,
                                  transient=False) if show else None
