@@ -2,8 +2,8 @@
 
 SQLite runs in WAL mode with a busy timeout, and every write transaction starts
 with BEGIN IMMEDIATE so that two writers queue on the lock instead of failing
-with "database is locked" half-way through; jobman waits for that lock itself, in
-steps shorter than SQLite's (see :func:`begin_immediate`).
+with "database is locked" half-way through; a lock found held is tried again sooner
+than SQLite's own waits would (see :func:`begin_immediate`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from .url import DbTarget, mask_password
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
-# Waits for another writer's lock: the first, and the longest, between two tries of BEGIN IMMEDIATE.
-SQLITE_LOCK_POLL_S = (50e-6, 2e-3)
+# A write lock found held is tried again this soon, before SQLite's own waits (see begin_immediate).
+SQLITE_LOCK_RETRY_S = 100e-6
 SQLITE_CACHE_KIB = 64 * 1024
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "fuse.sshfs", "9p",
                        "ceph", "fuse.glusterfs", "afs", "beegfs"}
@@ -162,31 +162,31 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
 
 
 def begin_immediate(conn: Connection) -> None:
-    """BEGIN IMMEDIATE on a SQLite connection, waiting in short steps while another holds the write lock.
+    """BEGIN IMMEDIATE on a SQLite connection; when another holds the write lock, one more try soon.
 
-    SQLite's own busy handler sleeps 1 ms, then 2, 5, 10 ms and longer between its tries, while a
-    worker's write transaction (a job recorded, the next claimed) holds the lock for about a tenth
-    of a millisecond: two workers meeting on the lock would spend most of each wait asleep with the
-    lock free. Here the connection's busy timeout is off for the BEGIN alone, and the waits between
-    tries start at 50 µs and double up to 2 ms; after ``SQLITE_BUSY_TIMEOUT_S`` the last try's
-    "database is locked" is raised, as SQLite's own timeout would.
+    SQLite's own busy handler sleeps 1 ms before its second try (then 2, 5, 10 ms and longer), while
+    a worker's write transaction (a job recorded, the next claimed) holds the lock for about a tenth
+    of a millisecond: a worker meeting another's transaction would stay asleep long after the lock
+    is free. So the first try is made with the connection's busy timeout off and, should the lock
+    be held, a second one ``SQLITE_LOCK_RETRY_S`` later; only then does SQLite's handler wait, up
+    to the busy timeout. Shorter waits beyond that one would hand the lock from one process to
+    another more often, and each hand-over makes the next writer read again the pages the other
+    changed: writers that loop on transactions with nothing in between would lose more than the
+    waits save.
     """
     driver = conn.connection.dbapi_connection
     driver.execute("PRAGMA busy_timeout = 0").close()
     try:
-        wait, longest = SQLITE_LOCK_POLL_S
-        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
-        while True:
-            try:
-                execute_raw(conn, "BEGIN IMMEDIATE").close()
-                return
-            except sa.exc.OperationalError as exc:
-                if not _is_busy(exc.orig) or time.monotonic() + wait > deadline:
-                    raise
-            time.sleep(wait)
-            wait = min(2 * wait, longest)
+        try:
+            execute_raw(conn, "BEGIN IMMEDIATE").close()
+            return
+        except sa.exc.OperationalError as exc:
+            if not _is_busy(exc.orig):
+                raise
+        time.sleep(SQLITE_LOCK_RETRY_S)
     finally:
         driver.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}").close()
+    execute_raw(conn, "BEGIN IMMEDIATE").close()  # from here SQLite waits, as it would have
 
 
 def _is_busy(error: BaseException) -> bool:

@@ -127,8 +127,15 @@ def test_a_sqlite_writer_waits_for_another_process_s_write_lock_then_writes(tmp_
         # Releases the lock a moment after the write below has begun waiting for it.
         subprocess.Popen([sys.executable, "-c", "import sys, time, pathlib; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()",
                           str(release)])
+        began = []
+
+        def write(c):
+            began.append(c.connection.dbapi_connection.in_transaction)
+            c.exec_driver_sql("CREATE TABLE probe (x)")
+
         with store.engine.connect() as conn:  # one try, no retry above it: the wait is the BEGIN's own
-            db_engine.in_write_transaction(conn, lambda c: c.exec_driver_sql("CREATE TABLE probe (x)"))
+            db_engine.in_write_transaction(conn, write)
+        assert began == [True]  # written inside the transaction begun once the lock was free
         assert release.exists() and holder.wait(timeout=5) == 0  # it wrote once the other had let go
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT count(*) FROM probe").scalar() == 0
