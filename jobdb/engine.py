@@ -174,8 +174,7 @@ def begin_immediate(conn: Connection) -> None:
     changed: writers that loop on transactions with nothing in between would lose more than the
     waits save.
     """
-    driver = conn.connection.dbapi_connection
-    driver.execute("PRAGMA busy_timeout = 0").close()
+    execute_raw(conn, "PRAGMA busy_timeout = 0").close()
     try:
         try:
             execute_raw(conn, "BEGIN IMMEDIATE").close()
@@ -185,7 +184,7 @@ def begin_immediate(conn: Connection) -> None:
                 raise
         time.sleep(SQLITE_LOCK_RETRY_S)
     finally:
-        driver.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}").close()
+        execute_raw(conn, f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}").close()
     execute_raw(conn, "BEGIN IMMEDIATE").close()  # from here SQLite waits, as it would have
 
 

@@ -10,7 +10,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 import sqlalchemy as sa
 
 from jobman.jobdb.schema import job_event as t_event
