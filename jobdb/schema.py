@@ -6,6 +6,8 @@ same way and tests can move them back instead of sleeping.
 
 from __future__ import annotations
 
+import functools
+
 from sqlalchemy import (
     DDL,
     Boolean,
@@ -23,30 +25,49 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 metadata = MetaData()
 
 
-class RawJsonb(JSONB):
-    """PostgreSQL's jsonb, passed as text both ways: jobman encodes its canonical JSON itself, and
-    the engine reads jsonb back as text (see ``engine.make_engine``)."""
+class JsonText(TypeDecorator):
+    """A JSON object: text on SQLite; jsonb on PostgreSQL, so SQL can reach into it (params->>'lr').
+    Passed as text both ways: jobman encodes its canonical JSON itself, and the engine reads jsonb
+    back as text (see ``engine.make_engine``). PostgreSQL's types are loaded only by an engine that
+    talks to PostgreSQL: a SQLite command or worker starts without them."""
 
+    impl = Text
     cache_ok = True
 
-    def adapt(self, cls, **kw):  # noqa: ANN001, ANN003, ANN201
-        # Not the driver's own jsonb type: that one would encode jobman's JSON text a second time.
-        return self
-
-    def bind_processor(self, dialect):  # noqa: ANN001, ANN201
-        return None
-
-    def result_processor(self, dialect, coltype):  # noqa: ANN001, ANN201
-        return None
+    def load_dialect_impl(self, dialect):  # noqa: ANN001, ANN201
+        if dialect.name == "postgresql":
+            return _raw_jsonb()
+        return dialect.type_descriptor(Text())
 
 
-# A JSON object: text on SQLite; jsonb on PostgreSQL, so SQL can reach into it (params->>'lr').
-JSON_TEXT = Text().with_variant(RawJsonb(), "postgresql")
+@functools.cache
+def _raw_jsonb() -> TypeEngine:
+    from sqlalchemy.dialects.postgresql import JSONB
+
+    class RawJsonb(JSONB):
+        """jsonb that neither encodes nor decodes: not the driver's own jsonb type either, which
+        would encode jobman's JSON text a second time."""
+
+        cache_ok = True
+
+        def adapt(self, cls, **kw):  # noqa: ANN001, ANN003, ANN201
+            return RawJsonb()  # whatever the driver's jsonb type is
+
+        def bind_processor(self, dialect):  # noqa: ANN001, ANN201
+            return None
+
+        def result_processor(self, dialect, coltype):  # noqa: ANN001, ANN201
+            return None
+
+    return RawJsonb()
+
+
+JSON_TEXT = JsonText()
 # Priorities may be fractional (the original jobman's 1.0); SQLite stores a REAL in an INTEGER column as is.
 PRIORITY = Integer().with_variant(Float(), "postgresql")
 
