@@ -5,20 +5,45 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import click
-from rich.console import Console
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store
 from jobman.jobdb.url import DbTarget, parse_db
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class LazyConsole:
+    """A rich ``Console``, made on first use: a command that shows nothing through rich (a worker,
+    whose log gets plain lines) starts without importing it. Attributes are the console's own;
+    ``console`` is the console itself, for what rich wants one of (a live display, a progress bar)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+out = LazyConsole(soft_wrap=True)
+err = LazyConsole(stderr=True, soft_wrap=True)
 
 STATUS_STYLE = {
     "WAITING": "dim", "QUEUED": "cyan", "RUNNING": "bold yellow", "DONE": "green", "FAILED": "bold red",
@@ -104,7 +129,7 @@ class _Stderr(logging.Handler):
         try:
             line, stream = self.format(record), sys.stderr
             if stream is not self._stream:
-                self._stream, self._terminal = stream, err.is_terminal
+                self._stream, self._terminal = stream, _may_be_terminal(stream) and err.is_terminal
             if self._terminal:  # a live display may be on screen: rich writes the line above it
                 err.print(line, markup=False, highlight=False, emoji=False)
             else:  # a file or a pipe (a worker's log: two lines a job): the line as it is, unrendered
@@ -112,6 +137,17 @@ class _Stderr(logging.Handler):
                 stream.flush()
         except Exception:  # noqa: BLE001 - logging must never break the command
             self.handleError(record)
+
+
+def _may_be_terminal(stream: Any) -> bool:
+    """False when rich would surely not take ``stream`` for a terminal (not a tty, and no variable
+    saying otherwise), told without importing rich."""
+    if any(name in os.environ for name in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return True
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def log_to_stderr(fmt: str, verbose: bool = False) -> None:

@@ -85,7 +85,7 @@ def monitor(database, interval, once, fmt, relaunch, max_attempts, include_faile
             _watch(interval, lambda: click.echo(f"{fmt_time(time.time())} {store.experiment}: "
                                                 f"{watcher.scan().line()}"))
         else:
-            with Live(Text("scanning…"), console=out, auto_refresh=False, transient=False) as live:
+            with Live(Text("scanning…"), console=out.console, auto_refresh=False, transient=False) as live:
                 _watch(interval, lambda: live.update(render(store, watcher.scan(), rows, heartbeat_grace, interval),
                                                      refresh=True))
     except KeyboardInterrupt:

@@ -473,7 +473,7 @@ class _ProgressView:
         if show:  # imported for a terminal only: workers and a --no-progress dispatch start without it
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err,
+                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err.console,
                                  transient=False) if show else None
         self.task = None
         self._first_done: tuple[float, int] | None = None

@@ -203,7 +203,7 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                      TimeRemainingColumn(), console=err, transient=True) as bar:
+                      TimeRemainingColumn(), console=err.console, transient=True) as bar:
             task = bar.add_task("schedule", total=len(specs) * repeat)
             result = store.schedule(specs, progress=lambda n: bar.update(task, completed=n), **keep)
     else:
