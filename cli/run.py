@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
+from jobman.dispatch.forkserver import ForkServer
 from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import RunLimits
-from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary
+from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import RAN_BADLY
 from jobman.jobdb.url import mask_password
@@ -79,14 +80,18 @@ def _run_worker(database: Database, exproot: str, timeout: float | None,
                 heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
                 outage_wait: float | None = None, processes: JobProcesses = JobProcesses(),
                 save_every: float | None = None, verbose: bool = False) -> WorkerSummary:
-    store = database.open()
-    log_to_stderr("[jobman worker %(process)d] %(message)s", verbose)
+    database.target  # noqa: B018 - a bad URL is named before anything starts
     limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process,
                        save_every=save_every)
     options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
                             max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
     processes.set_threads()
-    worker = Worker(store, options)
+    one_blas_thread()
+    server = ForkServer(limits.jobs_per_process)
+    server.warm()  # the jobs' server starts while the database is opened, not after
+    store = database.open()
+    log_to_stderr("[jobman worker %(process)d] %(message)s", verbose)
+    worker = Worker(store, options, server=server)
     if processes.gpus:
         worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)
     worker.install_signal_handlers()

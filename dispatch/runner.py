@@ -236,13 +236,14 @@ class Runner:
     """Runs claimed jobs for one worker, keeping resolved targets warm between jobs."""
 
     def __init__(self, store: Store, limits: RunLimits, stopping: Callable[[], bool] = lambda: False,
-                 log: Callable[[str], None] = lambda _m: None, outage: Outage | None = None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, outage: Outage | None = None,
+                 server: ForkServer | None = None) -> None:
         self.store = store
         self.limits = limits
         self.stopping = stopping
         self.log = log
         self.outage = outage or Outage(log)
-        self.server = ForkServer(limits.jobs_per_process)
+        self.server = server or ForkServer(limits.jobs_per_process)  # given: one started ahead
         weakref.finalize(self, self.server.close)
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started

@@ -21,7 +21,7 @@ from typing import Callable
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
-from .forkserver import become_subreaper
+from .forkserver import ForkServer, become_subreaper
 from .interrupted import mark_interrupted
 from .outage import Outage
 from .runner import LOST, Runner, RunLimits
@@ -64,6 +64,13 @@ def worker_identity() -> WorkerInfo:
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def one_blas_thread() -> None:
+    """One BLAS thread per job, unless the environment says otherwise; before the fork server
+    starts, whose jobs inherit its environment."""
+    for name in BLAS_THREAD_VARIABLES:
+        os.environ.setdefault(name, "1")
+
+
 class StoppableLoop:
     """A loop that runs jobs through a :class:`Runner` until a signal asks it to stop: the worker's,
     and the Slurm one-job runner's. SIGTERM, SIGINT and SIGUSR1 (Slurm's warning before a time limit)
@@ -71,7 +78,8 @@ class StoppableLoop:
 
     name = "loop"  # its logger is jobman.NAME; `jobman worker` prints its lines as [jobman NAME PID] ...
 
-    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None,
+                 server: ForkServer | None = None) -> None:
         self.store = store
         self.options = options
         self.logger = logging.getLogger(f"jobman.{self.name}")
@@ -79,7 +87,7 @@ class StoppableLoop:
         self._stop_signal: int | None = None
         self.outage = self._outage()
         self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log,
-                             outage=self.outage)
+                             outage=self.outage, server=server)
 
     def _outage(self) -> Outage | None:
         """How a database outage is waited out (None: the runner's default)."""
@@ -102,10 +110,10 @@ class Worker(StoppableLoop):
 
     name = "worker"
 
-    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None) -> None:
-        for name in BLAS_THREAD_VARIABLES:
-            os.environ.setdefault(name, "1")
-        super().__init__(store, options, log)
+    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None,
+                 server: ForkServer | None = None) -> None:
+        one_blas_thread()
+        super().__init__(store, options, log, server)
 
     def _outage(self) -> Outage:
         return Outage(self.log, self.options.outage_wait, stopping=lambda: self._stop_signal is not None)

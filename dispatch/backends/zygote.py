@@ -36,6 +36,7 @@ def serve(fd: int, parent_pid: int) -> None:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
     import jobman.cli.run  # noqa: F401 - the worker command and the store, imported once
+    import jobman.dispatch.backends.local  # noqa: F401 - what a worker reads to die with its dispatcher
     from jobman.cli.main import main
     from jobman.jobdb import sqlite_memory
 
