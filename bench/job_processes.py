@@ -11,7 +11,8 @@ Every figure is measured in the same invocation on the same machine:
   start-up included, beside one interpreter per call two at a time (``xargs -P 2 python -c``);
 - against Optuna (``pip install '.[bench]'``): the same number of evaluations of a trivial
   objective by two processes sharing an Optuna RDB storage on SQLite, beside ``jobman
-  dispatch -j 2`` of as many jobs, in both modes.
+  dispatch -j 2`` of as many jobs, in both modes; and the same dispatch of two jobs, to show how
+  much of a fiftieth of Optuna's time the start-up takes.
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{trials:,} evaluations, 2 processes, a fresh process per job, wall", trials / default_s,
                 "evals/s", trials / opt_s, "Optuna (RDB storage on SQLite)", None,
                 f"({default_s:.2f} s against {opt_s:.2f} s)")))
+            start_s, _ = dispatch(tmp, 2, "start-up", "--jobs-per-process", "1000")
+            figures.append(say(Figure(
+                "start-up: the same dispatch of 2 no-op jobs, wall", start_s, "s", None,
+                f"what is left of {opt_s / 50:.2f} s (Optuna's time / 50) for the {trials:,} evaluations "
+                f"themselves: {opt_s / 50 - start_s:.2f} s", None)))
         else:
             print("Optuna is not installed (pip install '.[bench]'): its comparison is left out")
         load_after = os.getloadavg()[0]
