@@ -40,9 +40,7 @@ class JsonText(TypeDecorator):
     cache_ok = True
 
     def load_dialect_impl(self, dialect):  # noqa: ANN001, ANN201
-        if dialect.name == "postgresql":
-            return _raw_jsonb()
-        return dialect.type_descriptor(Text())
+        return _raw_jsonb() if dialect.name == "postgresql" else self.impl_instance
 
 
 @functools.cache
