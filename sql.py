@@ -3,5 +3,5 @@
 Thin names over the store; see ``jobman.jobdb.classic``.
 """
 
-from jobman.jobdb.classic import *  # noqa: F401,F403
+from jobman.jobdb.classic import *  # noqa: F403
 from jobman.jobdb.classic import __all__  # noqa: F401

@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, fresh_pg_database, grid, say  # noqa: E402
+from common import Figure, fresh_pg_database, grid, say
 
-from jobman.jobdb.store import Store, WorkerInfo  # noqa: E402
-from jobman.jobdb.sweep import expand, parse_sweep  # noqa: E402
+from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.sweep import expand, parse_sweep
 
 PICK = ("SELECT id FROM job WHERE experiment_id = {p} AND status = 'QUEUED' "
         "ORDER BY priority DESC, queue_order, id LIMIT 1")
 
 
-def jobman_loop(url: str, out: "mp.Queue") -> None:
+def jobman_loop(url: str, out: mp.Queue) -> None:
     store = Store.open(url)
     me = WorkerInfo.here()
     got = []
@@ -37,7 +37,7 @@ def jobman_loop(url: str, out: "mp.Queue") -> None:
     out.put(got)
 
 
-def bare_loop(url: str, out: "mp.Queue") -> None:
+def bare_loop(url: str, out: mp.Queue) -> None:
     got = []
     if url.startswith("sqlite"):
         import sqlite3

@@ -25,11 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, machine, say  # noqa: E402
+from common import Figure, machine, say
 
-from jobman.jobdb.status import Status  # noqa: E402
-from jobman.jobdb.store import Store  # noqa: E402
-from jobman.jobdb.sweep import JobSpec  # noqa: E402
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import JobSpec
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS-dispatch.md"
@@ -110,7 +110,7 @@ Row = tuple[str, float, float | None]  # step, wall ms per job, CPU ms per job
 
 def profile(tmp: Path, jobs: int) -> list[Row]:
     """Run one worker here with each step timed, wall and CPU; rows slowest first."""
-    from jobman.dispatch.runner import Runner, RunLimits
+    from jobman.dispatch.runner import RunLimits, Runner
     from jobman.dispatch.worker import Worker, WorkerOptions
 
     url, _env = prepare(tmp, jobs, "profile")
@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"- {f.line()}" for f in figures]
     lines.append(f"- ratio: {figures[0].ratio:.2f}x (target {TARGET_RATIO:g}x)")
     if rows:
-        lines += ["", "Where a job's time goes (one worker in the benchmark's process), ms per job:", "", "| step | wall | CPU |", "| --- | ---: | ---: |"]
+        lines += ["", "Where a job's time goes (one worker in the benchmark's process), ms per job:", "",
+                  "| step | wall | CPU |", "| --- | ---: | ---: |"]
         lines += [f"| {label} | {ms(w)} | {ms(c)} |" for label, w, c in rows]
     if not args.no_write:
         write_results(lines)

@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, Timer, fresh_pg_database, grid, say  # noqa: E402
+from common import Figure, Timer, fresh_pg_database, grid, say
 
-from jobman.dispatch.monitor import Monitor, MonitorOptions  # noqa: E402
-from jobman.jobdb.status import Status  # noqa: E402
-from jobman.jobdb.store import Store, WorkerInfo  # noqa: E402
-from jobman.jobdb.sweep import expand, parse_sweep  # noqa: E402
+from jobman.dispatch.monitor import Monitor, MonitorOptions
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.sweep import expand, parse_sweep
 
 
 def monitor_scan(url: str, jobs: int, running: int) -> float:

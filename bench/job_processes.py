@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, machine, say  # noqa: E402
-from dispatch_overhead import children_cpu, run_processes, timed_dispatch  # noqa: E402
+from common import Figure, machine, say
+from dispatch_overhead import children_cpu, run_processes, timed_dispatch
 
-from jobman.jobdb.status import Status  # noqa: E402
-from jobman.jobdb.store import Store  # noqa: E402
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS-dispatch.md"

@@ -12,16 +12,15 @@ On SQLite and PostgreSQL. The machine is shared: read the figures as orders of m
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, fresh_pg_database, say  # noqa: E402
+from common import Figure, fresh_pg_database, say
 
-import jobman  # noqa: E402
+import jobman
 
 
 def work(x: int) -> dict:

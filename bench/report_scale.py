@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, Figure, fresh_pg_database, machine, say  # noqa: E402
+import sqlalchemy as sa
+from common import HERE, Figure, fresh_pg_database, machine, say
 
-import sqlalchemy as sa  # noqa: E402
-
-from jobman.jobdb.schema import job as t_job  # noqa: E402
-from jobman.jobdb.status import Status  # noqa: E402
-from jobman.jobdb.store import Store  # noqa: E402
-from jobman.jobdb.sweep import JobSpec  # noqa: E402
+from jobman.jobdb.schema import job as t_job
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import JobSpec
 
 SECONDS, MIB = 10.0, 300  # the targets: each report under 10 s and 300 MB
 BASELINE = """
@@ -161,7 +160,8 @@ def main() -> None:
         figures += bench(engine, args.database, args.jobs, not args.no_baseline, made=True)
     if args.beside_scale:
         return
-    lines = ["# jobman report at scale", "", f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+    lines = ["# jobman report at scale", "",
+             f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
              f"{info['date']}, {info['cpu']}, {info['memory']}, SQLite {info['sqlite']}, "
              f"PostgreSQL {info['postgresql']}. The machine is shared: the load average is given with each figure.",
              "", "```text", *(f.line() for f in figures), "```", ""]

@@ -3,8 +3,8 @@
     python bench/run_all.py [--quick]
     python bench/run_all.py --scale [--ten-million]
 
-``--scale`` runs bench/scale.py and bench/report_scale.py at 1,000,000 jobs on both engines and writes their figures into their
-own section of bench/RESULTS.md, beside the 100,000-job figures, which it leaves as they are.
+``--scale`` runs bench/scale.py and bench/report_scale.py at 1,000,000 jobs on both engines and writes their figures
+into their own section of bench/RESULTS.md, beside the 100,000-job figures, which it leaves as they are.
 
 Each benchmark runs as its own process and prints its figures beside the baseline it
 measured in the same run; this collects what they print. Nothing here is a test:
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, machine  # noqa: E402
+from common import HERE, machine
 
 # (name, script, flags of the full run, flags of --quick)
 BENCHES = [

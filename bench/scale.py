@@ -22,17 +22,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, Timer, fresh_pg_database, grid, say  # noqa: E402
-from schedule import raw_pg, raw_sqlite  # noqa: E402
+import sqlalchemy as sa
+from common import Figure, Timer, fresh_pg_database, grid, say
+from schedule import raw_pg, raw_sqlite
 
-import sqlalchemy as sa  # noqa: E402
-
-from jobman.dispatch.monitor import Monitor, MonitorOptions  # noqa: E402
-from jobman.jobdb.schema import job as t_job  # noqa: E402
-from jobman.jobdb.status import Status  # noqa: E402
-from jobman.jobdb.scheduling import params_hashes  # noqa: E402
-from jobman.jobdb.store import Store, WorkerInfo  # noqa: E402
-from jobman.jobdb.sweep import Expansion, parse_sweep  # noqa: E402
+from jobman.dispatch.monitor import Monitor, MonitorOptions
+from jobman.jobdb.scheduling import params_hashes
+from jobman.jobdb.schema import job as t_job
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store, WorkerInfo
+from jobman.jobdb.sweep import Expansion, parse_sweep
 
 RUNNING = 10_000
 TIME = shutil.which("time", path="/usr/bin:/bin") or "/usr/bin/time"  # GNU time (Debian: apt install time)
@@ -158,7 +157,7 @@ def run_engine(engine: str, jobs: int, base: str, figures: list[Figure]) -> None
     fig(f"sqlschedule the same {n} again (adds nothing)", seconds, "s", note=f"peak {mb:.0f} MB")
     seconds, mb, out = cli("sqlschedule", url, "--no-check", *tokens(jobs, extra=1))
     assert "added 1000 jobs" in out, out
-    fig(f"sqlschedule a sweep 1,000 larger (adds only those)", seconds, "s", note=f"peak {mb:.0f} MB")
+    fig("sqlschedule a sweep 1,000 larger (adds only those)", seconds, "s", note=f"peak {mb:.0f} MB")
 
     store = Store.open(url)
     try:

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, Timer, fresh_pg_database, grid, say  # noqa: E402
+from common import Figure, Timer, fresh_pg_database, grid, say
 
-from jobman.jobdb.store import Store, params_hash  # noqa: E402
-from jobman.jobdb.sweep import expand, parse_sweep  # noqa: E402
+from jobman.jobdb.store import Store, params_hash
+from jobman.jobdb.sweep import expand, parse_sweep
 
 
 def sweep_tokens(jobs: int) -> list[str]:
@@ -78,7 +78,7 @@ def run(jobs: int, repeat: int = 3) -> list[Figure]:
     rows = rows_for(tokens, 1)
     figures = []
     bases, ours = [], []
-    for attempt in range(repeat):
+    for _ in range(repeat):
         with tempfile.TemporaryDirectory() as tmp:
             # Same schema for both: the baseline's database is made by jobman's migrations, then emptied.
             raw_path = Path(tmp) / "raw.db"
@@ -89,7 +89,7 @@ def run(jobs: int, repeat: int = 3) -> list[Figure]:
                               min(ours), "s", min(bases), "<= 2x raw, < 5 s",
                               min(ours) <= 2 * min(bases) and min(ours) < 5)))
     bases, ours = [], []
-    for attempt in range(repeat):
+    for _ in range(repeat):
         url, drop = fresh_pg_database()
         try:
             Store.open(url + "?table=raw").schedule([])

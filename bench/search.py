@@ -49,19 +49,19 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import platform
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
-from jobman.dispatch.experiment import run_direct  # noqa: E402
-from jobman.jobdb.halving import choose, config_of, rung_values  # noqa: E402
-from jobman.jobdb.sweep import expand, format_value, parse_sweep  # noqa: E402
+from jobman.dispatch.experiment import run_direct
+from jobman.jobdb.halving import choose, config_of, rung_values
+from jobman.jobdb.sweep import expand, format_value, parse_sweep
 
 RESULTS = Path(__file__).with_name("RESULTS-search.md")
 TARGET = "jobman.models.mlp:train"

@@ -24,21 +24,21 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
+import argparse
+import platform
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from jobman.dispatch.experiment import run_direct  # noqa: E402
-from jobman.models import folds, splits  # noqa: E402
-from jobman.models.params import settings  # noqa: E402
+from jobman.dispatch.experiment import run_direct
+from jobman.models import folds, splits
+from jobman.models.params import settings
 
 RESULTS = Path(__file__).with_name("RESULTS-trainers.md")
 FOLD_SEED = 0
@@ -178,7 +178,8 @@ def machine() -> str:
 
 def write_section(title: str, body: list[str]) -> None:
     """Replace this data set's section of the results file, keeping the others."""
-    header = ["# Trainer benchmark", "", "Written by `bench/trainers.py`; each section is the output of its last run.", ""]
+    header = ["# Trainer benchmark", "",
+              "Written by `bench/trainers.py`; each section is the output of its last run.", ""]
     sections: dict[str, list[str]] = {}
     if RESULTS.exists():
         current = None

@@ -30,11 +30,11 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, Figure, fresh_pg_database, machine, say  # noqa: E402
-from report_bench import make_jobs  # noqa: E402
+from common import HERE, Figure, fresh_pg_database, machine, say
+from report_bench import make_jobs
 
-from jobman.jobdb import report  # noqa: E402
-from jobman.jobdb.store import Store  # noqa: E402
+from jobman.jobdb import report
+from jobman.jobdb.store import Store
 
 TARGET = 0.5  # seconds: the bound set for a first paint and the report view
 RESULTS = HERE / "RESULTS-web.md"

@@ -8,7 +8,8 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 

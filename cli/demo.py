@@ -60,7 +60,8 @@ def demo(directory: str, workers: int | None, quick: bool) -> int:
     try:
         import sklearn  # noqa: F401
     except ImportError:
-        raise JobmanError("the demo trains on scikit-learn's bundled digits: pip install 'jobman-sql[digits]'") from None
+        raise JobmanError(
+            "the demo trains on scikit-learn's bundled digits: pip install 'jobman-sql[digits]'") from None
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     db = f"sqlite:///{root / 'demo.db'}"

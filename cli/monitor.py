@@ -6,7 +6,8 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Group
@@ -19,8 +20,7 @@ from jobman.jobdb.errors import DatabaseError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 
-from .common import (STATUS_STYLE, err, fmt_age, fmt_time, log_to_stderr, out, print_json, verbose_option,
-                     with_database)
+from .common import STATUS_STYLE, err, fmt_age, fmt_time, log_to_stderr, out, print_json, verbose_option, with_database
 
 logger = logging.getLogger("jobman.monitor")
 

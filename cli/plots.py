@@ -8,8 +8,9 @@ draws without a display, on a cluster node as well as on a laptop.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def write_plots(report: Report, outdir: Path, fetch_metrics: MetricFetcher, *, c
     return written
 
 
-def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Distribution | None = None,
+def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Distribution | None = None,  # noqa: C901
                      by: str | None = None) -> Any:
     """Mean ± std of the metric per configuration against one hyperparameter; None if nothing to draw.
 

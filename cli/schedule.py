@@ -7,11 +7,27 @@ import dataclasses
 import click
 
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.halving import (
+    PRUNE_MIN_FINISHED,
+    Halving,
+    config_of,
+    parse_halving,
+    parse_prune,
+    rung_sizes,
+    sampled,
+    sweep_space,
+)
 from jobman.jobdb.status import parse_status
-from jobman.jobdb.halving import (PRUNE_MIN_FINISHED, Halving, config_of, parse_halving, parse_prune, rung_sizes,
-                                  sampled, sweep_space)
-from jobman.jobdb.sweep import (PHASE_SEPARATOR, Assignment, Expansion, Phase, Sweep, check_samples, count_jobs,
-                                parse_sweep)
+from jobman.jobdb.sweep import (
+    PHASE_SEPARATOR,
+    Assignment,
+    Expansion,
+    Phase,
+    Sweep,
+    check_samples,
+    count_jobs,
+    parse_sweep,
+)
 
 from .common import Database, err, parse_ids, with_database
 
@@ -73,7 +89,8 @@ def parse_after(selectors: tuple[str, ...]) -> dict:
             try:
                 out["params"][key] = parse_value(value)
                 if not isinstance(out["params"][key], (int, float, str, bool, list, type(None))):
-                    raise ValueError(f"a selector matches one value, not a distribution@{len(value) - len(value.lstrip())}")
+                    at = len(value) - len(value.lstrip())
+                    raise ValueError(f"a selector matches one value, not a distribution@{at}")
             except ValueError as exc:  # 'message@position' in the value
                 message, _, pos = str(exc).rpartition("@")
                 raise UsageError(f"--after {sel!r}: {message} at character {len(key) + 2 + int(pos)}") from None
@@ -123,7 +140,7 @@ def _bad_after(sel: str):
                    "jobs of this sweep at that step; it ends DONE with pruned=True.")
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
-def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
+def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,  # noqa: C901
                 after: tuple[str, ...], priority: float, force: bool, repeat: int, parser: str | None,
                 max_attempts: int, samples: int | None, seed: int, sampler: str, halving: str | None, eta: int,
                 metric: str | None, maximize: bool, asynchronous: bool, prune: str | None, no_check: bool,

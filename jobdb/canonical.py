@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .errors import UsageError
 

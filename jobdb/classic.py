@@ -8,14 +8,15 @@ and ``insert_dict(d, db)`` schedule one job each, idempotently unless ``force_du
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .canonical import dump_json
 from .errors import UsageError
-from .priority import check_priority
 from .nested import RESERVED, canonical_params, flatten
-from .status import CODES, Status
+from .priority import check_priority
 from .scheduling import pickled_by_value
+from .status import CODES, Status
 from .store import Store, params_hash
 from .sweep import JobSpec
 from .url import parse_db
@@ -48,19 +49,19 @@ class Database:
     def tablename(self) -> str:
         return self.store.experiment
 
-    def createView(self, viewname: str, verbose: bool = False) -> None:  # noqa: N802 - the original name
+    def createView(self, viewname: str, verbose: bool = False) -> None:  # camelCase: the original jobman's name
         """(Re)create the SQL view ``viewname``: one column per parameter and result key."""
         columns = create_view(self.store.engine, self.store.experiment, viewname)
         if verbose:
             print(f"view {viewname}: id, jobman_* and {', '.join(c.name for c in columns) or 'no keys yet'}")
 
-    def dropView(self, viewname: str) -> None:  # noqa: N802
+    def dropView(self, viewname: str) -> None:  # camelCase: the original jobman's name
         drop_view(self.store.engine, viewname)
 
     def close(self) -> None:
         self.store.dispose()
 
-    def __enter__(self) -> "Database":
+    def __enter__(self) -> Database:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,8 +13,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import SweepError
 from .nested import RESERVED, flatten
@@ -34,7 +35,7 @@ def is_conf_token(token: str) -> bool:
     return "<-" in token or os.path.isfile(token)
 
 
-def expand_tokens(tokens: Sequence[str], *, evaluate: Callable[[str], Any], cwd: str | os.PathLike = ".",
+def expand_tokens(tokens: Sequence[str], *, evaluate: Callable[[str], Any], cwd: str | os.PathLike = ".",  # noqa: C901
                   later_wins: bool = False) -> list[str]:
     """``tokens`` with every form of the original written as ``key=value`` tokens.
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Callable, Sequence
+from typing import Any
 
 SAMPLERS = ("random", "halton")
 

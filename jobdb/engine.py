@@ -12,8 +12,9 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -46,7 +47,7 @@ def make_engine(target: DbTarget) -> Engine:
                               connect_args=connect_args)
 
     @event.listens_for(engine, "connect")
-    def _json_as_text(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+    def _json_as_text(dbapi_conn, _record):  # untyped: DB-API objects
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
@@ -101,7 +102,7 @@ def _sqlite_engine(target: DbTarget) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+    def _on_connect(dbapi_conn, _record):  # untyped: DB-API objects
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
@@ -109,7 +110,7 @@ def _sqlite_engine(target: DbTarget) -> Engine:
         if mode != "wal":
             try:
                 cur.execute("PRAGMA journal_mode = WAL")
-            except Exception:  # a read-only file keeps its mode; writes will say why
+            except Exception:  # noqa: BLE001 - a read-only file keeps its mode; writes will say why
                 pass
         cur.execute("PRAGMA synchronous = NORMAL")  # durable with WAL across process crashes
         # Up to 64 MiB of pages per connection, taken only as used (the default is 2 MiB): a
@@ -147,7 +148,7 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
     except BaseException:
         try:
             conn.rollback() if conn.in_transaction() else driver.rollback()
-        except Exception:  # the connection is gone: the caller drops it, and the database rolls back
+        except Exception:  # noqa: BLE001 - the connection is gone: the caller drops it, and the database rolls back
             pass
         raise
     if conn.in_transaction():

@@ -8,7 +8,8 @@ Functions of one transaction's connection and its event log (``log``, :meth:`Tra
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection

@@ -19,8 +19,9 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -61,7 +62,7 @@ class Halving:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Halving":
+    def from_json(cls, text: str) -> Halving:
         data = json.loads(text)
         space = tuple((k, v[0], tuple(v[1:])) for k, v in sorted(data.pop("space", {}).items()))
         return cls(**{**data, "rungs": tuple(data["rungs"]), "space": space})
@@ -273,7 +274,8 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
-            values = [(load_json(m.results) if m.results else {}).get(rules.metric) if m.status == Status.DONE.value else None
+            values = [(load_json(m.results) if m.results else {}).get(rules.metric)
+                      if m.status == Status.DONE.value else None
                       for m in members]
             ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
             scores[config] = sum(values) / len(values) if ok else None
@@ -385,7 +387,8 @@ def summaries(conn: Connection, exp: int) -> list[str]:
             continue
         if rules.rungs:
             steps = [f"{len(reached.get(k, ()))} at {rules.resource}={v}" for k, v in enumerate(rules.rungs)]
-            parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: " + ", ".join(steps))
+            parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: "
+                         + ", ".join(steps))
         if rules.prune:
             parts.append(f"{pruned} job{'s' if pruned != 1 else ''} pruned by the median of {rules.metric}")
         lines.append(f"search {search_id}: " + "; ".join(parts))

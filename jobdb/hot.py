@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
@@ -122,7 +123,7 @@ def claim_values() -> dict[str, Any]:
         workdir=sa.func.coalesce(t_job.c.workdir, b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
 
 
-def claim_args(worker: "WorkerInfo", workdir_root: str | None, now: float) -> dict[str, Any]:
+def claim_args(worker: WorkerInfo, workdir_root: str | None, now: float) -> dict[str, Any]:
     """The values a claim binds (:func:`claim_values`): the claiming worker, the time, the workdir root."""
     return dict(host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at, backend=worker.backend,
                 backend_id=worker.backend_id, log_path=worker.log_path, now=now,
@@ -158,7 +159,8 @@ class HotStatements:
         self.finish_done = Prepared(
             sa.update(t_job).where(owned())
             .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
-                    results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results), error=sa.null(),
+                    results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results),
+                    error=sa.null(),
                     exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
             .returning(t_job.c.attempt, _has_children(), _in_search()), dialect)
         self.event = Prepared(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from .nested import canonical_params, needs_canonical
 from .sweep import JobSpec

@@ -41,10 +41,10 @@ class DD(dict):
     def __setstate__(self, data: dict) -> None:
         self.update(data)
 
-    def __copy__(self) -> "DD":
+    def __copy__(self) -> DD:
         return DD(self)
 
-    def __deepcopy__(self, memo: dict) -> "DD":
+    def __deepcopy__(self, memo: dict) -> DD:
         from copy import deepcopy
 
         return DD({k: deepcopy(v, memo) for k, v in self.items()})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .canonical import load_json
 from .status import Status
@@ -48,11 +49,11 @@ class Job:
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
 
     @classmethod
-    def from_row(cls, row: Any, deps: list[int] | None = None) -> "Job":
+    def from_row(cls, row: Any, deps: list[int] | None = None) -> Job:
         return cls.from_mapping(row._mapping, deps)
 
     @classmethod
-    def from_mapping(cls, m: Any, deps: list[int] | None = None) -> "Job":
+    def from_mapping(cls, m: Any, deps: list[int] | None = None) -> Job:
         return cls(
             id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
             params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
@@ -66,12 +67,13 @@ class Job:
         )
 
     @classmethod
-    def from_claimed(cls, row: Sequence[Any], deps: list[int], worker: "WorkerInfo", now: float) -> "Job":
+    def from_claimed(cls, row: Sequence[Any], deps: list[int], worker: WorkerInfo, now: float) -> Job:
         """A job as the claim statement left it: the row it returns (``CLAIMED_COLUMNS``, by name), and
         the values it set itself (the claiming worker, ``now``)."""
         m = dict(zip(CLAIMED_COLUMNS, row))
         params, results = m.pop("params"), m.pop("results")
-        return cls(**m, params=load_json(params), results=load_json(results) if results else None, status=Status.RUNNING, host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at,
+        return cls(**m, params=load_json(params), results=load_json(results) if results else None,
+                   status=Status.RUNNING, host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at,
                    backend=worker.backend, backend_id=worker.backend_id, log_path=worker.log_path, started_at=now,
                    heartbeat_at=now, finished_at=None, error=None, exit_code=None, depends_on=deps)
 
@@ -120,12 +122,12 @@ class WorkerInfo:
     log_path: str | None = None
 
     @classmethod
-    def here(cls, **kwargs: Any) -> "WorkerInfo":
+    def here(cls, **kwargs: Any) -> WorkerInfo:
         try:
             import psutil
 
             started = psutil.Process(kwargs.get("pid", os.getpid())).create_time()
-        except Exception:
+        except Exception:  # noqa: BLE001 - no psutil, or the process is gone: the start time is only a hint
             started = None
         kwargs.setdefault("pid", os.getpid())
         kwargs.setdefault("pid_started_at", started)
@@ -172,7 +174,7 @@ class RunningJob:
     workdir: str | None = None
 
     @classmethod
-    def from_row(cls, row: Any) -> "RunningJob":
+    def from_row(cls, row: Any) -> RunningJob:
         m = row._mapping
         values = {name: m[name] for name in RUNNING_COLUMNS}
         values["stop_requested"] = bool(values["stop_requested"])

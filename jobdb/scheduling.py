@@ -15,7 +15,8 @@ import itertools
 import pickle
 import time
 from array import array
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -125,7 +126,7 @@ class ReadySweep:
 
 def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experiment: str, sweep: ReadySweep, *,
              after: Sequence[int], priority: float, max_attempts: int, progress: Callable[[int], None] | None,
-             halving: "_halving.Halving | None", keep_ids: bool = True) -> ScheduleResult:
+             halving: _halving.Halving | None, keep_ids: bool = True) -> ScheduleResult:
     """Insert a sweep's new jobs and their dependencies into experiment ``exp`` (named ``experiment``),
     in the caller's write transaction, a chunk at a time; see :meth:`Store.schedule`."""
     lock_experiment(conn, exp)
@@ -194,7 +195,7 @@ class SweepWriter:
         self.needs_ids = with_parents or keep_ids or members or bool(after)
         self.analyze_at = ANALYZE_AFTER  # PostgreSQL: jobs added when the planner's statistics are read again
 
-    def write(self, index: int, chunk: ReadyChunk, *, lookup: bool) -> None:
+    def write(self, index: int, chunk: ReadyChunk, *, lookup: bool) -> None:  # noqa: C901
         specs, encoded, hashes = chunk
         found: dict[str, int] = self._found(specs, encoded, hashes) if lookup else {}
         if found:

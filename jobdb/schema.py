@@ -39,7 +39,7 @@ class JsonText(TypeDecorator):
     impl = Text
     cache_ok = True
 
-    def load_dialect_impl(self, dialect):  # noqa: ANN001, ANN201
+    def load_dialect_impl(self, dialect):
         return _raw_jsonb() if dialect.name == "postgresql" else self.impl_instance
 
 
@@ -53,13 +53,13 @@ def _raw_jsonb() -> TypeEngine:
 
         cache_ok = True
 
-        def adapt(self, cls, **kw):  # noqa: ANN001, ANN003, ANN201
+        def adapt(self, cls, **kw):
             return RawJsonb()  # whatever the driver's jsonb type is
 
-        def bind_processor(self, dialect):  # noqa: ANN001, ANN201
+        def bind_processor(self, dialect):
             return None
 
-        def result_processor(self, dialect, coltype):  # noqa: ANN001, ANN201
+        def result_processor(self, dialect, coltype):
             return None
 
     return RawJsonb()

@@ -41,9 +41,8 @@ def apply() -> None:
 
 
 def _turn_off() -> None:
-    import ctypes
-
     import _sqlite3
+    import ctypes
 
     try:
         lib = ctypes.CDLL(_sqlite3.__file__)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -62,7 +63,7 @@ class Store:
                 _engine.ensure_schema(self.engine, create=create)
 
     @classmethod
-    def open(cls, url: str | None = None, table: str | None = None, **kwargs: Any) -> "Store":
+    def open(cls, url: str | None = None, table: str | None = None, **kwargs: Any) -> Store:
         """Open ``url`` (or ``JOBMAN_DB``, or ./jobman.db) for experiment ``table``."""
         return cls(parse_db(url, table), **kwargs)
 
@@ -81,7 +82,7 @@ class Store:
     # -- schedule -------------------------------------------------------------------
     def schedule(self, specs: Iterable[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
                  max_attempts: int = 3, progress: Callable[[int], None] | None = None,
-                 halving: "_halving.Halving | None" = None, duplicate: bool = False,
+                 halving: _halving.Halving | None = None, duplicate: bool = False,
                  repeat: int = 1, keep_ids: bool = True) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
@@ -366,11 +367,11 @@ class Store:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
         return self._read(lambda conn: _halving.summaries(conn, self._exp(conn)))
 
-    def search_space(self) -> "dict[str, _halving.Distribution]":
+    def search_space(self) -> dict[str, _halving.Distribution]:
         """The parameters this experiment's sweeps drew, and the distribution of each (for plots)."""
         return self._read(lambda conn: _halving.space_of(conn, self._exp(conn)))
 
-    def search_rungs(self) -> "list[_halving.Rungs]":
+    def search_rungs(self) -> list[_halving.Rungs]:
         """This experiment's successive-halving searches: each configuration's mean metric at each rung."""
         return self._read(lambda conn: _halving.rungs_detail(conn, self._exp(conn)))
 

@@ -13,8 +13,9 @@ import itertools
 import json
 import operator
 import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from . import distributions
 from .canonical import encode_value
@@ -127,7 +128,7 @@ def split_top_level(text: str, offset: int = 0) -> list[tuple[str, int]]:
     return pieces
 
 
-def parse_value(text: str, offset: int = 0) -> Any:
+def parse_value(text: str, offset: int = 0) -> Any:  # noqa: C901
     """One typed value. Raises ValueError('message@position') when malformed."""
     s = text.strip()
     lead = offset + (len(text) - len(text.lstrip()))
@@ -453,7 +454,7 @@ class Expansion:
     def __len__(self) -> int:
         return sum(self._sizes)
 
-    def shifted(self, offset: int) -> "Expansion":
+    def shifted(self, offset: int) -> Expansion:
         """The same jobs with their phases numbered from ``offset``."""
         return Expansion(self.sweep, samples=self.samples, seed=self.seed, sampler=self.sampler,
                          phase_offset=offset)

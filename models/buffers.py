@@ -7,7 +7,7 @@ that overhead, not the arithmetic, is what an update costs.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

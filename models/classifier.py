@@ -11,7 +11,8 @@ checkpoint, and writes the standard results into ``state``:
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gzip
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,7 @@ def _frozen(*arrays: np.ndarray | None) -> None:
             a.setflags(write=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _digits() -> Dataset:
     try:
         from sklearn.datasets import load_digits

@@ -22,8 +22,9 @@ Both phases must see the same data parameters so they cut the same training set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,8 @@ class _Progress:
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
         meta = from_json_array(arrays["meta"])
-        self.layer, self.epochs, self.seconds, self.recon = meta["layer"], meta["epochs"], meta["seconds"], meta["recon"]
+        self.layer, self.epochs = meta["layer"], meta["epochs"]
+        self.seconds, self.recon = meta["seconds"], meta["recon"]
 
 
 def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state: dict,
@@ -132,7 +134,7 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
         k, persistent = int(p["cd_k"]), bool(p["pcd"])
         sample = data[:RECON_SAMPLE]
 
-        def step(idx: np.ndarray, rbm=rbm, opt=opt, data=data) -> None:
+        def step(idx: np.ndarray, rbm=rbm, opt=opt, data=data, k=k, persistent=persistent) -> None:
             rbm.cd_grads(data[idx], rng, k, persistent)
             opt.update(rbm.grads)
 

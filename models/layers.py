@@ -8,7 +8,7 @@ them in place and a checkpoint can save them. Arrays are float32 by default
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

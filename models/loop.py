@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class Loop:
                  step: Callable[[np.ndarray], float], rng: np.random.Generator, channel: Channel,
                  plugins: Sequence[Plugin] = (), parts: dict[str, Checkpointable] | None = None,
                  checkpoint_path: str | Path | None = None, fingerprint: Any = None,
-                 on_checkpoint: Callable[["Loop"], None] | None = None,
+                 on_checkpoint: Callable[[Loop], None] | None = None,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         if n_examples <= 0:
             raise ValueError("the training set is empty")

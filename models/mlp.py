@@ -7,7 +7,8 @@ a relaunched job picking up where its last checkpoint left off.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -13,12 +13,11 @@ buffers too, and are saved and restored by name all the same.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from .buffers import is_view_set, views_of
-
 
 FLUSH_EVERY = 50  # steps between two flushes of tiny slot values (0.9 ** 50 keeps them far from denormal)
 TINY = 1e-30
@@ -47,7 +46,7 @@ class Optimizer:
             self.slots = {k: {s: per_slot[s][k] for s in self.slot_names} for k in self.params}
             # Weight decay (L2) applies to matrices only, never to biases.
             mask = np.zeros_like(p_buf)
-            for k, v in views_of(mask, shapes).items():
+            for v in views_of(mask, shapes).values():
                 if v.ndim > 1:
                     v[...] = 1
             self._decay = self.weight_decay * mask

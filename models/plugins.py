@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class Plugin:
 
     schedule: Schedule
     timeline: str
-    fn: Callable[["Loop"], None]
+    fn: Callable[[Loop], None]
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -49,11 +50,11 @@ class Plugin:
             self.name = getattr(self.fn, "__name__", type(self.fn).__name__)
 
 
-def evaluate(fn: Callable[["Loop"], dict[str, float | None]], schedule: Schedule | None = None,
+def evaluate(fn: Callable[[Loop], dict[str, float | None]], schedule: Schedule | None = None,
              timeline: str = "epochs") -> Plugin:
     """Merge the metrics ``fn(loop)`` returns into ``loop.metrics`` (default: after each epoch)."""
 
-    def run(loop: "Loop") -> None:
+    def run(loop: Loop) -> None:
         loop.set_metrics(fn(loop))
 
     return Plugin(schedule or each(1), timeline, run, "evaluate")
@@ -69,7 +70,7 @@ class EarlyStopping:
     """
 
     def __init__(self, metric: str = "valid_error", patience: int = 10, mode: str = "min",
-                 min_delta: float = 0.0, on_improve: Callable[["Loop"], None] | None = None) -> None:
+                 min_delta: float = 0.0, on_improve: Callable[[Loop], None] | None = None) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
         self.metric, self.patience, self.mode, self.min_delta = metric, int(patience), mode, float(min_delta)
@@ -78,7 +79,7 @@ class EarlyStopping:
         self.best_step: float | None = None
         self.waited = 0
 
-    def __call__(self, loop: "Loop") -> None:
+    def __call__(self, loop: Loop) -> None:
         value = loop.metrics.get(self.metric)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return
@@ -101,7 +102,7 @@ class EarlyStopping:
 
 
 def early_stopping(metric: str = "valid_error", patience: int = 10, mode: str = "min",
-                   on_improve: Callable[["Loop"], None] | None = None,
+                   on_improve: Callable[[Loop], None] | None = None,
                    schedule: Schedule | None = None, timeline: str = "epochs") -> Plugin:
     """An :class:`EarlyStopping` plugin; schedule it right after the metric's evaluation."""
     return Plugin(schedule or each(1), timeline, EarlyStopping(metric, patience, mode, on_improve=on_improve),
@@ -123,7 +124,7 @@ class ReduceOnPlateau:
         self.waited = 0
         self.reductions = 0
 
-    def __call__(self, loop: "Loop") -> None:
+    def __call__(self, loop: Loop) -> None:
         value = loop.metrics.get(self.metric)
         if value is None or self.reductions >= self.max_reductions:
             return
@@ -160,7 +161,7 @@ class MetricLogger:
         self.timeline, self.prefix = timeline, prefix
         self.last = -1  # the iteration of the last write
 
-    def __call__(self, loop: "Loop") -> None:
+    def __call__(self, loop: Loop) -> None:
         fresh = {self.prefix + k: v for k, v in loop.metrics.items()
                  if loop.updated.get(k, -1) > self.last and (self.names is None or k in self.names)}
         if fresh:
@@ -196,7 +197,7 @@ def remote_stop(schedule: Schedule | None = None, timeline: str = "iterations") 
     Checked after every iteration by default, so channels keep ``should_stop`` cheap.
     """
 
-    def run(loop: "Loop") -> None:
+    def run(loop: Loop) -> None:
         if loop.channel.should_stop():
             loop.stop(getattr(loop.channel, "stop_reason", None) or "stop requested", incomplete=True)
             loop.checkpoint()
@@ -208,7 +209,7 @@ def progress(schedule: Schedule | None = None, timeline: str = "wall_time", stre
              label: str = "") -> Plugin:
     """One line of progress to ``stream`` (stderr; default every 30 s of wall time)."""
 
-    def run(loop: "Loop") -> None:
+    def run(loop: Loop) -> None:
         c = loop.clock
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(loop.metrics.items()) if isinstance(v, (int, float)))
         print(f"{label}epoch {c.epochs} iter {c.iterations} {c.wall_time:.1f}s {shown}".strip(),

@@ -19,17 +19,17 @@ class Schedule:
     def fires(self, prev: float, now: float) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __and__(self, other: "Schedule") -> "Schedule":
+    def __and__(self, other: Schedule) -> Schedule:
         return _All(self, other)
 
-    def __or__(self, other: "Schedule") -> "Schedule":
+    def __or__(self, other: Schedule) -> Schedule:
         return _Any(self, other)
 
-    def __invert__(self) -> "Schedule":
+    def __invert__(self) -> Schedule:
         return _Not(self)
 
 
-class each(Schedule):  # noqa: N801 - reads as a word in plugin declarations
+class each(Schedule):  # lower case: reads as a word in plugin declarations
     """Fires when one of ``start, start + n, start + 2n, ...`` is crossed (``each(5)``: 5, 10, ...)."""
 
     def __init__(self, n: float, start: float | None = None) -> None:
@@ -49,7 +49,7 @@ class each(Schedule):  # noqa: N801 - reads as a word in plugin declarations
         return f"each({self.n!r})" if self.start == self.n else f"each({self.n!r}, start={self.start!r})"
 
 
-class at(Schedule):  # noqa: N801
+class at(Schedule):
     """Fires when one of the given points is crossed."""
 
     def __init__(self, *points: float) -> None:
@@ -62,7 +62,7 @@ class at(Schedule):  # noqa: N801
         return f"at({', '.join(map(repr, self.points))})"
 
 
-class always(Schedule):  # noqa: N801
+class always(Schedule):
     """Fires at every evaluation point."""
 
     def fires(self, prev: float, now: float) -> bool:
@@ -72,7 +72,7 @@ class always(Schedule):  # noqa: N801
         return "always()"
 
 
-class never(Schedule):  # noqa: N801
+class never(Schedule):
     """Never fires (a disabled plugin)."""
 
     def fires(self, prev: float, now: float) -> bool:

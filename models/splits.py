@@ -20,8 +20,9 @@ Folds and hold-outs are seeded by ``fold_seed`` (0), independent of the model's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,8 @@ def _subset(n: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(n)[:size])
 
 
-def split_indices(y: np.ndarray, p: Mapping[str, Any], has_test: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def split_indices(y: np.ndarray, p: Mapping[str, Any],
+                  has_test: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(train, valid, test) indices into the training pool; test is None for the data set's own test set."""
     seed = int(p["fold_seed"])
     if int(p["nb_outer_fold"]):
