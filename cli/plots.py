@@ -152,7 +152,7 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
     eligible = np.array([r.eligible for r in rows])
     levels = sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) \
         if by else []
-    if len(levels) > 1:  # one colour per rung: the configurations that went on stand out
+    if by and len(levels) > 1:  # one colour per rung: the configurations that went on stand out
         colors = plt.get_cmap("viridis", len(levels))
         for i, level in enumerate(levels):
             here = eligible & np.array([r.params.get(by) == level for r in rows])
@@ -168,9 +168,9 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
     pick = np.argmin if report.mode == "min" else np.argmax
     envelope = []
     for i in range(len(line_x)):
-        here = np.flatnonzero((slot == i) & eligible) if eligible.any() else np.flatnonzero(slot == i)
-        if here.size:
-            envelope.append((line_x[i], means[here][pick(means[here])]))
+        at = np.flatnonzero((slot == i) & eligible) if eligible.any() else np.flatnonzero(slot == i)
+        if at.size:
+            envelope.append((line_x[i], means[at][pick(means[at])]))
     if len(envelope) > 1 and not continuous:  # a line through every draw of a continuous one says nothing
         ex, ey = zip(*envelope)
         ax.plot(ex, ey, "-", color="tab:orange", lw=1.5, label=f"best {report.metric} at each {key}")

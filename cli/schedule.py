@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import click
 
@@ -214,8 +215,8 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         # A fan-in sweep's phases come after the deepest job it waits for.
         wanted = set(after_ids)
         specs = specs.shifted(1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted))
-    keep = dict(after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules, duplicate=force,
-                repeat=repeat, keep_ids=False)
+    keep: dict[str, Any] = dict(after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules,
+                                duplicate=force, repeat=repeat, keep_ids=False)
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 

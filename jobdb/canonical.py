@@ -23,10 +23,11 @@ def _not_json(value: Any) -> Any:
 
 
 # The standard library's C encoder, made once with the settings of _ENCODER: encode() would make
-# a new one per call, which is half the cost of encoding a sweep's 100,000 small dicts.
-_C_ENCODER = (json.encoder.c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-                                          True, False, False)
-              if json.encoder.c_make_encoder is not None else None)
+# a new one per call, which is half the cost of encoding a sweep's 100,000 small dicts. (The C
+# accelerators are not in the standard library's stubs.)
+_C_ENCODER = (json.encoder.c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii, None,  # type: ignore[attr-defined]
+                                          ": ", ", ", True, False, False)
+              if json.encoder.c_make_encoder is not None else None)  # type: ignore[attr-defined]
 
 
 def dump_json(value: Any, what: str = "value") -> str:
@@ -97,7 +98,8 @@ def _nul_path(value: Any, path: str) -> str | None:
     return None
 
 
-_SCAN = json.scanner.c_make_scanner(json.JSONDecoder()) if json.scanner.c_make_scanner is not None else None
+_SCAN = (json.scanner.c_make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]  # not in the stubs either
+         if json.scanner.c_make_scanner is not None else None)  # type: ignore[attr-defined]
 
 
 def load_json(text: str) -> Any:

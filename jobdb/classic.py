@@ -132,11 +132,11 @@ def insert_job(experiment_fn: Callable[..., Any], state: Mapping[str, Any], db: 
     by_value = module == "__main__" or "<" in name
     named = f"{module}:{name}" if by_value else f"{module}.{name}"
     experiment, code = pickled_by_value(experiment_fn, named) if by_value else (named, None)
-    state = copy.copy(dict(flatten(state)))
-    if state.get(EXPERIMENT, named) not in (named, experiment):
-        raise UsageError(f"state[{EXPERIMENT!r}] is {state[EXPERIMENT]!r}, not the function {named!r}")
-    state[EXPERIMENT] = experiment
-    return _insert(state, db, force_dup=force_dup, priority=priority, code=code)
+    flat = copy.copy(dict(flatten(state)))
+    if flat.get(EXPERIMENT, named) not in (named, experiment):
+        raise UsageError(f"state[{EXPERIMENT!r}] is {flat[EXPERIMENT]!r}, not the function {named!r}")
+    flat[EXPERIMENT] = experiment
+    return _insert(flat, db, force_dup=force_dup, priority=priority, code=code)
 
 
 __all__ = ["db", "Database", "insert_job", "insert_dict", "hash_state", "JOBID", "EXPERIMENT", "STATUS", "HASH",

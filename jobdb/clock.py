@@ -35,16 +35,17 @@ class ServerClock:
 
     def now(self, conn: Connection) -> float:
         """The server's time now; read on ``conn`` (in its transaction) when due."""
-        mono = time.monotonic()
-        if self._offset is None or mono - self._read_at > REREAD_AFTER:
-            self._read(conn)
+        mono, offset = time.monotonic(), self._offset
+        if offset is None or mono - self._read_at > REREAD_AFTER:
+            offset = self._read(conn)
             mono = time.monotonic()
-        return mono + self._offset
+        return mono + offset
 
-    def _read(self, conn: Connection) -> None:
+    def _read(self, conn: Connection) -> float:
+        """Read the server's clock and keep its offset from this host's monotonic clock; returns it."""
         if self.sql is None:  # a database we know no clock query for: this host's clock
             self._offset, self._read_at = time.time() - time.monotonic(), time.monotonic()
-            return
+            return self._offset
         before = time.monotonic()
         cursor = execute_raw(conn, self.sql)
         try:
@@ -53,3 +54,4 @@ class ServerClock:
             cursor.close()
         after = time.monotonic()
         self._offset, self._read_at = server - (before + after) / 2, after
+        return self._offset

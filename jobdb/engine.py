@@ -51,7 +51,8 @@ def make_engine(target: DbTarget) -> Engine:
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
-    _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))
+    # The pool logs through a Logger, or through SQLAlchemy's wrapper of one when echo is set per engine.
+    _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))  # type: ignore[arg-type]
     return engine
 
 
@@ -123,7 +124,7 @@ def _sqlite_engine(target: DbTarget) -> Engine:
     def _on_begin(conn: Connection) -> None:
         # On the driver's cursor: going through SQLAlchemy's execute costs more than the BEGIN itself.
         # A statement run through SQLAlchemy inside ``in_write_transaction`` joins the transaction begun there.
-        if not conn.connection.dbapi_connection.in_transaction:
+        if not conn.connection.dbapi_connection.in_transaction:  # type: ignore[union-attr]  # None only once closed
             if conn.get_execution_options().get("jobman_readonly"):
                 execute_raw(conn, "BEGIN").close()
             else:
@@ -147,7 +148,7 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
         result = fn(conn)
     except BaseException:
         try:
-            conn.rollback() if conn.in_transaction() else driver.rollback()
+            conn.rollback() if conn.in_transaction() else driver.rollback()  # type: ignore[union-attr]  # None only once closed
         except Exception:  # noqa: BLE001 - the connection is gone: the caller drops it, and the database rolls back
             pass
         raise
@@ -155,7 +156,7 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
         conn.commit()
     else:
         try:
-            driver.commit()
+            driver.commit()  # type: ignore[union-attr]  # None only once closed
         except conn.dialect.loaded_dbapi.Error as exc:
             raise sa.exc.DBAPIError.instance("COMMIT", (), exc, conn.dialect.loaded_dbapi.Error,
                                              dialect=conn.dialect) from exc
@@ -189,7 +190,7 @@ def begin_immediate(conn: Connection) -> None:
     execute_raw(conn, "BEGIN IMMEDIATE").close()  # from here SQLite waits, as it would have
 
 
-def _is_busy(error: BaseException) -> bool:
+def _is_busy(error: BaseException | None) -> bool:
     """SQLITE_BUSY and its extended codes (Python 3.11 names them; 3.10 only says it in words)."""
     code = getattr(error, "sqlite_errorcode", None)
     return code & 0xFF == 5 if code is not None else str(error).startswith("database is locked")
@@ -274,7 +275,7 @@ def check_search_path(conn: Connection) -> None:
     finds no tables: say which it is, rather than "no jobman tables yet"."""
     if conn.exec_driver_sql("SELECT current_schema()").scalar() is not None:
         return
-    path = [p.strip().strip('"') for p in conn.exec_driver_sql("SHOW search_path").scalar().split(",")]
+    path = [p.strip().strip('"') for p in str(conn.exec_driver_sql("SHOW search_path").scalar()).split(",")]
     schema = next((p for p in path if p and p != "$user"), "public")
     if conn.execute(sa.text("SELECT to_regnamespace(:name)"), {"name": schema}).scalar() is None:
         raise SchemaError(f"schema {schema!r} does not exist in this database: an administrator makes it "

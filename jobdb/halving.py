@@ -170,7 +170,8 @@ def choose(scores: Mapping[str, float | None], total: int, promoted: Sequence[st
     if not asynchronous and (len(scores) < total or not closed):
         return []
     sign = -1.0 if mode == "max" else 1.0
-    ranked = sorted((c for c, s in scores.items() if s is not None), key=lambda c: (sign * scores[c], c))
+    valued = {c: s for c, s in scores.items() if s is not None}
+    ranked = sorted(valued, key=lambda c: (sign * valued[c], c))
     limit = allowed(len(scores), total, eta, closed)
     room = limit - len(promoted)
     if room <= 0:
@@ -208,7 +209,7 @@ def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
     if found is not None:
         return found
     search_id = conn.execute(sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec,
-                                                        created_at=time.time())).inserted_primary_key[0]
+                                                        created_at=time.time())).inserted_primary_key[0]  # type: ignore[index]
     if only_draws or not job_ids:
         return search_id
     conn.execute(sa.insert(t_sjob), [{"job_id": j, "search_id": search_id, "rung": 0,
@@ -274,14 +275,14 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
-            values = [(load_json(m.results) if m.results else {}).get(rules.metric)
+            values: list[Any] = [(load_json(m.results) if m.results else {}).get(rules.metric)
                       if m.status == Status.DONE.value else None
                       for m in members]
             ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
             scores[config] = sum(values) / len(values) if ok else None
     chosen = choose(scores, len(jobs), sorted(promoted), rules.eta, rules.mode, rules.asynchronous, closed)
-    ranked = sorted((c for c in scores if scores[c] is not None),
-                    key=lambda c: ((-1 if rules.mode == "max" else 1) * scores[c], c))
+    valued = {c: s for c, s in scores.items() if s is not None}
+    ranked = sorted(valued, key=lambda c: ((-1 if rules.mode == "max" else 1) * valued[c], c))
     new: list[int] = []
     for config in chosen:
         why = (f"promoted to rung {rung + 1} ({rules.resource}={rules.rungs[rung + 1]}): ranked "
@@ -302,7 +303,7 @@ def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, c
     each to a child of its own: the first keeps the parameters' identity, the others take one derived
     from their parent's id, so that deciding the promotion again finds the same children.
     """
-    child = conn.execute(sa.select(t_dep.c.job_id).join(t_sjob, t_sjob.c.job_id == t_dep.c.job_id)
+    child: Any = conn.execute(sa.select(t_dep.c.job_id).join(t_sjob, t_sjob.c.job_id == t_dep.c.job_id)
                          .where(t_dep.c.depends_on == parent, t_sjob.c.rung == rung).limit(1)).scalar()
     p = conn.execute(sa.select(t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority,
                                t_job.c.max_attempts).where(t_job.c.id == parent)).one()
@@ -322,7 +323,7 @@ def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, c
         child = conn.execute(sa.insert(t_job).values(
             experiment_id=exp, phase=p.phase + 1, kind=p.kind, target=p.target, params=dump_json(params, "parameters"),
             params_hash=digest, status=Status.WAITING.value, priority=p.priority, max_attempts=p.max_attempts,
-            created_at=now)).inserted_primary_key[0]
+            created_at=now)).inserted_primary_key[0]  # type: ignore[index]
         conn.execute(sa.insert(t_dep).values(job_id=child, depends_on=parent))
         conn.execute(sa.insert(t_event).values(job_id=child, at=now, from_status=None, to_status=Status.WAITING.value,
                                                attempt=0, why=why, source=None, data=None))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect
@@ -22,6 +22,8 @@ from .schema import search_job as t_sjob
 from .status import Status
 
 if TYPE_CHECKING:
+    from sqlalchemy.sql.compiler import SQLCompiler
+
     from .records import WorkerInfo
 
 b = sa.bindparam
@@ -30,7 +32,7 @@ b = sa.bindparam
 def execute_raw(conn: Connection, sql: str, args: Any = (), *, many: bool = False) -> Any:
     """Run SQL on the connection's DB-API cursor (``many``: once per set of ``args``); driver errors
     become SQLAlchemy's, as from ``execute``."""
-    cursor = conn.connection.dbapi_connection.cursor()
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # None only once closed
     try:
         if many:
             cursor.executemany(sql, args)
@@ -47,10 +49,10 @@ class Prepared:
     """A statement compiled for one dialect, run on the transaction's own DB-API cursor."""
 
     def __init__(self, stmt: sa.sql.ClauseElement, dialect: Dialect) -> None:
-        compiled = stmt.compile(dialect=dialect)
+        compiled = cast("SQLCompiler", stmt.compile(dialect=dialect))
         self.sql = str(compiled)
         self.defaults: dict[str, Any] = dict(compiled.params)
-        order = tuple(compiled.positiontup) if compiled.positional else None
+        order = tuple(compiled.positiontup) if compiled.positional else None  # type: ignore[arg-type]  # set when positional
         # The bound values in the driver's order (a positional paramstyle), or the dict itself.
         if order is None:
             self.args: Callable[[dict[str, Any]], Any] = lambda bound: bound
@@ -92,7 +94,7 @@ def owned():
 
 
 # Spelled out: SQLite's RETURNING loses the table name SQLAlchemy would put before ``id``.
-_JOB_ID = sa.literal_column(f"{t_job.name}.id")
+_JOB_ID: sa.ColumnClause[Any] = sa.literal_column(f"{t_job.name}.id")
 
 
 def _has_parents():

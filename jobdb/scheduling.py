@@ -15,7 +15,7 @@ import itertools
 import pickle
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -102,7 +102,7 @@ class ReadySweep:
         self.duplicate, self.repeat = duplicate, repeat
         self.distinct = bool(getattr(self.specs, "distinct", False))  # no job of the sweep is another of it
         self.parents = bool(getattr(self.specs, "parents", True))  # some job depends on another of it
-        size = len(self.specs) if hasattr(self.specs, "__len__") else None
+        size = len(self.specs) if isinstance(self.specs, Sized) else None
         self._one = ready_chunk(0, list(self.specs), duplicate) if size is not None and size <= SCHEDULE_CHUNK else None
 
     def chunks(self, copy: int = 0) -> Iterator[tuple[int, ReadyChunk]]:
@@ -121,7 +121,7 @@ class ReadySweep:
 
     @functools.cached_property
     def size(self) -> int:
-        return len(self.specs) if hasattr(self.specs, "__len__") else sum(1 for _ in self.specs)
+        return len(self.specs) if isinstance(self.specs, Sized) else sum(1 for _ in self.specs)
 
 
 def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experiment: str, sweep: ReadySweep, *,
@@ -131,10 +131,10 @@ def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experimen
     in the caller's write transaction, a chunk at a time; see :meth:`Store.schedule`."""
     lock_experiment(conn, exp)
     if after:
-        found = set()
-        for chunk in chunks(list(after)):
+        found: set[int] = set()
+        for part in chunks(list(after)):
             found.update(conn.execute(sa.select(t_job.c.id).where(
-                t_job.c.experiment_id == exp, t_job.c.id.in_(chunk))).scalars())
+                t_job.c.experiment_id == exp, t_job.c.id.in_(part))).scalars())
         missing = sorted(set(after) - found)
         if missing:
             raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {experiment!r}")
@@ -159,7 +159,7 @@ def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experimen
             done += len(chunk.specs)
             if progress:
                 progress(done)
-    if halving is not None:
+    if halving is not None and writer.members is not None:  # members are kept for a search
         _halving.register(conn, exp, halving, list(writer.members), list(writer.members.values()))
     return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
 
@@ -190,7 +190,8 @@ class SweepWriter:
         self.refresh = bool(after)  # a parent that is not new: new jobs may be ready (or blocked) at once
         self.now = time.time()
         waiting, queued = Status.WAITING.value, Status.QUEUED.value
-        self.root_status, self.root_queued_at = (waiting, None) if after else (queued, self.now)
+        self.root_status = waiting if after else queued
+        self.root_queued_at: float | None = None if after else self.now
         self.dotted: dict[str, bool] = {}  # function target -> a job is stored under its older spelling
         self.needs_ids = with_parents or keep_ids or members or bool(after)
         self.analyze_at = ANALYZE_AFTER  # PostgreSQL: jobs added when the planner's statistics are read again
@@ -230,7 +231,8 @@ class SweepWriter:
         for h, k in fresh.items():
             s, child = specs[k], ids[h]
             if s.parent is not None:
-                parent = self.slots[s.parent] if s.parent < index else chunk_ids[s.parent - index]
+                # slots are kept whenever a job of the sweep may have a parent
+                parent = self.slots[s.parent] if s.parent < index else chunk_ids[s.parent - index]  # type: ignore[index]
                 deps.append((child, parent))
                 waiting.append(child)
                 self.refresh = self.refresh or parent <= self.before

@@ -57,7 +57,8 @@ class Store:
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once
         # What the end of a run needs beyond its transaction: the server's time, and the searches it moves on.
-        self._ends = dict(clock=self.clock.now, after_end=scheduling.search_moves_on(self._events, self.clock.now))
+        self._ends: dict[str, Any] = dict(clock=self.clock.now,
+                                          after_end=scheduling.search_moves_on(self._events, self.clock.now))
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)

@@ -59,10 +59,11 @@ class Sweep:
 
     def targets(self) -> list[str]:
         """The target each phase runs, inherited where a phase names none."""
-        out, current = [], None
+        out: list[str] = []
+        current: str | None = None
         for phase in self.phases:
             current = phase.target or current
-            out.append(current)
+            out.append(current)  # type: ignore[arg-type]  # parse_sweep refuses a first phase without a target
         return out
 
 
@@ -254,8 +255,8 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
             raise ValueError(f"'}}}}' without '{{{{'@{start + bad}")
         return Assignment(key, (parse_value(raw, start),), False, (arg_index, token))
     except ValueError as exc:
-        message, _, pos = str(exc).rpartition("@")
-        raise _fail(arg_index, token, message, int(pos)) from None
+        message, _, at = str(exc).rpartition("@")
+        raise _fail(arg_index, token, message, int(at)) from None
 
 
 def _find_unquoted(text: str, needles: tuple[str, ...]) -> int:
@@ -282,7 +283,8 @@ _SHELL_EXPANDED = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=\{([^{}]*)\}$")
 def rejoin_shell_expansion(tokens: Sequence[str]) -> list[str]:
     """Undo the shell's brace expansion: an unquoted ``k={{a,b}}`` reaches us as ``k={a} k={b}``."""
     out: list[str] = []
-    run_key, run_values = None, []
+    run_key: str | None = None
+    run_values: list[str] = []
 
     def flush() -> None:
         nonlocal run_key, run_values

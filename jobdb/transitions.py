@@ -174,8 +174,9 @@ def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
     blob = dump_json(results, "job results") if results is not None else None
     error, why = _no_nul(error), _no_nul(why)
     if blob is not None and len(blob) > MAX_STATE_BYTES:
-        blob, error, outcome = None, (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
-                                      "limit: keep large arrays in files in its workdir"), Outcome.FAILED.value
+        error = (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+                 "limit: keep large arrays in files in its workdir")
+        blob, outcome = None, Outcome.FAILED.value
     return blob, outcome, error, why
 
 
@@ -291,7 +292,7 @@ def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int,
     """RUNNING jobs found dead (``found``: job id -> {lease: reason}) end CRASHED, or CANCELED when
     their stop was asked; those with attempts left (``max_attempts``, or each job's own) are
     relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer."""
-    rows = []
+    rows: list[Any] = []
     for chunk in chunks(sorted(found)):
         rows.extend(conn.execute(
             sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
@@ -416,7 +417,7 @@ def set_priority(conn: Connection, log: Log, job_ids: Sequence[int], priority: f
 
 def delete(conn: Connection, log: Log, job_ids: Sequence[int]) -> int:
     """Remove jobs with their events and metrics; their dependents lose that dependency (re-derived)."""
-    affected = set()
+    affected: set[int] = set()
     n = 0
     for chunk in chunks(list(job_ids)):
         affected.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())

@@ -25,7 +25,8 @@ def save_npz(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz.tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+            named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+            np.savez(fh, **named)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -163,7 +163,7 @@ def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, stat
     state["valid_error"] = net.error(split.X_valid, split.y_valid)
     state["test_error"] = net.error(split.X_test, split.y_test)
     state["epochs"] = int(loop.clock.epochs)
-    if early is not None and early.fn.best_step is not None:
+    if early is not None and isinstance(early.fn, pl.EarlyStopping) and early.fn.best_step is not None:
         state["best_epoch"] = int(early.fn.best_step)
     state["seconds"] = float(resumed_seconds + (time.perf_counter() - started))
     return COMPLETE

@@ -96,7 +96,8 @@ class _Progress:
     """Which layer is in training, and what the finished layers took; checkpointed with the loop."""
 
     def __init__(self) -> None:
-        self.layer, self.epochs, self.seconds, self.recon = 0, 0, 0.0, []
+        self.layer, self.epochs, self.seconds = 0, 0, 0.0
+        self.recon: list[float] = []
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {"meta": json_array({"layer": self.layer, "epochs": self.epochs, "seconds": self.seconds,
@@ -138,7 +139,7 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
             rbm.cd_grads(data[idx], rng, k, persistent)
             opt.update(rbm.grads)
 
-        def recon_error(_loop: Loop, rbm=rbm, sample=sample) -> dict[str, float]:
+        def recon_error(_loop: Loop, rbm=rbm, sample=sample) -> dict[str, float | None]:
             return {"recon_error": rbm.reconstruction_error(sample)}
 
         def progress_results(loop: Loop) -> None:
@@ -174,7 +175,7 @@ def pretrain(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> s
     ``epochs`` (summed over layers) and ``seconds``; no classification errors (no labels used).
     """
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)
+    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
     split = make_split(p)
     stack = pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
     if stack is None:
@@ -228,7 +229,7 @@ def finetune(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> s
     if not channel.parents:
         raise ValueError("dbn:finetune needs a parent: schedule it as the phase after dbn:pretrain")
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)
+    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
     stack = load_stack(channel.parents[0].workdir)
     return finetune_stack(stack, make_split(p), p, channel, state, plugins)
 
@@ -240,7 +241,7 @@ def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
     ``pretrain_seconds``; ``seconds`` covers both phases.
     """
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)
+    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
     split = make_split(p)
     stack = pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
     if stack is None:

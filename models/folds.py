@@ -7,6 +7,8 @@ same fold gets exactly the same examples.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -21,7 +23,7 @@ def _stratified_order(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if len(y) else np.zeros(0, dtype=np.intp)
 
 
-def stratified_folds(y: np.ndarray, nb_folds: int, seed: int = 0) -> list[np.ndarray]:
+def stratified_folds(y: np.ndarray, nb_folds: int, seed: int | Sequence[int] = 0) -> list[np.ndarray]:
     """Split ``range(len(y))`` into ``nb_folds`` disjoint, class-balanced folds."""
     nb_folds = int(nb_folds)
     if nb_folds < 2:

@@ -9,6 +9,7 @@ them in place and a checkpoint can save them. Arrays are float32 by default
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 
@@ -166,7 +167,8 @@ class Network:
         d = self.loss.backward()
         first_trainable = next(i for i, layer in enumerate(self.layers) if layer.params)
         for i in range(len(self.layers) - 1, first_trainable - 1, -1):
-            d = self.layers[i].backward(d, need_dx=i > first_trainable)
+            # None only from the first trainable layer, the loop's last
+            d = cast(np.ndarray, self.layers[i].backward(d, need_dx=i > first_trainable))
         return loss
 
     def predict(self, x: np.ndarray, batch_size: int = 4096) -> np.ndarray:

@@ -58,7 +58,7 @@ class Loop:
     """
 
     def __init__(self, *, n_examples: int, batch_size: int, max_epochs: int,
-                 step: Callable[[np.ndarray], float], rng: np.random.Generator, channel: Channel,
+                 step: Callable[[np.ndarray], float | None], rng: np.random.Generator, channel: Channel,
                  plugins: Sequence[Plugin] = (), parts: dict[str, Checkpointable] | None = None,
                  checkpoint_path: str | Path | None = None, fingerprint: Any = None,
                  on_checkpoint: Callable[[Loop], None] | None = None,

@@ -19,7 +19,7 @@ class RBM:
     """Weights ``W`` (visible x hidden), biases ``vbias`` and ``hbias``; flat buffers like a Network's."""
 
     def __init__(self, n_visible: int, n_hidden: int, rng: np.random.Generator, dtype: type = np.float32) -> None:
-        init = {
+        init: dict[str, np.ndarray] = {
             "W": rng.normal(0, 0.01, size=(n_visible, n_hidden)).astype(dtype),
             "vbias": np.zeros(n_visible, dtype=dtype),
             "hbias": np.zeros(n_hidden, dtype=dtype),
@@ -63,6 +63,7 @@ class RBM:
             if step < k - 1 or persistent:
                 h = self.sample(hk, rng)
         if persistent:
+            assert self.chain is not None  # made above
             self.chain[:n] = h
         g = self.grads
         np.matmul(vk.T, hk, out=g["W"])
