@@ -99,20 +99,38 @@ def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> S
 
 # -- values ----------------------------------------------------------------------
 
+class _Quotes:
+    """Which characters of a value, read left to right, belong to a quoted string ('...' or "...",
+    a backslash escaping in the latter): the scanners below skip them."""
+
+    def __init__(self) -> None:
+        self.open: str | None = None  # the quote character of the string being read
+        self._escaped = False
+
+    def take(self, ch: str) -> bool:
+        """Read ``ch``; True when it is part of a quoted string (its quotes included)."""
+        if self.open:
+            if self._escaped:
+                self._escaped = False
+            elif ch == "\\" and self.open == '"':
+                self._escaped = True
+            elif ch == self.open:
+                self.open = None
+            return True
+        if ch in "\"'":
+            self.open = ch
+            return True
+        return False
+
+
 def split_top_level(text: str, offset: int = 0) -> list[tuple[str, int]]:
     """Split at commas outside brackets and quotes; each piece with its start position."""
-    pieces, depth, quote, start, escaped = [], 0, None, 0, False
+    pieces: list[tuple[str, int]] = []
+    depth, start, quotes = 0, 0, _Quotes()
     for i, ch in enumerate(text):
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote == '"':
-                escaped = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
+        if quotes.take(ch):
+            continue
+        if ch == "[":
             depth += 1
         elif ch == "]":
             depth -= 1
@@ -121,8 +139,8 @@ def split_top_level(text: str, offset: int = 0) -> list[tuple[str, int]]:
         elif ch == "," and depth == 0:
             pieces.append((text[start:i], offset + start))
             start = i + 1
-    if quote:
-        raise ValueError(f"quote {quote} is never closed@{offset + text.rindex(quote)}")
+    if quotes.open:
+        raise ValueError(f"quote {quotes.open} is never closed@{offset + text.rindex(quotes.open)}")
     if depth:
         raise ValueError(f"'[' is never closed@{offset + text.index('[')}")
     pieces.append((text[start:], offset + start))
@@ -261,18 +279,9 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
 
 def _find_unquoted(text: str, needles: tuple[str, ...]) -> int:
     """The index of the first of ``needles`` outside quoted strings, or -1."""
-    quote, escaped = None, False
+    quotes = _Quotes()
     for i, ch in enumerate(text):
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\" and quote == '"':
-                escaped = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif text.startswith(needles, i):
+        if not quotes.take(ch) and text.startswith(needles, i):
             return i
     return -1
 
