@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from jobman.dispatch.channel import COMPLETE, INCOMPLETE, Channel
+from jobman.dispatch.channel import COMPLETE, DD, INCOMPLETE, Channel
 
 from . import plugins as pl
 from .checkpoint import from_json_array, json_array, load_npz, save_npz, unprefixed
@@ -174,14 +174,21 @@ def pretrain(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> s
     Results: ``recon_error`` (of the top layer), ``recon_errors`` (per layer),
     ``epochs`` (summed over layers) and ``seconds``; no classification errors (no labels used).
     """
-    p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
-    split = make_split(p)
-    stack = pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
+    _, _, stack = _pretrained(state, channel, plugins)
     if stack is None:
         return INCOMPLETE
     save_npz(channel.workdir / STACK_FILE, stack_arrays(stack))
     return COMPLETE
+
+
+def _pretrained(state: dict, channel: Channel,
+                plugins: Sequence[Plugin]) -> tuple[DD, Split, list[dict[str, np.ndarray]] | None]:
+    """The job's settings, its data split and its pretrained stack (None when stopped): the first
+    phase of ``pretrain`` and of ``train``."""
+    p = settings(job_params(state, channel), DEFAULTS)
+    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
+    split = make_split(p)
+    return p, split, pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
 
 
 def stack_arrays(stack: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -240,10 +247,7 @@ def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
     Results: those of fine-tuning, plus ``recon_error``, ``recon_errors`` and
     ``pretrain_seconds``; ``seconds`` covers both phases.
     """
-    p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
-    split = make_split(p)
-    stack = pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
+    p, split, stack = _pretrained(state, channel, plugins)
     if stack is None:
         return INCOMPLETE
     pretrain_seconds = float(state["seconds"])
