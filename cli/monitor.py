@@ -20,7 +20,18 @@ from jobman.jobdb.errors import DatabaseError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 
-from .common import STATUS_STYLE, err, fmt_age, fmt_time, log_to_stderr, out, print_json, verbose_option, with_database
+from .common import (
+    STATUS_STYLE,
+    Database,
+    err,
+    fmt_age,
+    fmt_time,
+    log_to_stderr,
+    out,
+    print_json,
+    verbose_option,
+    with_database,
+)
 
 logger = logging.getLogger("jobman.monitor")
 
@@ -48,8 +59,8 @@ RECENT_CRASHES = 8
 @click.option("--rows", type=click.IntRange(0), default=15, show_default=True,
               help="Running jobs shown (those with the oldest heartbeat first).")
 @verbose_option
-def monitor(database, interval, once, fmt, relaunch, max_attempts, include_failed, heartbeat_grace, dry_run,
-            rows, verbose) -> int:
+def monitor(database: Database, interval: float, once: bool, fmt: str, relaunch: bool, max_attempts: int | None,
+            include_failed: bool, heartbeat_grace: float, dry_run: bool, rows: int, verbose: bool) -> int:
     """Find RUNNING jobs that are not, mark them CRASHED with the reason, relaunch them.
 
     \b

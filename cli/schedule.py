@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -98,7 +98,7 @@ def parse_after(selectors: tuple[str, ...]) -> dict:
     return out
 
 
-def _bad_after(sel: str):
+def _bad_after(sel: str) -> NoReturn:
     raise UsageError(f"--after {sel!r}: the phase is a whole number")
 
 

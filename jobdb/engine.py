@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -25,6 +25,10 @@ from .errors import DatabaseError, DatabaseUnavailable, SchemaError, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 T = TypeVar("T")
 
@@ -47,7 +51,7 @@ def make_engine(target: DbTarget) -> Engine:
                               connect_args=connect_args)
 
     @event.listens_for(engine, "connect")
-    def _json_as_text(dbapi_conn, _record):  # untyped: DB-API objects
+    def _json_as_text(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
@@ -103,7 +107,7 @@ def _sqlite_engine(target: DbTarget) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):  # untyped: DB-API objects
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
@@ -227,7 +231,7 @@ def filesystem_type(directory: Path, mounts: Path = Path("/proc/mounts")) -> str
 
 # -- migrations ----------------------------------------------------------------
 
-def alembic_config(connection: Connection):
+def alembic_config(connection: Connection) -> Config:
     """An alembic Config that runs the shipped migrations on ``connection``."""
     from alembic.config import Config
 
@@ -237,7 +241,7 @@ def alembic_config(connection: Connection):
     return cfg
 
 
-def _script_directory():
+def _script_directory() -> ScriptDirectory:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
@@ -248,7 +252,9 @@ def _script_directory():
 
 def head_revision() -> str:
     """The newest schema revision this jobman ships."""
-    return _script_directory().get_current_head()
+    head = _script_directory().get_current_head()
+    assert head is not None  # the shipped migrations have one head
+    return head
 
 
 def known_revisions() -> set[str]:

@@ -88,7 +88,7 @@ def const(value: str | int | bool) -> sa.ColumnElement:
     return sa.literal_column(f"'{value}'", sa.String)
 
 
-def owned():
+def owned() -> sa.ColumnElement[bool]:
     """The lease predicate: the job (``:id``) is RUNNING at the caller's lease (``:lease``)."""
     return sa.and_(t_job.c.id == b("id"), t_job.c.lease == b("lease"), t_job.c.status == const(Status.RUNNING.value))
 
@@ -97,17 +97,17 @@ def owned():
 _JOB_ID: sa.ColumnClause[Any] = sa.literal_column(f"{t_job.name}.id")
 
 
-def _has_parents():
+def _has_parents() -> sa.Label[bool]:
     """Returned by the claim, so that a job without parents costs no second query."""
     return sa.exists().where(t_dep.c.job_id == _JOB_ID).label("has_parents")
 
 
-def _has_children():
+def _has_children() -> sa.Label[bool]:
     """Returned by the finish, so that a job without dependents costs no second query."""
     return sa.exists().where(t_dep.c.depends_on == _JOB_ID).label("has_children")
 
 
-def _in_search():
+def _in_search() -> sa.Label[bool]:
     """Returned by the finish, so that a job of no search costs no query for the search's promotions."""
     return sa.exists().where(t_sjob.c.job_id == _JOB_ID).label("in_search")
 

@@ -7,6 +7,7 @@ same way and tests can move them back instead of sleeping.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     DDL,
@@ -27,6 +28,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Dialect
+
 metadata = MetaData()
 
 
@@ -39,7 +43,7 @@ class JsonText(TypeDecorator):
     impl = Text
     cache_ok = True
 
-    def load_dialect_impl(self, dialect):
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         return _raw_jsonb() if dialect.name == "postgresql" else self.impl_instance
 
 
@@ -53,13 +57,13 @@ def _raw_jsonb() -> TypeEngine:
 
         cache_ok = True
 
-        def adapt(self, cls, **kw):
+        def adapt(self, cls: Any, **kw: Any) -> RawJsonb:  # type: ignore[override]
             return RawJsonb()  # whatever the driver's jsonb type is
 
-        def bind_processor(self, dialect):
+        def bind_processor(self, dialect: Dialect) -> None:
             return None
 
-        def result_processor(self, dialect, coltype):
+        def result_processor(self, dialect: Dialect, coltype: object) -> None:
             return None
 
     return RawJsonb()

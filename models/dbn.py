@@ -35,7 +35,7 @@ from .checkpoint import from_json_array, json_array, load_npz, save_npz, unprefi
 from .classifier import TRAIN_DEFAULTS, WEIGHTS_FILE, fit, standard_plugins
 from .layers import Dense, Layer, Network, Sigmoid, sigmoid
 from .loop import Loop, read_checkpoint
-from .optim import make_optimizer
+from .optim import Optimizer, make_optimizer
 from .params import fingerprint, int_list, job_params, settings
 from .plugins import Plugin
 from .rbm import RBM
@@ -135,11 +135,12 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
         k, persistent = int(p["cd_k"]), bool(p["pcd"])
         sample = data[:RECON_SAMPLE]
 
-        def step(idx: np.ndarray, rbm=rbm, opt=opt, data=data, k=k, persistent=persistent) -> None:
+        def step(idx: np.ndarray, rbm: RBM = rbm, opt: Optimizer = opt, data: np.ndarray = data, k: int = k,
+                 persistent: bool = persistent) -> None:
             rbm.cd_grads(data[idx], rng, k, persistent)
             opt.update(rbm.grads)
 
-        def recon_error(_loop: Loop, rbm=rbm, sample=sample) -> dict[str, float | None]:
+        def recon_error(_loop: Loop, rbm: RBM = rbm, sample: np.ndarray = sample) -> dict[str, float | None]:
             return {"recon_error": rbm.reconstruction_error(sample)}
 
         def progress_results(loop: Loop) -> None:

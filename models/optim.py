@@ -119,7 +119,7 @@ class Optimizer:
 class SGD(Optimizer):
     """Plain stochastic gradient descent: ``p -= lr * g``."""
 
-    def _step(self, p, g, slot, tmp):
+    def _step(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], tmp: np.ndarray) -> None:
         np.multiply(g, self.lr, out=tmp)
         p -= tmp
 
@@ -129,13 +129,13 @@ class Momentum(Optimizer):
 
     slot_names = ("v",)
 
-    def __init__(self, params, lr, momentum: float = 0.9, nesterov: bool = False, weight_decay: float = 0.0,
-                 flat=None):
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float, momentum: float = 0.9, nesterov: bool = False,
+                 weight_decay: float = 0.0, flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         super().__init__(params, lr, weight_decay, flat)
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
 
-    def _step(self, p, g, slot, tmp):
+    def _step(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], tmp: np.ndarray) -> None:
         v = slot["v"]
         v *= self.momentum
         np.multiply(g, self.lr, out=tmp)
@@ -153,8 +153,9 @@ class Adam(Optimizer):
 
     slot_names = ("m", "v")
 
-    def __init__(self, params, lr, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                 weight_decay: float = 0.0, flat=None):
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.0,
+                 flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         super().__init__(params, lr, weight_decay, flat)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
 
@@ -164,7 +165,7 @@ class Adam(Optimizer):
         self._alpha = float(self.lr * np.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t))
         self._eps_hat = float(self.eps * np.sqrt(1 - self.beta2 ** t))
 
-    def _step(self, p, g, slot, tmp):
+    def _step(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], tmp: np.ndarray) -> None:
         m, v = slot["m"], slot["v"]
         np.subtract(g, m, out=tmp)  # m += (1 - beta1) (g - m)
         tmp *= 1 - self.beta1

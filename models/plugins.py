@@ -30,6 +30,7 @@ from .schedules import Schedule, always, at, each, never  # noqa: F401 - re-expo
 
 if TYPE_CHECKING:
     from .loop import Loop
+    from .optim import Optimizer
 
 TIMELINES = ("iterations", "epochs", "examples", "wall_time", "train_time")
 
@@ -116,7 +117,7 @@ class ReduceOnPlateau:
     into the minimum it found. Its counters, and the optimizer's rate, are checkpointed.
     """
 
-    def __init__(self, optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
+    def __init__(self, optimizer: Optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
                  mode: str = "min", max_reductions: int = 2) -> None:
         self.optimizer, self.metric, self.patience = optimizer, metric, int(patience)
         self.factor, self.sign, self.max_reductions = float(factor), 1 if mode == "min" else -1, int(max_reductions)
@@ -145,7 +146,7 @@ class ReduceOnPlateau:
         self.best, self.waited, self.reductions = meta["best"], meta["waited"], meta["reductions"]
 
 
-def reduce_on_plateau(optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
+def reduce_on_plateau(optimizer: Optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
                       max_reductions: int = 2, schedule: Schedule | None = None, timeline: str = "epochs") -> Plugin:
     """A :class:`ReduceOnPlateau` plugin; schedule it right after the metric's evaluation."""
     return Plugin(schedule or each(1), timeline,

@@ -86,10 +86,10 @@ class _All(Schedule):
     def __init__(self, *parts: Schedule) -> None:
         self.parts = parts
 
-    def fires(self, prev, now):
+    def fires(self, prev: float, now: float) -> bool:
         return all(s.fires(prev, now) for s in self.parts)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "(" + " & ".join(map(repr, self.parts)) + ")"
 
 
@@ -97,10 +97,10 @@ class _Any(Schedule):
     def __init__(self, *parts: Schedule) -> None:
         self.parts = parts
 
-    def fires(self, prev, now):
+    def fires(self, prev: float, now: float) -> bool:
         return any(s.fires(prev, now) for s in self.parts)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "(" + " | ".join(map(repr, self.parts)) + ")"
 
 
@@ -108,8 +108,8 @@ class _Not(Schedule):
     def __init__(self, inner: Schedule) -> None:
         self.inner = inner
 
-    def fires(self, prev, now):
+    def fires(self, prev: float, now: float) -> bool:
         return not self.inner.fires(prev, now)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"~{self.inner!r}"
