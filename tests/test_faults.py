@@ -26,7 +26,7 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from conftest import need_service
+from conftest import need_kernel, need_service
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.status import Status
@@ -468,7 +468,8 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         monkeypatch.setattr(cgroup, "_base", False)
     if not alone and cgroup.job_cgroup_base() is None:
         where = "the v1 pids controller" if "v1" in killed else "cgroup v2 or the v1 pids controller"
-        pytest.skip(f"no cgroup can be made for a job here (none writable in {where})")
+        need_kernel(f"no cgroup can be made for a job here (none writable in {where})",
+                    "v1 pids" if "v1" in killed else "job cgroup")
     mark = str(800000 + 100 * os.getpid() + 10 * KILLED.index(killed) + (kind == "cmd"))
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
     with spawner_worker(url, kind, mark, mods, tmp_path) as (store, job_id, worker):
@@ -511,18 +512,19 @@ def test_what_a_job_starts_dies_when_the_fork_server_dies_under_it(mods, tmp_pat
 # -- causes are named ---------------------------------------------------------------------------------
 @pytest.fixture
 def memory_limited_cgroup():
-    """A memory cgroup of 200 MiB without swap, below this process's own; skipped where none can be made."""
+    """A memory cgroup of 200 MiB without swap, below this process's own; where none can be made, a
+    failure under CI unless the kernel has no memory controller."""
     from jobman.dispatch.oom import memory_cgroup
 
     found = memory_cgroup()
     if found is None:
-        pytest.skip("this machine has no memory cgroup this test can read")
+        need_kernel("this machine has no memory cgroup this test can read", "memory cgroup")
     parent, version = found
     where = parent / f"jobman-oom-{os.getpid()}"
     try:
         where.mkdir()
     except OSError as exc:
-        pytest.skip(f"cannot make a memory cgroup under {parent}: {exc}")
+        need_kernel(f"cannot make a memory cgroup under {parent}: {exc}", "memory cgroup")
     try:
         limit = str(200 << 20)
         try:
@@ -535,7 +537,7 @@ def memory_limited_cgroup():
                 if (where / "memory.swap.max").exists():
                     (where / "memory.swap.max").write_text("0")
         except OSError as exc:
-            pytest.skip(f"cannot limit the memory of a cgroup here: {exc}")
+            need_kernel(f"cannot limit the memory of a cgroup here: {exc}", "memory cgroup")
         yield where
     finally:
         for _ in range(50):
