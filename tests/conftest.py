@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,46 @@ def need_service(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: tests that need it must not be skipped)", pytrace=False)
     pytest.skip(reason)
+
+
+def _kernel_controllers() -> dict[str, tuple[int, bool]]:
+    """The cgroup controllers this kernel has (/proc/cgroups): name -> (v1 hierarchy or 0, enabled)."""
+    try:
+        lines = Path("/proc/cgroups").read_text().splitlines()[1:]
+    except OSError:
+        return {}
+    return {f[0]: (int(f[1]), f[3] == "1") for f in (line.split() for line in lines) if len(f) >= 4}
+
+
+def kernel_lacks(what: str) -> str | None:
+    """What this kernel (or the cgroup hierarchy it booted with) lacks for ``what``, or None when it has
+    it: a job cgroup (``"job cgroup"``), one on the v1 pids controller (``"v1 pids"``), a memory cgroup
+    (``"memory cgroup"``). Where it has it and a test still cannot use it, the machine's set-up is at
+    fault, which a CI machine must get right."""
+    controllers = _kernel_controllers()
+    pids_hierarchy, pids_on = controllers.get("pids", (0, False))
+    v1_pids = pids_on and pids_hierarchy != 0
+    if what == "v1 pids":
+        return None if v1_pids else ("a cgroup v1 pids hierarchy (this host runs the pids controller under "
+                                     "cgroup v2 only)")
+    if what == "job cgroup":
+        has_v2 = "cgroup2" in Path("/proc/filesystems").read_text()
+        release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
+        if v1_pids or (has_v2 and release >= (5, 14)):
+            return None
+        return "both cgroup v2's cgroup.kill (Linux 5.14 or later) and the cgroup v1 pids controller"
+    if what == "memory cgroup":
+        return None if controllers.get("memory", (0, False))[1] else "the memory controller (not built or disabled)"
+    raise ValueError(what)
+
+
+def need_kernel(reason: str, what: str) -> None:
+    """A cgroup a test needs cannot be made: fail under CI unless the kernel itself lacks it (then the
+    test is skipped everywhere, and docs/guarantees.md says where), skip on a developer's machine."""
+    lacking = kernel_lacks(what)
+    if lacking is not None:
+        pytest.skip(f"{reason}: this kernel lacks {lacking}")
+    need_service(reason)
 
 
 def made_pg_database():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,8 +29,9 @@ from jobman.jobdb.store import Store, WorkerInfo
 url, go, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ran, errors = [], []
 store = Store.open(url, create=False)
-store.jobs(limit=1)  # connected and ready
+store.jobs(limit=1)  # connected and ready: says so, then waits for the gun
 me = WorkerInfo(host="worker%d" % index, pid=os.getpid())
+print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
 try:
@@ -58,7 +60,8 @@ def test_many_processes_claim_every_job_exactly_once(db_url, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(WORKERS)]
     try:
-        time.sleep(0.5)
+        for p in procs:  # every worker connected before the gun: they contend from the first claim
+            assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
         go.touch()
         outputs = [p.communicate(timeout=240) for p in procs]
     finally:
@@ -122,26 +125,49 @@ def test_a_sqlite_writer_waits_for_another_process_s_write_lock_then_writes(tmp_
     store = Store.open(f"sqlite:///{db}?table=t")
     release = tmp_path / "release"
     holder = _hold_write_lock(db, release)
+    began, begun, wrote, failed = [], threading.Event(), threading.Event(), []
+
+    def write(c):
+        began.append(c.connection.dbapi_connection.in_transaction)
+        c.exec_driver_sql("CREATE TABLE probe (x)")
+        wrote.set()
+
+    def writer():
+        try:
+            with store.engine.connect() as conn:  # one try, no retry above it: the wait is the BEGIN's own
+                driver = conn.connection.dbapi_connection
+                # SQLite calls this as a statement starts: a BEGIN seen is a BEGIN tried, however late
+                # this thread got to run.
+                driver.set_trace_callback(lambda sql: sql.lstrip().upper().startswith("BEGIN") and begun.set())
+                try:
+                    db_engine.in_write_transaction(conn, write)
+                finally:
+                    driver.set_trace_callback(None)
+        except BaseException as exc:
+            failed.append(exc)
+            wrote.set()
+
+    thread = threading.Thread(target=writer, daemon=True)
     try:
-        # Releases the lock a moment after the write below has begun waiting for it.
-        subprocess.Popen([sys.executable, "-c", "import sys, time, pathlib; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()",
-                          str(release)])
-        began = []
-
-        def write(c):
-            began.append(c.connection.dbapi_connection.in_transaction)
-            c.exec_driver_sql("CREATE TABLE probe (x)")
-
-        with store.engine.connect() as conn:  # one try, no retry above it: the wait is the BEGIN's own
-            db_engine.in_write_transaction(conn, write)
+        thread.start()
+        assert begun.wait(30) or failed, "the writer never tried to begin its transaction"
+        # Seen from here while the other process still holds the lock: the writer has tried to begin,
+        # and a second later it is still waiting, neither written nor given up.
+        assert not wrote.wait(1.0), f"the writer did not wait for the lock: {failed or began}"
+        assert thread.is_alive() and began == [] and failed == []
+        assert holder.poll() is None, "the lock was let go before the writer was seen waiting"
+        release.touch()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and failed == [], failed
         assert began == [True]  # written inside the transaction begun once the lock was free
-        assert release.exists() and holder.wait(timeout=5) == 0  # it wrote once the other had let go
+        assert holder.wait(timeout=5) == 0
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT count(*) FROM probe").scalar() == 0
         assert _busy_timeout(store) == 60_000  # the connection's own timeout is back for every other statement
     finally:
         release.touch()
         holder.wait(timeout=10)
+        thread.join(timeout=70)
         store.dispose()
 
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 import sqlalchemy as sa
 
-from conftest import need_service
+from conftest import need_kernel, need_service
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.status import Status
@@ -419,15 +419,53 @@ def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, job
 
 
 @contextlib.contextmanager
-def spawner_worker(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path, max_attempts: int = 3):
-    """A worker (in a session of its own) running one job that left three sleepers behind: the
-    store, the job's id and the worker; whatever is left of them is killed in the end."""
+def cgroups_of_this_test(tmp_path: Path):
+    """A cgroup of this test alone in each hierarchy job cgroups may use, and a ``preexec_fn`` that moves
+    a process into them: any fork server starting on this host ends what dead workers left in its own
+    tree, so the workers of other tests running meanwhile must not find this test's dead worker's."""
+    from jobman.dispatch import cgroup
+
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _num, controllers, path = line.split(":", 2)
+        for key in (controllers.split(",") if controllers else ["2"]):
+            own[key] = path
+    mounts = cgroup._mount_points()
+    made = []
+    for key in ("2", "pids"):
+        if key in mounts and key in own:
+            where = mounts[key] / own[key].strip("/") / f"jobman-test-{os.getpid()}-{tmp_path.name}"
+            try:
+                where.mkdir()
+                made.append(where)
+            except OSError:
+                pass
+
+    def enter() -> None:
+        for where in made:
+            with open(where / "cgroup.procs", "w") as fh:
+                fh.write(str(os.getpid()))
+
+    try:
+        yield enter
+    finally:
+        for where in made:  # whatever a failed test left in them goes with them
+            cgroup.kill_cgroup(where)
+
+
+@contextlib.contextmanager
+def spawner_worker(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path, max_attempts: int = 3,
+                   enter=None):
+    """A worker (in a session of its own; in the cgroups ``enter`` moves it to) running one job that left
+    three sleepers behind: the store, the job's id and the worker; whatever is left of them is killed in
+    the end."""
     store = Store.open(url)
     spec = spawning_jobs(mark, 60)[0 if kind == "fn" else 2]
     [job_id] = store.schedule([spec], max_attempts=max_attempts).job_ids
     worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
                                str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              preexec_fn=enter)
     try:
         wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
         yield store, job_id, worker
@@ -468,10 +506,12 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         monkeypatch.setattr(cgroup, "_base", False)
     if not alone and cgroup.job_cgroup_base() is None:
         where = "the v1 pids controller" if "v1" in killed else "cgroup v2 or the v1 pids controller"
-        pytest.skip(f"no cgroup can be made for a job here (none writable in {where})")
+        need_kernel(f"no cgroup can be made for a job here (none writable in {where})",
+                    "v1 pids" if "v1" in killed else "job cgroup")
     mark = str(800000 + 100 * os.getpid() + 10 * KILLED.index(killed) + (kind == "cmd"))
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
-    with spawner_worker(url, kind, mark, mods, tmp_path) as (store, job_id, worker):
+    with cgroups_of_this_test(tmp_path) as enter, \
+            spawner_worker(url, kind, mark, mods, tmp_path, enter=enter) as (store, job_id, worker):
         if alone:
             worker.kill()
         else:
@@ -485,8 +525,10 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         if "another worker" in killed:  # its fork server, starting, ends what dead workers left
             other = f"sqlite:///{tmp_path / 'other.db'}?table=other"
             Store.open(other).schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 0}, None)])
-            r = jobman("worker", other, "--exproot", str(tmp_path / "other"), "--no-wait", env=mods)
-            assert r.code == 0, r.err
+            r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", other, "--exproot",
+                                str(tmp_path / "other"), "--no-wait"], env={**os.environ, **mods},
+                               capture_output=True, text=True, timeout=300, preexec_fn=enter)
+            assert r.returncode == 0, r.stderr
             assert sleepers(mark) == [], "what the job left outlived the start of another fork server"
         _crashed_and_relaunched(store, job_id, url, jobman)
         wait_until(lambda: sleepers(mark) == [], 10, "the monitor to kill what the job left")
@@ -511,18 +553,19 @@ def test_what_a_job_starts_dies_when_the_fork_server_dies_under_it(mods, tmp_pat
 # -- causes are named ---------------------------------------------------------------------------------
 @pytest.fixture
 def memory_limited_cgroup():
-    """A memory cgroup of 200 MiB without swap, below this process's own; skipped where none can be made."""
+    """A memory cgroup of 200 MiB without swap, below this process's own; where none can be made, a
+    failure under CI unless the kernel has no memory controller."""
     from jobman.dispatch.oom import memory_cgroup
 
     found = memory_cgroup()
     if found is None:
-        pytest.skip("this machine has no memory cgroup this test can read")
+        need_kernel("this machine has no memory cgroup this test can read", "memory cgroup")
     parent, version = found
     where = parent / f"jobman-oom-{os.getpid()}"
     try:
         where.mkdir()
     except OSError as exc:
-        pytest.skip(f"cannot make a memory cgroup under {parent}: {exc}")
+        need_kernel(f"cannot make a memory cgroup under {parent}: {exc}", "memory cgroup")
     try:
         limit = str(200 << 20)
         try:
@@ -535,7 +578,7 @@ def memory_limited_cgroup():
                 if (where / "memory.swap.max").exists():
                     (where / "memory.swap.max").write_text("0")
         except OSError as exc:
-            pytest.skip(f"cannot limit the memory of a cgroup here: {exc}")
+            need_kernel(f"cannot limit the memory of a cgroup here: {exc}", "memory cgroup")
         yield where
     finally:
         for _ in range(50):

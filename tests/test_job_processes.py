@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import experiment_module, sqlite_only, signal_once_started
+from conftest import experiment_module, need_kernel, signal_once_started, sqlite_only
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
@@ -227,7 +227,8 @@ def test_fresh_jobs_share_a_cgroup_in_turn_and_none_inherits_what_the_one_before
     from jobman.dispatch.cgroup import job_cgroup_base
 
     if job_cgroup_base() is None:
-        pytest.skip("no cgroup can be made for a job here (none writable in cgroup v2 or the v1 pids controller)")
+        need_kernel("no cgroup can be made for a job here (none writable in cgroup v2 or the v1 pids controller)",
+                    "job cgroup")
     first, second = schedule(store, "leaves_daemon", "alone_in_its_cgroup")
     run_worker(db_url, exp, 1)
     a, b = store.job(first), store.job(second)

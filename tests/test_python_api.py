@@ -214,26 +214,48 @@ def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(d
 
 
 def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
+    """Three processes ready, then let go at once; the one that runs the call holds it running until all
+    three have begun it and it has started, so none of them can be answered by a finished job."""
     body = '''
+        here = os.path.dirname(SIDE)
+
         @jobman.cached(URL, exproot="runs")
         def slow(n):
             with open(SIDE, "a") as fh:
                 fh.write(f"{n} {os.getpid()}\\n")
-            time.sleep(1.0)
+            while not os.path.exists(os.path.join(here, "finish")):
+                time.sleep(0.01)
             return n * n
 
-        go = os.path.join(os.path.dirname(SIDE), "go")
-        while not os.path.exists(go):
+        print("ready", flush=True)
+        while not os.path.exists(os.path.join(here, "go")):
             time.sleep(0.01)
+        print("calling", flush=True)
         print(json.dumps(slow(7)))
     '''
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     procs = [subprocess.Popen([sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    time.sleep(1.0)  # all three started and waiting
-    (tmp_path / "go").write_text("")
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        for word in ("ready", "calling"):
+            for p in procs:
+                line = p.stdout.readline().strip()
+                assert line == word, (line, p.stderr.read() if p.poll() is not None else "")
+            if word == "ready":  # all three started and waiting: let them go together
+                (tmp_path / "go").write_text("")
+        deadline = time.time() + 60
+        while not side_lines(tmp_path):  # one of them runs it, and holds it running
+            assert time.time() < deadline, "no process ran the call"
+            time.sleep(0.01)
+        assert all(p.poll() is None for p in procs), "a process answered while the call was still running"
+        (tmp_path / "finish").write_text("")
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        (tmp_path / "finish").write_text("")
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert json.loads(out.strip().splitlines()[-1]) == 49
