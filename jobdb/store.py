@@ -51,7 +51,7 @@ class Store:
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
-        self._tx = Transactions(target, self.engine, self.hot)
+        self._tx = self.transactions = Transactions(target, self.engine, self.hot)
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once

@@ -176,10 +176,17 @@ class Transactions:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one read transaction: every read of the store, the dashboard and the report."""
+        with self.connected() as conn, conn.begin():
+            return fn(conn)
+
+    @contextlib.contextmanager
+    def connected(self) -> Iterator[Connection]:
+        """A read-only connection of its own, its errors said in a sentence; for a read that sets the
+        connection up around its transaction (the report) or holds it open (a streamed report)."""
         with _engine.translated_errors(self.target):
             with self.engine.connect().execution_options(jobman_readonly=True) as conn:
-                with conn.begin():
-                    return fn(conn)
+                yield conn
 
     def log(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Log status changes: each row has job_id, from_status, to_status and why, and may set the rest."""

@@ -606,7 +606,7 @@ def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(s
     for count in (1, 2, 3, 6):
         with report.open_report(store, "valid_error", keep=1, sample=count) as part:
             assert not part.holds_all
-            want = report._spread(iter(in_py.rows), 6, count)
+            want = report.spread(iter(in_py.rows), 6, count)
             assert_close([r.to_dict() for r in part.sample], [r.to_dict() for r in want], str(count))
             assert len(part.sample) == len(want) > 0
 
@@ -615,11 +615,11 @@ def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(s
 def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(store, monkeypatch, size):
     # The json rows are read from the database a list at a time (thousands; here ``size``): a run of
     # equal means that goes on from one list into the next is still put in the Python path's order.
-    from jobman.jobdb import aggregates
+    from jobman.jobdb.report import queries
 
-    monkeypatch.setattr(aggregates, "BATCH", size)
+    monkeypatch.setattr(queries, "BATCH", size)
     # On PostgreSQL, libpq 17 on reads them in chunks; with size 3 as an older libpq does, by a named cursor.
-    monkeypatch.setattr(aggregates, "_chunked_mode", lambda: size != 3)
+    monkeypatch.setattr(queries, "_chunked_mode", lambda: size != 3)
     third = (0.1 + 0.2) / 3  # 0.1 to 12 digits, not to the last bit
     jobs = (folds_and_ties(0.05, [0.01, 0.02, 0.03])
             + folds_and_ties(0.1, [0.2, 0.1, 0.3]) + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # a tie: by id
@@ -666,7 +666,7 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     # A report's temporary table is dropped, or, above a size, closed with its connection (far faster at
     # a million configurations); either way the pool's next connection holds no table and the store's
     # own cache, and the next report reads the same.
-    from jobman.jobdb import aggregates
+    from jobman.jobdb.report import queries
     from jobman.jobdb.engine import SQLITE_CACHE_KIB
 
     store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "exp")
@@ -682,7 +682,7 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     assert not tables and cache == -SQLITE_CACHE_KIB
     want = [r.to_dict() for r in report.from_store(store, "valid_error").rows]
     assert pooled() == (first, [], -SQLITE_CACHE_KIB)  # 8 configurations: dropped, the connection kept
-    monkeypatch.setattr(aggregates, "CLOSE_ABOVE", 5)
+    monkeypatch.setattr(queries, "CLOSE_ABOVE", 5)
     assert [r.to_dict() for r in report.from_store(store, "valid_error").rows] == want
     other, tables, cache = pooled()
     assert other is not first and not tables and cache == -SQLITE_CACHE_KIB  # closed with it: a new one
