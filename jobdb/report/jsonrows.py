@@ -28,38 +28,23 @@ class RowJson:
         self.shown = len(columns)  # the results shown: all ``width`` of them, or none (no metric)
         self.keys = [json.dumps(c) for c in columns]
         self.targets: dict[Any, str] = {}
-        # A run with one value per result (one job, or equal runs): mean, min and max are one number.
-        self.one_value = [k.replace("%", "%%") + ': {"n": %s, "mean": %s, "std": %s, "min": %s, "max": %s}'
-                          for k in self.keys]
-        # A sweep without folds or seeds: every row one DONE job with every result, most of its text known.
-        self.one_run = ", ".join(
-            k.replace("{", "{{").replace("}", "}}")
-            + ': {{"n": 1, "mean": {%d}, "std": null, "min": {%d}, "max": {%d}}}' % (i, i, i)
-            for i, k in enumerate(self.keys))
 
     def rows(self, batch: Sequence[Sequence[Any]], rank: int) -> list[str]:
         """The JSON of each row of ``batch``, ranked from ``rank`` on."""
+        if self.shown and batch:
+            fast = self._one_run_rows(batch, rank)
+            if fast is not None:
+                return fast
         out: list[str] = []
         append = out.append
         end = 8 + 5 * self.width
-        shown, one_run = self.shown, self.one_run
+        shown = self.shown
         targets, target_text, outer_of = self.targets, self._target, self._outer if self.outer_key else None
         for row in batch:
             phase, target, cfg, jobs, _, others, _, mids = row[:8]
             expected, cls = row[end], row[end + 1]
             t = targets.get(target) or target_text(target)
             o = outer_of(cfg) if outer_of else "null"
-            if shown and jobs == 1 and others is None and row[8:end:5].count(1) == shown:
-                lows = [repr(v) for v in row[11:end:5]]
-                if all(m[-1] <= "9" for m in lows):  # finite: a finite number's repr ends in a digit
-                    ok = cls == 0
-                    append(f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
-                           f'"complete": {_TRUTH[expected == 1]}, "phase": {phase}, "target": {t}, "outer": {o}, '
-                           f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
-                           f'"mean": {lows[0]}, "std": null, "job_ids": [{mids}], '
-                           f'"results": {{{one_run.format(*lows)}}}}}')
-                    rank += 1
-                    continue
             if shown:
                 nm, mean, std, results = self._results(row, end)
             else:
@@ -75,20 +60,52 @@ class RowJson:
             rank += 1
         return out
 
+    def _one_run_rows(self, batch: Sequence[Sequence[Any]], rank: int) -> list[str] | None:
+        """The rows of a batch whose every row is one DONE job with every result finite (a sweep without
+        folds or seeds), written a column at a time; None for any other batch."""
+        end = 8 + 5 * self.width
+        cols = list(zip(*batch))
+        size = len(batch)
+        jobs, others = cols[3], cols[5]
+        if jobs.count(1) != size or others.count(None) != size:
+            return None
+        if any(cols[at].count(1) != size for at in range(8, end, 5)):
+            return None
+        means = [list(map(repr, cols[at + 3])) for at in range(8, end, 5)]
+        if any("n" in "".join(m) for m in means):  # 'inf' or 'nan': not finite, written otherwise
+            return None
+        texts = [[f'{key}: {{"n": 1, "mean": {m}, "std": null, "min": {m}, "max": {m}}}' for m in column]
+                 for key, column in zip(self.keys, means)]
+        results = texts[0] if len(texts) == 1 else list(map(", ".join, zip(*texts)))
+        targets, target_text = self.targets, self._target
+        outer = list(map(self._outer, cols[2])) if self.outer_key else ["null"] * size
+        out: list[str] = []
+        append = out.append
+        for phase, target, cfg, mids, o, expected, cls, mean, res in zip(
+                cols[0], cols[1], cols[2], cols[7], outer, cols[end], cols[end + 1], means[0], results):
+            t = targets.get(target) or target_text(target)
+            ok = cls == 0
+            append(f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
+                   f'"complete": {_TRUTH[expected == 1]}, "phase": {phase}, "target": {t}, "outer": {o}, '
+                   f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
+                   f'"mean": {mean}, "std": null, "job_ids": [{mids}], "results": {{{res}}}}}')
+            rank += 1
+        return out
+
     def _results(self, row: Sequence[Any], end: int) -> tuple[int, str, str, str]:
         """(runs with the metric, the metric's mean and std as JSON, every result's JSON) of one row."""
         parts = []
         mean = std = "null"
-        for i, at in enumerate(range(8, end, 5)):
+        for i, (key, at) in enumerate(zip(self.keys, range(8, end, 5))):
             n, s, q, lo, hi = row[at:at + 5]
             if not n:
                 m, sd = "null", "null"
-            elif lo == hi:
+            elif lo == hi:  # one value (one run, or equal runs): mean, min and max are one number
                 m = repr(lo) if math.isfinite(lo) else _num(lo)
                 sd = "0.0" if n > 1 else "null"
-                parts.append(self.one_value[i] % (n, m, sd, m, m))
+                parts.append(f'{key}: {{"n": {n}, "mean": {m}, "std": {sd}, "min": {m}, "max": {m}}}')
             else:
-                text, m, sd = _spread(self.keys[i], n, s, q, lo, hi)
+                text, m, sd = _spread(key, n, s, q, lo, hi)
                 parts.append(text)
             if i == 0:
                 mean, std = m, sd
