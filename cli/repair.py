@@ -179,11 +179,9 @@ def retry(args, database, crashed, failed, phase, id_opts, fresh, dry_run, yes) 
         names = " or ".join(s.value for s in wanted)
         out.print(f"no {names} job matches; nothing to retry")
         return 0
-    if fresh:
-        verb = lambda: store.reset(ids, cascade=True, why="retried by hand, from scratch")  # noqa: E731
-    else:
-        verb = lambda: store.relaunch(ids, "retried by hand", include_failed=True, ignore_limit=True)  # noqa: E731
-    apply(store, verb, dry_run=dry_run, yes=yes, what="retried", roots=ids, ask_if=done_lost)
+    why = "retried by hand, from scratch" if fresh else "retried by hand"
+    apply(store, lambda: store.retry(ids, why, fresh=fresh), dry_run=dry_run, yes=yes, what="retried", roots=ids,
+          ask_if=done_lost)
     return 0
 
 

@@ -235,6 +235,12 @@ class Store:
 
         return self._write(run)
 
+    def retry(self, job_ids: Sequence[int], why: str = "retried by hand", *, fresh: bool = False) -> list[int]:
+        """Queue the FAILED and CRASHED jobs of ``job_ids`` again, their dependents back to WAITING: resuming
+        from their checkpoint whatever their attempt limit, or started over (``fresh``). Returns those retried."""
+        return self._write(lambda conn: transitions.retry(conn, self._events, self._exp(conn), job_ids, why=why,
+                                                          fresh=fresh))
+
     def server_time(self) -> float:
         """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""
         return self._read(self.clock.now)
