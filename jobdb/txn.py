@@ -214,13 +214,11 @@ def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -
     """The id of ``target``'s experiment; with ``create``, made if it is new. Without, a missing
     experiment is refused naming those there are."""
     name = target.experiment
+    if not create:
+        return find_experiment(conn, name, target.display)
     found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar()
     if found is not None:
         return found
-    if not create:
-        names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
-        known = ", ".join(names) if names else "none yet"
-        raise NoSuchExperiment(f"no experiment {name!r} in {target.display} (experiments: {known})")
     # Two processes may make the same new experiment at once (PostgreSQL lets both try):
     # the second waits for the first's commit, inserts nothing, and reads its row.
     from sqlalchemy.dialects import postgresql, sqlite
@@ -231,6 +229,17 @@ def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -
     if found is None:
         found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar_one()
     return found
+
+
+def find_experiment(conn: Connection, name: str, where: str) -> int:
+    """The id of experiment ``name``, or the one sentence every read says when there is none: naming the
+    database (``where``) and the experiments it has."""
+    found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar()
+    if found is not None:
+        return found
+    names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
+    known = ", ".join(names) if names else "none yet"
+    raise NoSuchExperiment(f"no experiment {name!r} in {where} (experiments: {known})")
 
 
 class _Retry(Exception):

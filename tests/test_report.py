@@ -794,3 +794,47 @@ def test_sqlite_groups_a_large_selection_in_two_halves_at_once_and_reports_the_s
             assert (t.n, t.min, t.max) == (s.n, s.min, s.max)
             assert t.mean == pytest.approx(s.mean, rel=1e-12)
             assert (t.std is None) == (s.std is None) and (s.std is None or t.std == pytest.approx(s.std, rel=1e-9))
+
+
+def test_opening_a_store_and_reading_it_never_imports_the_report(db_url):
+    # A worker opens the store for every job it claims: the report (and NumPy) stay out of its process.
+    # The --where language it shares with the dashboard is jobdb.selection, at the bottom of jobdb.
+    import subprocess
+
+    code = textwrap.dedent(f"""
+        import sys
+        from jobman.jobdb.store import Store
+        from jobman.jobdb.sweep import JobSpec
+        import jobman.dispatch.worker
+        store = Store.open({db_url!r}, "imports")
+        store.schedule([JobSpec(0, "fn", "tests.fake:train", {{"lr": 0.1}}, None)])
+        store.jobs(limit=5), store.counts(), store.outstanding(), store.experiments()
+        print(sorted(m for m in sys.modules if m.startswith("jobman.jobdb.report") or m == "numpy"))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_report_and_the_selection_module_import_each_other_in_one_direction_only():
+    # The selection language sits below the report; the report's SQL sits below its engines.
+    import ast
+
+    here = Path(report.__file__).parent
+    selection = ast.parse((here.parent / "selection.py").read_text())
+    assert not [n for n in ast.walk(selection) if isinstance(n, ast.ImportFrom) and n.module
+                and ("report" in n.module or "store" in n.module)]
+    queries = ast.parse((here / "queries.py").read_text())
+    assert not [n for n in ast.walk(queries) if isinstance(n, ast.ImportFrom) and n.level == 1]
+
+
+def test_the_cv_retrain_reads_its_parents_through_the_channel_only():
+    # models may use only the experiment API: the retrain's selection is channel.best.
+    import ast
+
+    import jobman.models.cv as cv
+
+    tree = ast.parse(Path(cv.__file__).read_text())
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in modules if "jobdb" in m], modules
