@@ -206,7 +206,7 @@ def cancel(args, database, status, phase, everything, running, dry_run) -> int:
     store = database.open()
     ids = choose(store, parse_ids(args), status, phase, everything)
     changes = apply(store, lambda: store.cancel(ids, running=running), dry_run=dry_run, what="cancelled", roots=ids)
-    stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == "RUNNING"})
+    stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == Status.RUNNING.value})
     if stopping and not dry_run:
         out.print(f"asked {len(stopping)} running job(s) to stop: {', '.join(map(str, stopping[:10]))}"
                   + (" …" if len(stopping) > 10 else ""))

@@ -162,7 +162,7 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
     rows = []
     for s in dashboard.experiment_summaries(db.any_store()):
         best, pending = None, False
-        if s.counts.get("DONE") and build:
+        if s.counts.get(Status.DONE.value) and build:
             store = db.store(s.name)
             choice = choose(store)
             if choice.metric:
@@ -171,7 +171,7 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
                 except JobmanError:
                     best = None
             reports.bests[s.name] = best
-        elif s.counts.get("DONE"):
+        elif s.counts.get(Status.DONE.value):
             pending = s.name not in reports.bests
             best = reports.bests.get(s.name)
         rows.append({"s": s, "best": best, "pending": pending})
