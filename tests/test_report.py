@@ -838,3 +838,15 @@ def test_the_cv_retrain_reads_its_parents_through_the_channel_only():
     modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
     modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in modules if "jobdb" in m], modules
+
+
+def test_the_json_of_one_run_rows_with_results_missing_here_and_there_is_the_reports(store):
+    # The JSON writer's rows of one run (most of their text known) and its other rows, side by side:
+    # a second result missing from some jobs, a metric missing from others, values equal and apart.
+    jobs = [({"lr": lr}, "DONE", {"valid_error": lr / 3, **({"epochs": 7} if i % 3 else {})})
+            for i, lr in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6))]
+    jobs += [({"lr": 0.7}, "DONE", {"epochs": 2}), ({"lr": 0.8}, "FAILED", None), ({"lr": 0.9}, "QUEUED", None)]
+    put_jobs(store, jobs)
+    for options in ({}, {"allow_incomplete": True}):
+        same_report(store, "valid_error", **options)
+        same_report(store, "valid_error", "max", **options)

@@ -2,8 +2,8 @@
 
 A million configurations are written in seconds, not in the minutes their ``ConfigRow`` objects and
 ``json.dumps`` would take. The text is the one ``json.dumps(ConfigRow.to_dict())`` gives, key for key.
-What is known once per report (each result's name, the text around its numbers) is made into format
-strings here; per row there is then a few comparisons, a ``repr`` per number and one f-string.
+Each row is unpacked in the loop's target, the metric's numbers by name: per row there is then a few
+comparisons, a ``repr`` per number and one f-string.
 """
 
 from __future__ import annotations
@@ -27,89 +27,68 @@ class RowJson:
         self.width = width
         self.shown = len(columns)  # the results shown: all ``width`` of them, or none (no metric)
         self.keys = [json.dumps(c) for c in columns]
+        self.more_keys = self.keys[1:]  # the results after the metric
         self.targets: dict[Any, str] = {}
 
     def rows(self, batch: Sequence[Sequence[Any]], rank: int) -> list[str]:
-        """The JSON of each row of ``batch``, ranked from ``rank`` on."""
-        if self.shown and batch:
-            fast = self._one_run_rows(batch, rank)
-            if fast is not None:
-                return fast
+        """The JSON of each row of ``batch``, ranked from ``rank`` on.
+
+        A row is (phase, target, cfg, jobs, first id, others, ids, metric ids, then n, sum, sum of
+        squares, min and max of the metric and of each other result, then expected, class, mean,
+        variance): the metric's five are named, the other results' are ``more``."""
         out: list[str] = []
         append = out.append
-        end = 8 + 5 * self.width
-        shown = self.shown
+        shown, k0, more_keys = self.shown, self.keys[0] if self.keys else "", self.more_keys
         targets, target_text, outer_of = self.targets, self._target, self._outer if self.outer_key else None
-        for row in batch:
-            phase, target, cfg, jobs, _, others, _, mids = row[:8]
-            expected, cls = row[end], row[end + 1]
+        for phase, target, cfg, jobs, _, others, _, mids, n0, s0, q0, lo0, hi0, *more, expected, cls, _, _ in batch:
             t = targets.get(target) or target_text(target)
             o = outer_of(cfg) if outer_of else "null"
+            ok = cls == 0
+            if shown and jobs == 1 and others is None and n0 == 1:
+                # One DONE job with every result (a sweep without folds or seeds): most of its text is known.
+                m0 = repr(lo0)
+                rest: str | None = ""
+                if more:  # the results after the metric
+                    for key, at in zip(more_keys, range(0, len(more), 5)):
+                        m = repr(more[at + 3])
+                        if more[at] != 1 or m[-1] > "9":  # missing, or 'inf' or 'nan'
+                            rest = None
+                            break
+                        rest += f', {key}: {{"n": 1, "mean": {m}, "std": null, "min": {m}, "max": {m}}}'
+                if m0[-1] <= "9" and rest is not None:  # finite: a finite number's repr ends in a digit
+                    if ok and expected == 1 and rank > 1:  # most rows of such a sweep
+                        head = f'{{"rank": {rank}, "best": false, "eligible": true, "complete": true, '
+                    else:
+                        head = (f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
+                                f'"complete": {_TRUTH[expected == 1]}, ')
+                    append(f'{head}"phase": {phase}, "target": {t}, "outer": {o}, '
+                           f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
+                           f'"mean": {m0}, "std": null, "job_ids": [{mids}], "results": {{{k0}: {{"n": 1, '
+                           f'"mean": {m0}, "std": null, "min": {m0}, "max": {m0}}}{rest}}}}}')
+                    rank += 1
+                    continue
             if shown:
-                nm, mean, std, results = self._results(row, end)
+                results, m0, sd0 = _result(k0, n0, s0, q0, lo0, hi0)
+                if more:
+                    rest = self._results(more)
+                    results = results + rest if results else rest[2:]
+                nm = n0
             else:
-                nm, mean, std, results = 0, "null", "null", ""
+                nm, m0, sd0, results = 0, "null", "null", ""
             status = _statuses(others, jobs) if others else f'{{"{_DONE}": {jobs}}}'
             ids = "[]" if not mids else _job_ids(mids) if "," in mids else "[" + mids + "]"
-            ok = cls == 0
             append(f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
                    f'"complete": {_TRUTH[nm == jobs == expected]}, "phase": {phase}, "target": {t}, '
                    f'"outer": {o}, "params": {cfg}, "n": {nm}, "expected": {expected}, '
-                   f'"status": {status}, "mean": {mean}, "std": {std}, "job_ids": {ids}, '
+                   f'"status": {status}, "mean": {m0}, "std": {sd0}, "job_ids": {ids}, '
                    f'"results": {{{results}}}}}')
             rank += 1
         return out
 
-    def _one_run_rows(self, batch: Sequence[Sequence[Any]], rank: int) -> list[str] | None:
-        """The rows of a batch whose every row is one DONE job with every result finite (a sweep without
-        folds or seeds), written a column at a time; None for any other batch."""
-        end = 8 + 5 * self.width
-        cols = list(zip(*batch))
-        size = len(batch)
-        jobs, others = cols[3], cols[5]
-        if jobs.count(1) != size or others.count(None) != size:
-            return None
-        if any(cols[at].count(1) != size for at in range(8, end, 5)):
-            return None
-        means = [list(map(repr, cols[at + 3])) for at in range(8, end, 5)]
-        if any("n" in "".join(m) for m in means):  # 'inf' or 'nan': not finite, written otherwise
-            return None
-        texts = [[f'{key}: {{"n": 1, "mean": {m}, "std": null, "min": {m}, "max": {m}}}' for m in column]
-                 for key, column in zip(self.keys, means)]
-        results = texts[0] if len(texts) == 1 else list(map(", ".join, zip(*texts)))
-        targets, target_text = self.targets, self._target
-        outer = list(map(self._outer, cols[2])) if self.outer_key else ["null"] * size
-        out: list[str] = []
-        append = out.append
-        for phase, target, cfg, mids, o, expected, cls, mean, res in zip(
-                cols[0], cols[1], cols[2], cols[7], outer, cols[end], cols[end + 1], means[0], results):
-            t = targets.get(target) or target_text(target)
-            ok = cls == 0
-            append(f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
-                   f'"complete": {_TRUTH[expected == 1]}, "phase": {phase}, "target": {t}, "outer": {o}, '
-                   f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
-                   f'"mean": {mean}, "std": null, "job_ids": [{mids}], "results": {{{res}}}}}')
-            rank += 1
-        return out
-
-    def _results(self, row: Sequence[Any], end: int) -> tuple[int, str, str, str]:
-        """(runs with the metric, the metric's mean and std as JSON, every result's JSON) of one row."""
-        parts = []
-        mean = std = "null"
-        for i, (key, at) in enumerate(zip(self.keys, range(8, end, 5))):
-            n, s, q, lo, hi = row[at:at + 5]
-            if not n:
-                m, sd = "null", "null"
-            elif lo == hi:  # one value (one run, or equal runs): mean, min and max are one number
-                m = repr(lo) if math.isfinite(lo) else _num(lo)
-                sd = "0.0" if n > 1 else "null"
-                parts.append(f'{key}: {{"n": {n}, "mean": {m}, "std": {sd}, "min": {m}, "max": {m}}}')
-            else:
-                text, m, sd = _spread(key, n, s, q, lo, hi)
-                parts.append(text)
-            if i == 0:
-                mean, std = m, sd
-        return row[8], mean, std, ", ".join(parts)
+    def _results(self, more: list[Any]) -> str:
+        """The results after the metric of any row, each that is there after ", "."""
+        texts = [_result(key, *more[at:at + 5])[0] for key, at in zip(self.more_keys, range(0, len(more), 5))]
+        return "".join([", " + text for text in texts if text])
 
     def _target(self, target: Any) -> str:
         text = self.targets[target] = json.dumps(target)
@@ -117,6 +96,17 @@ class RowJson:
 
     def _outer(self, cfg: str) -> str:
         return json.dumps(json.loads(cfg).get(self.outer_key))
+
+
+def _result(name: str, n: int, s: float, q: float, lo: float, hi: float) -> tuple[str, str, str]:
+    """The JSON of one result of a configuration: (its text, empty when no run has it; its mean; its std)."""
+    if not n:
+        return "", "null", "null"
+    if lo == hi:  # one value (one run, or equal runs): mean, min and max are one number
+        m = repr(lo) if math.isfinite(lo) else _num(lo)
+        sd = "0.0" if n > 1 else "null"
+        return f'{name}: {{"n": {n}, "mean": {m}, "std": {sd}, "min": {m}, "max": {m}}}', m, sd
+    return _spread(name, n, s, q, lo, hi)
 
 
 def _spread(name: str, n: int, s: float, q: float, lo: float, hi: float) -> tuple[str, str, str]:
