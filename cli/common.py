@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.selection import LIST_DIGITS, format_param
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store
 from jobman.jobdb.url import DbTarget, parse_db
@@ -220,11 +221,8 @@ def plain_number(value: Any) -> Any:
 
 
 def fmt_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
+    """A parameter or result value in a crowded line (a job listing): four significant digits."""
+    return format_param(value, LIST_DIGITS)
 
 
 def fmt_params(params: dict[str, Any], skip: Iterable[str] = ()) -> str:

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from jobman.jobdb.errors import UsageError
-from jobman.jobdb.status import CODES, Status, parse_status
+from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
 
 from .common import (Database, confirm, fmt_age, fmt_params, fmt_time, fmt_value, job_json, out, parse_ids,
@@ -101,7 +101,7 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None, pa
         counts[j.status.value] = counts.get(j.status.value, 0) + 1
     # No total of a large experiment here: counting every matching job would read them all.
     more = " (the first by id; more may follow: raise --limit)" if limit and len(jobs) == limit else ""
-    out.print(f"[dim]{len(jobs)} jobs{more}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "[/]")
+    out.print(f"[dim]{len(jobs)} jobs{more}: " + ", ".join(f"{n} {s}" for s, n in in_display_order(counts)) + "[/]")
 
 
 def _param_filter(given: tuple[str, ...]) -> dict:

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from jobman.dispatch.monitor import Monitor, MonitorOptions, ScanReport
 from jobman.jobdb.errors import DatabaseError
-from jobman.jobdb.status import Status
+from jobman.jobdb.status import DISPLAY_ORDER, Status, names_of
 from jobman.jobdb.store import Store
 
 from .common import (
@@ -35,8 +35,7 @@ from .common import (
 
 logger = logging.getLogger("jobman.monitor")
 
-STATUS_ORDER = [s.value for s in (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.DONE, Status.FAILED,
-                                  Status.CRASHED, Status.BLOCKED, Status.CANCELED)]
+STATUS_ORDER = names_of(DISPLAY_ORDER)
 RECENT_CRASHES = 8
 
 

@@ -179,11 +179,9 @@ def retry(args, database, crashed, failed, phase, id_opts, fresh, dry_run, yes) 
         names = " or ".join(s.value for s in wanted)
         out.print(f"no {names} job matches; nothing to retry")
         return 0
-    if fresh:
-        verb = lambda: store.reset(ids, cascade=True, why="retried by hand, from scratch")  # noqa: E731
-    else:
-        verb = lambda: store.relaunch(ids, "retried by hand", include_failed=True, ignore_limit=True)  # noqa: E731
-    apply(store, verb, dry_run=dry_run, yes=yes, what="retried", roots=ids, ask_if=done_lost)
+    why = "retried by hand, from scratch" if fresh else "retried by hand"
+    apply(store, lambda: store.retry(ids, why, fresh=fresh), dry_run=dry_run, yes=yes, what="retried", roots=ids,
+          ask_if=done_lost)
     return 0
 
 
@@ -208,7 +206,7 @@ def cancel(args, database, status, phase, everything, running, dry_run) -> int:
     store = database.open()
     ids = choose(store, parse_ids(args), status, phase, everything)
     changes = apply(store, lambda: store.cancel(ids, running=running), dry_run=dry_run, what="cancelled", roots=ids)
-    stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == "RUNNING"})
+    stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == Status.RUNNING.value})
     if stopping and not dry_run:
         out.print(f"asked {len(stopping)} running job(s) to stop: {', '.join(map(str, stopping[:10]))}"
                   + (" …" if len(stopping) > 10 else ""))

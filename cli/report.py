@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobman.jobdb import report as rp
-from jobman.jobdb.report import ConfigRow, Report, format_number, format_param
+from jobman.jobdb.report import ConfigRow, Report
+from jobman.jobdb.selection import format_number, format_param
 from jobman.jobdb.store import Store
 
 from .common import Database, err, out, with_database

@@ -358,7 +358,7 @@ class Experiment:
         failed = [j.id for j in jobs if j.status in RAN_BADLY]
         other = [j.id for j in jobs if j.status in (Status.CANCELED, Status.BLOCKED)]
         if failed:
-            self.store.relaunch(failed, "called again with retry=True", include_failed=True, ignore_limit=True)
+            self.store.retry(failed, "called again with retry=True")
         if other:
             self.store.reset(other, why="called again with retry=True")
 

@@ -1,237 +1,30 @@
-"""Reading a database: the store's reads, and what a person looking at it is shown.
-
-The store's read verbs (``Store.jobs``, ``job``, ``events``, ``counts``, the monitor's scan of
-RUNNING jobs, ...) are functions of a read transaction's connection here, below. Above them,
-the web dashboard's queries: a paged, sorted and filtered job listing that never loads an
-experiment's 100,000 rows to show fifty of them, the status counts and pace of every
-experiment in two grouped queries, and how the phases depend on each other; each of those
-takes a store and is one read transaction.
-"""
+"""The store's reads: ``Store.jobs``, ``job``, ``events``, ``counts``, the monitor's scan of RUNNING
+jobs, ... each a function of a read transaction's connection, called by the store only (the
+dashboard's reads, which call the store, are :mod:`.dashboard`'s)."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 import json
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import Any, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import engine as _engine
 from . import graph
 from .canonical import dump_json, found_by_json_path
-from .errors import NoSuchExperiment, NoSuchJob, UsageError
+from .errors import NoSuchJob
 from .hot import HotStatements
 from .records import RUNNING_COLUMNS, Event, Job, RunningJob
-from .report import Condition
 from .schema import experiment as t_exp
 from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
-from .status import FINISHED, OUTSTANDING, Status, names_of
+from .status import OUTSTANDING, Status, names_of
 from .sweep import canonical_target
 from .txn import chunks
-
-if TYPE_CHECKING:
-    from .store import Store
-
-T = TypeVar("T")
-RATE_WINDOW = 600.0  # seconds of finishes the pace is measured over
-SORTABLE = ("id", "phase", "status", "attempt", "priority", "host", "started_at", "finished_at")
-_PENDING = (Status.WAITING.value, Status.QUEUED.value, Status.RUNNING.value)
-
-
-@dataclass(frozen=True)
-class ExperimentSummary:
-    """One experiment's status counts and pace."""
-
-    name: str
-    created_at: float
-    counts: dict[str, int]
-    first_started: float | None  # the pace: read only while jobs are still to run
-    last_finished: float | None
-    recent_finished: int  # jobs finished within RATE_WINDOW before ``at``
-    at: float
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def finished(self) -> int:
-        return sum(self.counts.get(s.value, 0) for s in FINISHED)
-
-    @property
-    def pending(self) -> int:
-        """Jobs still to run or running (BLOCKED ones wait on a repair, not on time)."""
-        return sum(self.counts.get(s, 0) for s in _PENDING)
-
-    @property
-    def rate(self) -> float | None:
-        """Jobs finished per second over the last RATE_WINDOW (or since the first start)."""
-        if not self.recent_finished or self.first_started is None:
-            return None
-        window = min(RATE_WINDOW, max(self.at - self.first_started, 1.0))
-        return self.recent_finished / window
-
-    @property
-    def eta(self) -> float | None:
-        """Seconds until the pending jobs are finished at the current pace."""
-        rate = self.rate
-        return self.pending / rate if rate and self.pending else None
-
-
-@dataclass(frozen=True)
-class JobLine:
-    """What a row of the job table shows: no checkpoint text beyond the results, no log paths."""
-
-    id: int
-    phase: int
-    status: str
-    attempt: int
-    max_attempts: int
-    priority: int
-    host: str | None
-    params: dict[str, Any]
-    results: dict[str, Any] | None
-    started_at: float | None
-    finished_at: float | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class JobPage:
-    total: int  # jobs matching the filters, over every page
-    jobs: list[JobLine] = field(default_factory=list)
-
-
-def _read(store: "Store", fn: Callable[[Connection], T]) -> T:
-    with _engine.translated_errors(store.target):
-        with store.engine.connect().execution_options(jobman_readonly=True) as conn:
-            with conn.begin():
-                return fn(conn)
-
-
-def _experiment_id(conn: Connection, store: "Store") -> int:
-    found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == store.experiment)).scalar()
-    if found is None:
-        raise NoSuchExperiment(f"no experiment {store.experiment!r} in {store.target.display}")
-    return found
-
-
-def experiment_summaries(store: "Store", now: float | None = None) -> list[ExperimentSummary]:
-    """Every experiment of the store's database with its counts and pace, by name."""
-    at = time.time() if now is None else now
-
-    def run(conn: Connection) -> list[ExperimentSummary]:
-        exps = conn.execute(sa.select(t_exp.c.id, t_exp.c.name, t_exp.c.created_at).order_by(t_exp.c.name)).all()
-        counts: dict[int, dict[str, int]] = {}
-        for exp, status, n in conn.execute(sa.select(t_job.c.experiment_id, t_job.c.status, sa.func.count())
-                                           .group_by(t_job.c.experiment_id, t_job.c.status)):
-            counts.setdefault(exp, {})[status] = n
-        since = at - RATE_WINDOW
-        # The pace reads every started job's row: only of experiments with jobs still to run.
-        busy = [e for e, c in counts.items() if any(c.get(s) for s in _PENDING)]
-        pace = {r[0]: r[1:] for r in conn.execute(
-            sa.select(t_job.c.experiment_id, sa.func.min(t_job.c.started_at), sa.func.max(t_job.c.finished_at),
-                      sa.func.count(t_job.c.finished_at).filter(t_job.c.finished_at >= since))
-            .where(t_job.c.experiment_id.in_(busy), t_job.c.started_at.is_not(None))
-            .group_by(t_job.c.experiment_id))} if busy else {}
-        out = []
-        for exp, name, created in exps:
-            first, last, recent = pace.get(exp, (None, None, 0))
-            out.append(ExperimentSummary(name, created, counts.get(exp, {}), first, last, recent or 0, at))
-        return out
-
-    return _read(store, run)
-
-
-def job_page(store: "Store", *, status: Sequence[Status] = (), phase: int | None = None,
-             where: Sequence[Condition] = (), sort: str = "id", descending: bool = False,
-             offset: int = 0, limit: int = 50, count: bool = True) -> JobPage:
-    """One page of the experiment's jobs, filtered and sorted, and how many match in all.
-
-    Filters on status and phase and the sort run in SQL; a parameter filter reads only the
-    matching jobs' ids and parameters, and whole rows only for the page shown. Without ``count``,
-    the total is left at -1 (counting reads every matching index entry).
-    """
-    if sort not in SORTABLE:
-        raise UsageError(f"cannot sort jobs by {sort!r} (choose one of {', '.join(SORTABLE)})")
-    if offset < 0 or not 0 < limit <= 1000:
-        raise UsageError("a page starts at 0 or later and holds 1 to 1000 jobs")
-
-    def run(conn: Connection) -> JobPage:
-        exp = _experiment_id(conn, store)
-        if not where:
-            total = conn.execute(sa.select(sa.func.count()).select_from(t_job)
-                                 .where(*_conditions(exp, status, phase))).scalar_one() if count else -1
-            rows = conn.execute(page_query(exp, status=status, phase=phase, sort=sort, descending=descending,
-                                           offset=offset, limit=limit)).all()
-            return JobPage(total, [_line(r) for r in rows])
-        found = conn.execute(sa.select(t_job.c.id, t_job.c.params).where(*_conditions(exp, status, phase))
-                             .order_by(*_order(sort, descending))).all()
-        params = json.loads("[" + ",".join(p for _, p in found) + "]") if found else []
-        ids = [r.id for r, p in zip(found, params) if all(c.test(p) for c in where)]
-        shown = ids[offset:offset + limit]
-        by_id = {r.id: r for r in conn.execute(_page_select().where(t_job.c.id.in_(shown)))} if shown else {}
-        return JobPage(len(ids), [_line(by_id[i]) for i in shown])
-
-    return _read(store, run)
-
-
-def page_query(exp: int, *, status: Sequence[Status] = (), phase: int | None = None, sort: str = "id",
-               descending: bool = False, offset: int = 0, limit: int = 50) -> sa.Select:
-    """The statement of one page without a parameter filter (an EXPLAIN test reads its plan)."""
-    return _page_select().where(*_conditions(exp, status, phase)).order_by(*_order(sort, descending)) \
-        .offset(offset).limit(limit)
-
-
-def _conditions(exp: int, status: Sequence[Status], phase: int | None) -> list[sa.ColumnElement]:
-    conds = [t_job.c.experiment_id == exp]
-    if status:
-        conds.append(t_job.c.status.in_([s.value for s in status]))
-    if phase is not None:
-        conds.append(t_job.c.phase == phase)
-    return conds
-
-
-def _order(sort: str, descending: bool) -> list[sa.ColumnElement]:
-    key = t_job.c[sort]
-    if sort == "id":
-        return [key.desc() if descending else key]
-    return [key.desc(), t_job.c.id.desc()] if descending else [key, t_job.c.id]
-
-
-def _page_select() -> sa.Select:
-    c = t_job.c
-    return sa.select(c.id, c.phase, c.status, c.attempt, c.max_attempts, c.priority, c.host, c.params, c.results,
-                     c.started_at, c.finished_at, c.error)
-
-
-def _line(r: Any) -> JobLine:
-    return JobLine(r.id, r.phase, r.status, r.attempt, r.max_attempts, r.priority, r.host, json.loads(r.params),
-                   json.loads(r.results) if r.results else None, r.started_at, r.finished_at, r.error)
-
-
-def phase_links(store: "Store") -> list[tuple[int, int, int]]:
-    """(phase, phase it depends on, dependencies) for the experiment: the shape of its graph."""
-    def run(conn: Connection) -> list[tuple[int, int, int]]:
-        exp = _experiment_id(conn, store)
-        child, parent = t_job.alias("child"), t_job.alias("parent")
-        q = (sa.select(child.c.phase, parent.c.phase, sa.func.count())
-             .select_from(t_dep.join(child, child.c.id == t_dep.c.job_id).join(parent, parent.c.id == t_dep.c.depends_on))
-             .where(child.c.experiment_id == exp).group_by(child.c.phase, parent.c.phase)
-             .order_by(child.c.phase, parent.c.phase))
-        return [tuple(r) for r in conn.execute(q)]
-
-    return _read(store, run)
-
-
-# -- the store's reads: functions of a read transaction, for experiment ``exp`` ----------------
 
 def experiments(conn: Connection) -> list[str]:
     """Every experiment in the database, by name."""

@@ -182,7 +182,7 @@ def choose(scores: Mapping[str, float | None], total: int, promoted: Sequence[st
 
 def config_of(params: Mapping[str, Any], resource: str) -> str:
     """What identifies a configuration across folds, seeds and rungs: a hash of the other parameters."""
-    from .report import default_group_keys
+    from .selection import default_group_keys
 
     drop = {resource, *default_group_keys(params)}
     return hashlib.sha256(dump_json({k: v for k, v in params.items() if k not in drop},

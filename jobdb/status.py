@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Mapping
 
 from .errors import UsageError
 
@@ -37,13 +38,12 @@ ALIASES: dict[str, Status] = {"START": Status.QUEUED, "ERR_RUN": Status.FAILED, 
                               "CANCELLED": Status.CANCELED}
 
 # The groups the status machine, the CLI and dispatch speak of, defined here only.
-#: Ended: nothing more happens to these jobs without a repair (reset, retry, set-status).
+#: Ended: nothing more happens to these jobs without a repair (reset, retry, set-status). What progress
+#: counts as "finished", in dispatch and on the dashboard alike: BLOCKED jobs never ran, but no longer wait.
 ENDED = (Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED)
-#: Finished by a run or by hand (BLOCKED jobs never ran).
-FINISHED = (Status.DONE, Status.FAILED, Status.CRASHED, Status.CANCELED)
 #: Ended badly: what makes a dispatch exit 1.
 BAD = (Status.FAILED, Status.CRASHED, Status.BLOCKED)
-#: How one run of a job ends badly (a job that ran cannot become BLOCKED).
+#: How one run of a job ends badly (a job that ran cannot become BLOCKED); what ``retry`` puts back.
 RAN_BADLY = (Status.FAILED, Status.CRASHED)
 #: A dependency in one of these makes its dependents BLOCKED.
 BLOCKING = (Status.FAILED, Status.CRASHED, Status.CANCELED, Status.BLOCKED)
@@ -55,9 +55,19 @@ REQUEUED = (Status.QUEUED, Status.WAITING)
 OUTSTANDING = (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
 
+#: The order statuses are shown in wherever several are (counts, bars, live views): the status machine's.
+DISPLAY_ORDER = (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.DONE, Status.FAILED, Status.CRASHED,
+                 Status.BLOCKED, Status.CANCELED)
+
+
 def names_of(statuses: tuple[Status, ...]) -> list[str]:
     """The names of a group, as stored."""
     return [s.value for s in statuses]
+
+
+def in_display_order(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """(status, count) of ``counts`` (keyed by name) that are not zero, in ``DISPLAY_ORDER``."""
+    return [(s.value, counts[s.value]) for s in DISPLAY_ORDER if counts.get(s.value)]
 
 
 class Outcome(str, Enum):

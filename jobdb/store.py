@@ -52,7 +52,7 @@ class Store:
         self.engine = engine or _engine.make_engine(target)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
-        self._tx = Transactions(target, self.engine, self.hot)
+        self._tx = self.transactions = Transactions(target, self.engine, self.hot)
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once
@@ -236,6 +236,12 @@ class Store:
             return chosen
 
         return self._write(run)
+
+    def retry(self, job_ids: Sequence[int], why: str = "retried by hand", *, fresh: bool = False) -> list[int]:
+        """Queue the FAILED and CRASHED jobs of ``job_ids`` again, their dependents back to WAITING: resuming
+        from their checkpoint whatever their attempt limit, or started over (``fresh``). Returns those retried."""
+        return self._write(lambda conn: transitions.retry(conn, self._events, self._exp(conn), job_ids, why=why,
+                                                          fresh=fresh))
 
     def server_time(self) -> float:
         """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""

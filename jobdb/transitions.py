@@ -445,6 +445,16 @@ def relaunchable(conn: Connection, exp: int, *, include_failed: bool, ids: Seque
     return sorted(found)
 
 
+def retry(conn: Connection, log: Log, exp: int, job_ids: Sequence[int], *, why: str, fresh: bool) -> list[int]:
+    """The retry rule, for the CLI, the web page and ``retry=True`` calls alike: the FAILED and CRASHED jobs
+    of ``job_ids``, whatever their attempt limit, queued again with everything downstream back to
+    WAITING; resuming from their checkpoint with their attempt count, or (``fresh``) started over as a
+    reset starts them. The other jobs are left as they are. Returns the jobs retried."""
+    chosen = relaunchable(conn, exp, include_failed=True, ids=job_ids, ignore_limit=True)
+    reset(conn, log, chosen, cascade=True, why=why, fresh=fresh)
+    return chosen
+
+
 def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, why: str, fresh: bool) -> list[int]:
     """Jobs back to WAITING (then re-derived), with everything downstream of them (``cascade``; else
     only BLOCKED dependents). ``fresh``: a new attempt budget and no checkpoint (a reset by hand); else

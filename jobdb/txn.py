@@ -176,10 +176,17 @@ class Transactions:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one read transaction: every read of the store, the dashboard and the report."""
+        with self.connected() as conn, conn.begin():
+            return fn(conn)
+
+    @contextlib.contextmanager
+    def connected(self) -> Iterator[Connection]:
+        """A read-only connection of its own, its errors said in a sentence; for a read that sets the
+        connection up around its transaction (the report) or holds it open (a streamed report)."""
         with _engine.translated_errors(self.target):
             with self.engine.connect().execution_options(jobman_readonly=True) as conn:
-                with conn.begin():
-                    return fn(conn)
+                yield conn
 
     def log(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Log status changes: each row has job_id, from_status, to_status and why, and may set the rest."""
@@ -207,13 +214,11 @@ def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -
     """The id of ``target``'s experiment; with ``create``, made if it is new. Without, a missing
     experiment is refused naming those there are."""
     name = target.experiment
+    if not create:
+        return find_experiment(conn, name, target.display)
     found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar()
     if found is not None:
         return found
-    if not create:
-        names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
-        known = ", ".join(names) if names else "none yet"
-        raise NoSuchExperiment(f"no experiment {name!r} in {target.display} (experiments: {known})")
     # Two processes may make the same new experiment at once (PostgreSQL lets both try):
     # the second waits for the first's commit, inserts nothing, and reads its row.
     from sqlalchemy.dialects import postgresql, sqlite
@@ -224,6 +229,17 @@ def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -
     if found is None:
         found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar_one()
     return found
+
+
+def find_experiment(conn: Connection, name: str, where: str) -> int:
+    """The id of experiment ``name``, or the one sentence every read says when there is none: naming the
+    database (``where``) and the experiments it has."""
+    found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar()
+    if found is not None:
+        return found
+    names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
+    known = ", ".join(names) if names else "none yet"
+    raise NoSuchExperiment(f"no experiment {name!r} in {where} (experiments: {known})")
 
 
 class _Retry(Exception):

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from .errors import NoSuchExperiment, UsageError
-from .schema import experiment as t_exp
+from .errors import UsageError
 from .schema import metadata
 from .status import CODES
+from .txn import find_experiment
 
 _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # Keys a view can name safely inside a JSON path literal.
@@ -129,9 +129,7 @@ def create_view(engine: Engine, experiment: str, name: str) -> list[ViewColumn]:
     """(Re)create view ``name`` of one experiment, in one transaction; returns its key columns."""
     check_view_name(name)
     with engine.begin() as conn:
-        experiment_id = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == experiment)).scalar()
-        if experiment_id is None:
-            raise NoSuchExperiment(f"no experiment {experiment!r} in this database: schedule its jobs first")
+        experiment_id = find_experiment(conn, experiment, "this database")
         if _is_table(conn, name):
             raise UsageError(f"{name!r} is a table of this database, not a view; choose another view name")
         columns = view_columns(conn, experiment_id)

@@ -2,7 +2,7 @@
 
 Its parents are the cross-validation jobs of a sweep (every configuration x every
 fold, scheduled with ``--after``). It groups them by configuration, picks the
-best by the mean of a metric over folds (``jobman.jobdb.report.best``), retrains
+best by the mean of a metric over folds (``channel.best``: the report's selection), retrains
 that configuration once on the whole training set and tests it once.
 
 - Plain CV parents (``nb_cross_fold``/``id_cross_fold``): the retrain uses every
@@ -73,42 +73,39 @@ def _trainer_for(target: str) -> Callable[[dict, Channel], str]:
     return fn
 
 
-def _records(parents: list[Parent], metric: str) -> list[dict[str, Any]]:
-    """What ``report.best`` takes, from the parents that have a number for ``metric``."""
+def _with_metric(parents: list[Parent], metric: str) -> list[Parent]:
+    """The parents that have a number for ``metric``: those the selection ranks."""
     out = []
     for par in parents:
         value = (par.results or {}).get(metric)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
-            out.append({"job_id": par.job_id, "params": dict(par.params), "results": dict(par.results),
-                        "status": "DONE", "target": par.target})
+            out.append(par)
     return out
 
 
 def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, workdir: Path,
                  overrides: Mapping[str, Any], log_prefix: str) -> dict[str, Any] | None:
     """Select among ``parents``, retrain the winner in ``workdir``; its results, or None if stopped."""
-    records = _records(parents, p["metric"])
-    if not records:
+    ranked = _with_metric(parents, p["metric"])
+    if not ranked:
         raise ValueError(f"no parent job has a numeric {p['metric']!r} result to select on")
-    from jobman.jobdb.report import best  # NumPy's report: imported by the fan-in job only
-
-    winner = best(records, metric=p["metric"], mode=p["mode"], group_over=p["group_over"])
+    winner = channel.best(p["metric"], mode=p["mode"], group_over=p["group_over"], parents=ranked)
     job_ids = [int(j) for j in winner.job_ids]
-    first = next(r for r in records if r["job_id"] in job_ids)
-    params = {**first["params"], **dict(winner.params)}
+    first = next(par for par in ranked if par.job_id in job_ids)
+    params = {**dict(first.params), **dict(winner.params)}
     for key in FOLD_KEYS:
         params.pop(key, None)
     params.update(overrides)
     sub_state = DD(params)
     sub_channel = SubChannel(channel, workdir, params, log_prefix)
     sub_channel.bind(sub_state)
-    status = _trainer_for(first["target"])(sub_state, sub_channel)
+    status = _trainer_for(first.target)(sub_state, sub_channel)
     if status == INCOMPLETE:
         return None
-    tests = [r["results"].get("test_error") for r in records if r["job_id"] in job_ids]
+    tests = [par.results.get("test_error") for par in ranked if par.job_id in job_ids]
     tests = [t for t in tests if isinstance(t, (int, float))]
     out = {k: sub_state[k] for k in STANDARD_RESULTS if k in sub_state}
-    out.update(best_params={k: v for k, v in dict(winner.params).items()}, best_target=first["target"],
+    out.update(best_params={k: v for k, v in dict(winner.params).items()}, best_target=first.target,
                cv_mean=float(winner.mean),
                cv_std=None if winner.std is None else float(winner.std), cv_n=int(winner.n), cv_job_ids=job_ids)
     if tests:

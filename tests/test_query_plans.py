@@ -153,7 +153,7 @@ def test_a_page_of_the_dashboards_job_table_reads_an_index_not_every_row(busy_st
     Neither sorts the experiment's jobs first (a temporary B-tree, a Sort node over a table scan);
     SQLite may walk the table in id order, which stops after the page's rows.
     """
-    from jobman.jobdb.browse import page_query
+    from jobman.jobdb.dashboard import page_query
 
     exp = busy_store.jobs(limit=1)[0].experiment_id
     dialect = busy_store.engine.dialect.name
@@ -337,7 +337,8 @@ def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypa
     import dataclasses
     import re
 
-    from jobman.jobdb import aggregates, report
+    from jobman.jobdb import report
+    from jobman.jobdb.report import queries
     from jobman.jobdb.sweep import JobSpec
 
     small = Store(dataclasses.replace(busy_store.target, experiment=f"{busy_store.experiment}_json"))
@@ -348,17 +349,17 @@ def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypa
                          .values(status="DONE", results=f'{{"valid_error": {(i * 7919) % 50 / 50}}}'))
     pg = small.engine.dialect.name == "postgresql"
     plans: list[str] = []
-    real = aggregates.ranked_batches
+    real = queries.ranked_batches
 
     def explained(conn, sql, section, columns, mode, allow_incomplete):  # noqa: ANN001
         for cls in section.classes(allow_incomplete):
-            query = aggregates.ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls)
+            query = queries.ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls)
             rows = conn.execution_options(stream_results=False).execute(
                 sa.text(("EXPLAIN " if pg else "EXPLAIN QUERY PLAN ") + query), sql.binds).all()
             plans.append("\n".join(str(r[-1]) for r in rows))
         yield from real(conn, sql, section, columns, mode, allow_incomplete)
 
-    monkeypatch.setattr(aggregates, "ranked_batches", explained)
+    monkeypatch.setattr(queries, "ranked_batches", explained)
     with report.open_report(small, "valid_error", keep=1) as rep:
         rows = [json.loads(text) for text in rep.iter_json()]
     assert [r["rank"] for r in rows] == list(range(1, 51)) and plans

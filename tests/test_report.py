@@ -606,7 +606,7 @@ def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(s
     for count in (1, 2, 3, 6):
         with report.open_report(store, "valid_error", keep=1, sample=count) as part:
             assert not part.holds_all
-            want = report._spread(iter(in_py.rows), 6, count)
+            want = report.spread(iter(in_py.rows), 6, count)
             assert_close([r.to_dict() for r in part.sample], [r.to_dict() for r in want], str(count))
             assert len(part.sample) == len(want) > 0
 
@@ -615,11 +615,11 @@ def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(s
 def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(store, monkeypatch, size):
     # The json rows are read from the database a list at a time (thousands; here ``size``): a run of
     # equal means that goes on from one list into the next is still put in the Python path's order.
-    from jobman.jobdb import aggregates
+    from jobman.jobdb.report import queries
 
-    monkeypatch.setattr(aggregates, "BATCH", size)
+    monkeypatch.setattr(queries, "BATCH", size)
     # On PostgreSQL, libpq 17 on reads them in chunks; with size 3 as an older libpq does, by a named cursor.
-    monkeypatch.setattr(aggregates, "_chunked_mode", lambda: size != 3)
+    monkeypatch.setattr(queries, "_chunked_mode", lambda: size != 3)
     third = (0.1 + 0.2) / 3  # 0.1 to 12 digits, not to the last bit
     jobs = (folds_and_ties(0.05, [0.01, 0.02, 0.03])
             + folds_and_ties(0.1, [0.2, 0.1, 0.3]) + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # a tie: by id
@@ -666,7 +666,7 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     # A report's temporary table is dropped, or, above a size, closed with its connection (far faster at
     # a million configurations); either way the pool's next connection holds no table and the store's
     # own cache, and the next report reads the same.
-    from jobman.jobdb import aggregates
+    from jobman.jobdb.report import queries
     from jobman.jobdb.engine import SQLITE_CACHE_KIB
 
     store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "exp")
@@ -682,7 +682,7 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     assert not tables and cache == -SQLITE_CACHE_KIB
     want = [r.to_dict() for r in report.from_store(store, "valid_error").rows]
     assert pooled() == (first, [], -SQLITE_CACHE_KIB)  # 8 configurations: dropped, the connection kept
-    monkeypatch.setattr(aggregates, "CLOSE_ABOVE", 5)
+    monkeypatch.setattr(queries, "CLOSE_ABOVE", 5)
     assert [r.to_dict() for r in report.from_store(store, "valid_error").rows] == want
     other, tables, cache = pooled()
     assert other is not first and not tables and cache == -SQLITE_CACHE_KIB  # closed with it: a new one
@@ -794,3 +794,59 @@ def test_sqlite_groups_a_large_selection_in_two_halves_at_once_and_reports_the_s
             assert (t.n, t.min, t.max) == (s.n, s.min, s.max)
             assert t.mean == pytest.approx(s.mean, rel=1e-12)
             assert (t.std is None) == (s.std is None) and (s.std is None or t.std == pytest.approx(s.std, rel=1e-9))
+
+
+def test_opening_a_store_and_reading_it_never_imports_the_report(db_url):
+    # A worker opens the store for every job it claims: the report (and NumPy) stay out of its process.
+    # The --where language it shares with the dashboard is jobdb.selection, at the bottom of jobdb.
+    import subprocess
+
+    code = textwrap.dedent(f"""
+        import sys
+        from jobman.jobdb.store import Store
+        from jobman.jobdb.sweep import JobSpec
+        import jobman.dispatch.worker
+        store = Store.open({db_url!r}, "imports")
+        store.schedule([JobSpec(0, "fn", "tests.fake:train", {{"lr": 0.1}}, None)])
+        store.jobs(limit=5), store.counts(), store.outstanding(), store.experiments()
+        print(sorted(m for m in sys.modules if m.startswith("jobman.jobdb.report") or m == "numpy"))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_report_and_the_selection_module_import_each_other_in_one_direction_only():
+    # The selection language sits below the report; the report's SQL sits below its engines.
+    import ast
+
+    here = Path(report.__file__).parent
+    selection = ast.parse((here.parent / "selection.py").read_text())
+    assert not [n for n in ast.walk(selection) if isinstance(n, ast.ImportFrom) and n.module
+                and ("report" in n.module or "store" in n.module)]
+    queries = ast.parse((here / "queries.py").read_text())
+    assert not [n for n in ast.walk(queries) if isinstance(n, ast.ImportFrom) and n.level == 1]
+
+
+def test_the_cv_retrain_reads_its_parents_through_the_channel_only():
+    # models may use only the experiment API: the retrain's selection is channel.best.
+    import ast
+
+    import jobman.models.cv as cv
+
+    tree = ast.parse(Path(cv.__file__).read_text())
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in modules if "jobdb" in m], modules
+
+
+def test_the_json_of_one_run_rows_with_results_missing_here_and_there_is_the_reports(store):
+    # The JSON writer's rows of one run (most of their text known) and its other rows, side by side:
+    # a second result missing from some jobs, a metric missing from others, values equal and apart.
+    jobs = [({"lr": lr}, "DONE", {"valid_error": lr / 3, **({"epochs": 7} if i % 3 else {})})
+            for i, lr in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6))]
+    jobs += [({"lr": 0.7}, "DONE", {"epochs": 2}), ({"lr": 0.8}, "FAILED", None), ({"lr": 0.9}, "QUEUED", None)]
+    put_jobs(store, jobs)
+    for options in ({}, {"allow_incomplete": True}):
+        same_report(store, "valid_error", **options)
+        same_report(store, "valid_error", "max", **options)

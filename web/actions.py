@@ -36,7 +36,7 @@ def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
         changed = store.reset([job_id], cascade=cascade, why=f"reset by hand {FROM_WEB}")
         return f"job {job_id} reset" + (f", with {len(changed) - 1} job(s) downstream" if len(changed) > 1 else "")
     if verb == "retry":
-        changed = store.relaunch([job_id], f"retried by hand {FROM_WEB}", include_failed=True, ignore_limit=True)
+        changed = store.retry([job_id], f"retried by hand {FROM_WEB}")
         if not changed:
             raise UsageError(f"job {job_id} is not FAILED or CRASHED: there is nothing to retry")
         return f"job {job_id} queued again"

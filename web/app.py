@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobman.jobdb.errors import JobmanError, NoSuchExperiment, NoSuchJob, UsageError
+from jobman.jobdb.status import DISPLAY_ORDER, names_of
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import mask_password
 
@@ -64,7 +65,7 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
     env.filters.update(FILTERS)
     env.globals.update(urlencode=urlencode, allow_actions=allow_actions, form_secret=settings.form_secret,
-                       database=mask_password(settings.db.target.display))
+                       database=mask_password(settings.db.target.display), status_order=names_of(DISPLAY_ORDER))
     macros = env.get_template("_macros.html").module  # shared by whole pages and the parts a live update asks for
     env.globals.update(bar=macros.bar, status=macros.status)
 

@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 from markupsafe import Markup, escape
 
+from jobman.jobdb.selection import is_number
+
 PALETTE = ("#1f5fa8", "#d4552b", "#2b9a4a", "#8a3fb0", "#c49a00", "#178f99", "#b0306a", "#5a5a5a")
 W, H = 360, 230
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 38
@@ -22,7 +24,7 @@ class Axis:
 
     def __init__(self, values: Sequence[Any], lo_px: float, hi_px: float) -> None:
         self.lo_px, self.hi_px = lo_px, hi_px
-        numbers = [v for v in values if _is_number(v)]
+        numbers = [v for v in values if is_number(v)]
         self.categories: list[Any] | None = None
         self.log = False
         if len(numbers) < len(values) or not values:
@@ -58,7 +60,7 @@ class Axis:
 
 def scatter(points: Sequence[tuple[Any, float, str]], xlabel: str, ylabel: str, *, best: str | None = None) -> Markup:
     """One point per (x, y, title); the point titled ``best`` is ringed."""
-    pts = [p for p in points if _is_number(p[1])]
+    pts = [p for p in points if is_number(p[1])]
     if not pts:
         return Markup('<p class="empty">nothing to plot yet</p>')
     x = Axis([p[0] for p in pts], LEFT, W - RIGHT)
@@ -73,7 +75,7 @@ def scatter(points: Sequence[tuple[Any, float, str]], xlabel: str, ylabel: str, 
 
 def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: str, ylabel: str) -> Markup:
     """Curves of (x, y) points, one colour per series, with a legend."""
-    series = [(name, [p for p in pts if _is_number(p[1])]) for name, pts in series]
+    series = [(name, [p for p in pts if is_number(p[1])]) for name, pts in series]
     series = [(name, pts) for name, pts in series if pts]
     if not series:
         return Markup('<p class="empty">no learning curve logged yet</p>')
@@ -100,7 +102,7 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float, str
 
     Lines are coloured by the metric, darkest for the lowest value.
     """
-    rows = [r for r in rows if _is_number(r[1])]
+    rows = [r for r in rows if is_number(r[1])]
     if not rows or not axes:
         return Markup('<p class="empty">nothing to plot yet</p>')
     names = list(axes) + [metric]
@@ -149,10 +151,6 @@ def _shade(frac: float) -> str:
     """Dark blue (0) to pale orange (1)."""
     a, b = (31, 95, 168), (240, 170, 110)
     return "#" + "".join(f"{round(p + (q - p) * frac):02x}" for p, q in zip(a, b))
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _key(v: Any) -> Any:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from jobman.jobdb.report import format_number, format_param
+from jobman.jobdb.selection import format_number, format_param
 
 
 def when(epoch: float | None) -> str:

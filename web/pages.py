@@ -1,4 +1,4 @@
-"""What each page shows, gathered through the store's verbs, ``jobdb.browse`` and ``jobdb.report``.
+"""What each page shows, gathered through the store's verbs, ``jobdb.dashboard`` and ``jobdb.report``.
 
 No SQL here: a page is a dict for its template, built from the same reads the CLI makes.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from sqlalchemy.engine import Engine
 
-from jobman.jobdb import browse, report
+from jobman.jobdb import dashboard, report, selection
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
@@ -134,7 +134,7 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
     chosen: int | None = None
     for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
         # The newest DONE job of the phase by id: read from the end of an index, not sorted.
-        sample = browse.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1,
+        sample = dashboard.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1,
                                  count=False)
         results = sample.jobs[0].results if sample.jobs else None
         found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
@@ -160,9 +160,9 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
     """Every experiment's summary and best result; without ``build``, only the bests already known
     (the first paint of the page does not wait for a report of 100,000 jobs)."""
     rows = []
-    for s in browse.experiment_summaries(db.any_store()):
+    for s in dashboard.experiment_summaries(db.any_store()):
         best, pending = None, False
-        if s.counts.get("DONE") and build:
+        if s.counts.get(Status.DONE.value) and build:
             store = db.store(s.name)
             choice = choose(store)
             if choice.metric:
@@ -171,7 +171,7 @@ def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> di
                 except JobmanError:
                     best = None
             reports.bests[s.name] = best
-        elif s.counts.get("DONE"):
+        elif s.counts.get(Status.DONE.value):
             pending = s.name not in reports.bests
             best = reports.bests.get(s.name)
         rows.append({"s": s, "best": best, "pending": pending})
@@ -184,7 +184,7 @@ class Listing:
 
     status: list[Status]
     phase: int | None
-    where: list[report.Condition]
+    where: list[selection.Condition]
     sort: str
     descending: bool
     page: int
@@ -193,7 +193,7 @@ class Listing:
     def from_query(cls, q: dict[str, str]) -> "Listing":
         statuses = [parse_status(v) for v in q.get("status", "").split(",") if v.strip()]
         phase = whole_number(q.get("phase"), "phase") if q.get("phase", "").strip() else None
-        where = [report.parse_where(w.strip()) for w in q.get("where", "").split(",") if w.strip()]
+        where = [selection.parse_where(w.strip()) for w in q.get("where", "").split(",") if w.strip()]
         sort = q.get("sort", "id") or "id"
         page = whole_number(q.get("page", "0") or "0", "page")
         if page < 0:
@@ -210,7 +210,7 @@ class Listing:
 
 
 def job_table(store: Store, listing: Listing) -> dict[str, Any]:
-    found = browse.job_page(store, status=listing.status, phase=listing.phase, where=listing.where,
+    found = dashboard.job_page(store, status=listing.status, phase=listing.phase, where=listing.where,
                             sort=listing.sort, descending=listing.descending,
                             offset=listing.page * PAGE_SIZE, limit=PAGE_SIZE)
     keys: list[str] = []
@@ -230,7 +230,7 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     total: dict[str, int] = {}
     for (_, s), n in counts.items():
         total[s] = total.get(s, 0) + n
-    return {"by_phase": by_phase, "total": total, "links": browse.phase_links(store)}
+    return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
 
 
 def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
@@ -275,7 +275,7 @@ def default_curve_ids(store: Store) -> list[int]:
     running = store.jobs(status=[Status.RUNNING], with_deps=False, limit=CURVES)
     ids = [j.id for j in running]
     if len(ids) < CURVES:
-        latest = browse.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES, count=False)
+        latest = dashboard.job_page(store, status=[Status.DONE], sort="id", descending=True, limit=CURVES, count=False)
         ids += [j.id for j in latest.jobs][: CURVES - len(ids)]
     return sorted(ids)
 

@@ -1,15 +1,17 @@
-"""A report ranked by the database: configurations grouped, counted and averaged in SQL, streamed best first.
+"""The report's SQL, all of it: configurations grouped, counted and averaged by the database, streamed
+best first.
 
-:mod:`jobman.jobdb.report` groups a list of records in Python; this module does the same for a
-store's experiment inside the database, so that a report of a million jobs never holds them.
-One read transaction: the parameter and result keys are read from a job or two found by index,
-the jobs are grouped into a temporary table of configurations (count, sum, sum of squares, min
-and max of each numeric result) while the grouping checks those keys on every job (when the check
-fails, the keys of every job are read with ``json_each`` / ``jsonb_each`` and the jobs grouped
-again), and the configurations are read back ranked, a section (outer fold) at a time. Python keeps the rules: it computes each mean and std from those sums, and puts
-configurations whose means agree to 12 significant digits in the order :func:`report._rank`
-gives. What SQL cannot say the same way (a ``--where`` on a list, a key JSON paths cannot name)
-is left to the Python path: :func:`sql_able` says which.
+:mod:`.inpython` groups a list of records in Python; the statements here do the same for a store's
+experiment inside the database, so that a report of a million jobs never holds them (the steps
+between them are :mod:`.indatabase`'s). One read transaction: the parameter and result keys are read
+from a job or two found by index, the jobs are grouped into a temporary table of configurations
+(count, sum, sum of squares, min and max of each numeric result) while the grouping checks those keys
+on every job (when the check fails, the keys of every job are read with ``json_each`` /
+``jsonb_each`` and the jobs grouped again), and the configurations are read back ranked, a section
+(outer fold) at a time. Python keeps the rules: it computes each mean and std from those sums, and
+puts configurations whose means agree to 12 significant digits in the order the in-Python engine
+gives. What SQL cannot say the same way (a ``--where`` on a list, a key JSON paths cannot name) is
+left to the Python path: :func:`sql_able` says which.
 
 SQLite holds parameters and results as JSON text, PostgreSQL as jsonb: the expressions below
 differ by dialect, the plan is the same.
@@ -30,14 +32,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import engine as _engine
-from .canonical import found_by_json_path
-from .errors import NoSuchExperiment
-from .schema import experiment as t_exp
+from ..canonical import found_by_json_path
+from ..selection import frozen, sort_key
+from ..txn import experiment_id
 
 if TYPE_CHECKING:
-    from .report import Condition
-    from .store import Store
+    from ..selection import Condition
+    from ..store import Store
 
 TEMP = "jobman_report"
 _NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}  # JSON types of a number
@@ -45,20 +46,20 @@ _NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}  # JSON ty
 
 @contextlib.contextmanager
 def reading(store: "Store") -> Iterator[tuple[Connection, int]]:
-    """One read transaction on the store's experiment: (connection, experiment id)."""
-    with _engine.translated_errors(store.target):
-        with store.engine.connect().execution_options(jobman_readonly=True) as conn, _sorting(conn):
-            try:
-                with conn.begin():
-                    exp = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == store.experiment)).scalar()
-                    if exp is None:
-                        names = conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars().all()
-                        raise NoSuchExperiment(f"no experiment {store.experiment!r} in {store.target.display} "
-                                               f"(experiments: {', '.join(names) if names else 'none yet'})")
-                    yield conn, exp
-            finally:
-                if conn.dialect.name == "sqlite":
-                    _let_go(conn)
+    """One read transaction on the store's experiment: (connection, experiment id). SQLite's connection is
+    set for the report's sorts meanwhile, and its temporary table let go after."""
+    with store.transactions.connected() as conn, _sorting(conn):
+        try:
+            with conn.begin():
+                yield conn, experiment_id(conn, store.target)
+        finally:
+            if conn.dialect.name == "sqlite":
+                _let_go(conn)
+
+
+def count_jobs(conn: Connection, where: str, binds: dict[str, Any]) -> int:
+    """How many jobs ``where`` selects."""
+    return conn.execute(sa.text(f"SELECT count(*) FROM job WHERE {where}"), binds).scalar() or 0
 
 
 # A temporary table of more configurations than this is let go with its connection rather than dropped:
@@ -117,6 +118,16 @@ class Sql:
         self.pg = dialect == "postgresql"
         self.numeric = _NUMERIC["postgresql" if self.pg else "sqlite"]
         self.binds: dict[str, Any] = {}
+
+    def experiment_jobs(self, exp: int, phase: int | None) -> str:
+        """The jobs of experiment ``exp`` (of one phase)."""
+        where = f"job.experiment_id = {self.bind(exp)}"
+        return where if phase is None else f"{where} AND job.phase = {self.bind(phase)}"
+
+    def in_scopes(self, scopes: Sequence[tuple[Any, Any]]) -> str:
+        """The jobs of these (phase, target) scopes."""
+        return "(" + " OR ".join(f"(job.phase = {self.bind(p)} AND job.target = {self.bind(t)})"
+                                 for p, t in scopes) + ")"
 
     def bind(self, value: Any) -> str:
         name = f"b{len(self.binds)}"
@@ -230,9 +241,7 @@ def constant_candidates(conn: Connection, sql: Sql, where: str, groups: Sequence
 
 
 def _json_equal(a: Any, b: Any) -> bool:
-    from .report import _frozen
-
-    return type(a) is type(b) and _frozen(a) == _frozen(b) or (
+    return type(a) is type(b) and frozen(a) == frozen(b) or (
         not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, (int, float))
         and isinstance(b, (int, float)) and a == b)
 
@@ -312,7 +321,7 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
     stats = [f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
              for i in range(len(columns))]
     ids = "string_agg(id::text, ',')" if sql.pg else "group_concat(id)"
-    metric_ids = f"string_agg(CASE WHEN v0 IS NOT NULL THEN id::text END, ',')" if sql.pg else \
+    metric_ids = "string_agg(CASE WHEN v0 IS NOT NULL THEN id::text END, ',')" if sql.pg else \
         "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
     others = "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')" if sql.pg else \
         "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
@@ -487,8 +496,6 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
     """The outer folds with their counts, the totals, whether the results the grouping assumed hold
     (``unseen``: the table has that column) and whether no configuration is ``differ`` (SQL, from
     :func:`keys_differ`): one scan of the temporary table, grouped by outer value, phase and target."""
-    from .report import _sort_key
-
     expr = outer_expr(sql, outer)
     if outer is None:
         shown = ["NULL"]
@@ -551,7 +558,7 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
     constant = {name: float(lo) for name, (having, lo, hi) in zip(columns[1:], results)
                 if configs and having == configs and lo == hi}
     held = set(with_metric_in) if unseen and not marked and all(with_metric_in.values()) else None
-    return Survey(sorted(found.values(), key=lambda s: _sort_key(s.value)), configs, jobs, constant, held,
+    return Survey(sorted(found.values(), key=lambda s: sort_key(s.value)), configs, jobs, constant, held,
                   not differs)
 
 
@@ -698,7 +705,7 @@ def _run_key(row: tuple, width: int) -> tuple | None:
 
 
 def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
-    """``rows`` (from :func:`ranked`) in the order of ``report._rank``: the database sorted the raw means;
+    """``rows`` (from :func:`ranked`) in the order of the in-Python engine's ranking: the database sorted the raw means;
     the configurations whose means agree to 12 significant digits are put in order here, by more runs,
     then the lower std, then the first scheduled. Only such a run of equal means is held at a time."""
     cls_at, mean_at = 8 + 5 * width + 1, 8 + 5 * width + 2
@@ -757,7 +764,7 @@ def _apart(rows: list[tuple], cls_at: int, mean_at: int) -> bool:
     first, last = rows[0], rows[-1]
     if first[cls_at] != last[cls_at] or first[mean_at] is None or last[mean_at] is None:
         return False  # the classes are sorted, and means without the metric come last in a section
-    import numpy as np  # here: every jobman command imports this module
+    import numpy as np  # here: only a streamed json needs it
 
     means = np.fromiter((r[mean_at] for r in rows), dtype=np.float64, count=len(rows))
     gaps = np.abs(np.diff(means))
