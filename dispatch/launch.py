@@ -37,12 +37,14 @@ SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, unless told how ma
 def worker_access(target: DbTarget) -> tuple[str, dict[str, str]]:
     """The URL (with ``?table=``) workers are started with, and the variables that give them the rest
     of it: a PostgreSQL password goes in PGPASSWORD, which only this user can read, never on their argv."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import URL, make_url
 
     url = make_url(target.sqlalchemy_url)
     if target.dialect != "postgresql" or url.password is None:
         return target.with_table(), {}
-    bare = url.set(password=None).render_as_string(hide_password=False)
+    # Made anew: URL.set(password=None) leaves the password as it was.
+    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database,
+                      url.query).render_as_string(hide_password=False)
     return dataclasses.replace(target, sqlalchemy_url=bare).with_table(), {"PGPASSWORD": str(url.password)}
 
 
