@@ -59,7 +59,7 @@ import time  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from jobman.dispatch.experiment import run_direct  # noqa: E402
+from jobman.dispatch.runner import run_direct  # noqa: E402
 from jobman.jobdb.halving import choose, config_of, rung_values  # noqa: E402
 from jobman.jobdb.sweep import expand, format_value, parse_sweep  # noqa: E402
 

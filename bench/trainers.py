@@ -36,7 +36,7 @@ from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from jobman.dispatch.experiment import run_direct  # noqa: E402
+from jobman.dispatch.runner import run_direct  # noqa: E402
 from jobman.models import folds, splits  # noqa: E402
 from jobman.models.params import settings  # noqa: E402
 
