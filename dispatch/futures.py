@@ -35,7 +35,6 @@ from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 from .calls import grid, json_params, sample, source_version, target_of
 from .channel import DD, Channel
 from .experiment import TargetError, by_value, resolve
-from .inline import InlineRunner
 from .worker_settings import DEFAULT_EXPROOT
 
 __all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "grid", "map",
@@ -151,7 +150,7 @@ class Experiment:
         self._pending: dict[int, tuple[JobFuture, Callable | None]] = {}
         self._lock = threading.RLock()  # a future's callbacks may call again
         self._pump: _Pump | None = None
-        self._inline = InlineRunner(self.store)
+        self._inline: Any = None  # an inline.InlineRunner, made for the first job run here
         self._code_stored: "weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
         self._targets_stored: set[str] = set()
 
@@ -235,7 +234,7 @@ class Experiment:
         if self.backend == "inline" and fn is not None:
             for job_id, future in futures.items():
                 if not future.done():
-                    results = self._inline.run(job_id, fn, self.exproot, self.timeout)
+                    results = self._run_inline(job_id, fn)
                     if results is not None:  # DONE here: settled without reading the job back
                         with self._lock:
                             entry = self._pending.pop(job_id, None)
@@ -302,6 +301,14 @@ class Experiment:
         if target not in self._targets_stored:
             self.store.put_function(target, code)
             self._targets_stored.add(target)
+
+    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> dict[str, Any] | None:
+        """Run the job here if it is QUEUED; the results it was recorded DONE with, if it was here."""
+        if self._inline is None:
+            from .inline import InlineRunner  # the runner's imports, for this mode only
+
+            self._inline = InlineRunner(self.store)
+        return self._inline.run(job_id, fn, self.exproot, self.timeout)
 
     def _launch_plan(self) -> Any:
         """How this experiment's workers are started: as ``jobman dispatch`` would start them."""

@@ -15,8 +15,9 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo
 from jobman.jobdb.url import DbTarget
 
-from .channel import Channel, Parent, job_info, job_state, to_jsonable
-from .experiment import call as call_function
+from .channel import Parent, StoreChannel, job_info
+from .experiment import failure_why
+from .runner import run_here
 
 
 class InlineRunner:
@@ -40,48 +41,31 @@ class InlineRunner:
             workdir = Path(job.workdir or root)
             workdir.mkdir(parents=True, exist_ok=True)
             parents = store.parents(job.id) if job.depends_on else []
-            channel = _InlineChannel(job.id, job.phase, job.attempt, workdir, dict(job.params),
-                                     deadline=time.time() + timeout if timeout else None,
-                                     store=store, lease=lease)
+            channel = StoreChannel(job.id, job.phase, job.attempt, workdir, dict(job.params),
+                                   deadline=time.time() + timeout if timeout else None, store=store, lease=lease)
             channel.parents = [_parent(p) for p in parents]
-            state = job_state(job.params, job.results, job_info(job.id, job.target, store.experiment,
-                                                                 job.priority, job.attempt, job.phase, workdir))
+            info = job_info(job.id, job.target, store.experiment, job.priority, job.attempt, job.phase, workdir)
             if self._heartbeats is None:
                 self._heartbeats = _Heartbeats(store.target)
                 self._heartbeats.start()
             self._heartbeats.running[job.id] = lease
             try:
-                outcome = call_function(fn, state, channel)
+                ending = run_here(fn, channel, job.results, info)
             except BaseException:  # Ctrl-C: the job goes back to the queue, to resume
                 store.finish(job.id, lease, "REQUEUE", why="interrupted in the calling process; put back")
                 raise
             finally:
                 self._heartbeats.running.pop(job.id, None)
-            why = ((outcome.error or "").strip().splitlines() or ["failed"])[-1][:300] if outcome.status == "FAILED" else None
-            status = store.finish(job.id, lease, outcome.status, results=outcome.results, error=outcome.error,
-                                  why=why)
+            why = failure_why(ending.error) if ending.status == "FAILED" else None
+            status = store.finish(job.id, lease, ending.status, results=ending.results, error=ending.error, why=why)
             if status is Status.DONE:
-                return outcome.results
+                return ending.results
             if status is not Status.QUEUED:  # QUEUED: it returned INCOMPLETE, resume it here at once
                 return None
 
 
 def _parent(job: Job) -> Parent:
     return Parent(job.id, job.phase, job.target, Path(job.workdir or "."), job.params, job.results or {})
-
-
-class _InlineChannel(Channel):
-    """The channel of a job run in the calling process: ``save`` and ``log`` write under its lease."""
-
-    def __init__(self, *args: Any, store: Store, lease: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._store, self._lease = store, lease
-
-    def _save(self, results: dict[str, Any]) -> None:
-        self._store.save(self.job_id, self._lease, to_jsonable(results))
-
-    def _log(self, step: int, metrics: dict[str, float]) -> None:
-        self._store.log_metrics(self.job_id, self._lease, [(step, k, v) for k, v in metrics.items()])
 
 
 class _Heartbeats(threading.Thread):
