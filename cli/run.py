@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
@@ -104,8 +104,9 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
     queue without counting an attempt, and exits. A database that goes away is
     waited for (--outage-wait); the running job goes on meanwhile.
     """
-    _run_worker(database, WorkerSettings(exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-                                         processes=processes, verbose=verbose))
+    _run_worker(database, WorkerSettings(exproot, timeout, heartbeat, grace, max_jobs=max_jobs, wait=wait,
+                                         idle_timeout=idle_timeout, outage_wait=outage_wait, processes=processes,
+                                         verbose=verbose))
     return 0
 
 
@@ -254,7 +255,6 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
                          "runs on this host")
     store = database.open()
     log_to_stderr("jobman dispatch: %(message)s", verbose)
-
     settings = WorkerSettings(exproot, timeout, heartbeat, grace, outage_wait=outage_wait, processes=processes,
                               verbose=verbose)
     plan = LaunchPlan(backend, settings, workers, sbatch=sbatch, array_parallelism=array_parallelism,
@@ -352,7 +352,7 @@ def _follow(store: Store, launch: Launch, show: bool, watch: str, run: Callable[
         try:
             tally = run(view.update)
         except KeyboardInterrupt:
-            ids = sorted({job_id.split("_")[0] for job_id in launch.backend.submitted}, key=int)
+            ids = launch.slurm_jobs()
             if ids:
                 click.echo(f"stopped following; the Slurm jobs go on (scancel {' '.join(ids)} to stop them); "
                            f"watch: {watch}", err=True)
@@ -406,7 +406,7 @@ class _ProgressView:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err.console,
                                  transient=False) if show else None
-        self.task = None
+        self.task: Any = None  # rich's TaskID, once the bar is shown
         self._first_done: tuple[float, int] | None = None
 
     def __enter__(self) -> "_ProgressView":

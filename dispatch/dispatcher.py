@@ -133,7 +133,7 @@ class Dispatcher:
     def scan_when_due(self) -> None:
         """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher."""
         if self.watcher is not None and time.time() - self._last_scan >= self.options.scan_interval:
-            self._scan()
+            self._scan(self.watcher)
             self._last_scan = time.time()
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:
@@ -182,11 +182,11 @@ class Dispatcher:
                      f"starting another in {delay:g} s")
             self._hold_until = time.monotonic() + delay
 
-    def _scan(self) -> None:
+    def _scan(self, watcher: Watcher) -> None:
         """Look for crashed jobs; a database that refuses the scan's writes is said once, not fatal here
         (the workers meet it too, and their failures stop dispatch)."""
         try:
-            self.outage.call(self.watcher.scan, "looking for crashed jobs")
+            self.outage.call(watcher.scan, "looking for crashed jobs")
         except DatabaseUnavailable:
             raise
         except DatabaseError as exc:

@@ -319,6 +319,7 @@ class Experiment:
         here = [p for p in (os.getcwd(), sys.path[0] if sys.path and sys.path[0] else None) if p]
         paths = os.pathsep.join(dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                       if p]))
+        assert self.backend is not None  # the pump starts workers for "local" and "slurm" only
         return LaunchPlan(self.backend, WorkerSettings(str(self.exproot), self.timeout), self.workers,
                           environment={"PYTHONPATH": paths}, sbatch=self.sbatch)
 

@@ -136,16 +136,25 @@ class Launch:
                      on_submit: Callable[[Submitted], None] | None = None) -> JobPerTaskDispatcher:
         """Slurm: a dispatcher that submits one Slurm job per ready job (``jobman run-job``), with the
         options of ``per_phase`` for the jobs of each phase; at most ``workers`` unfinished if given."""
+        from .backends.slurm import SlurmBackend
         from .slurm_dispatch import JobPerTaskDispatcher, JobPerTaskOptions
 
-        assert self.plan.backend == "slurm"
+        if not isinstance(self.backend, SlurmBackend):
+            raise ValueError("one Slurm job per job is for the slurm backend")
         options = JobPerTaskOptions(dict(per_phase), max_outstanding=self.plan.workers)
         return JobPerTaskDispatcher(self.store, self.backend, self.spec, options, watcher=self.watcher,
                                     on_tick=on_tick, on_submit=on_submit)
 
+    def slurm_jobs(self) -> list[str]:
+        """The Slurm jobs this launch submitted (an array counts once), oldest first."""
+        submitted = getattr(self.backend, "submitted", [])
+        return sorted({job_id.split("_")[0] for job_id in submitted}, key=int)
+
     def stop(self, grace: float = 30.0) -> None:
         """Stop every worker this launch started (they put their jobs back), then what runs them."""
-        if self.plan.backend == "local":
+        from .backends.local import LocalBackend
+
+        if isinstance(self.backend, LocalBackend):
             self.backend.stop_workers(grace=grace)
         else:
             self.backend.stop_workers()
@@ -153,5 +162,7 @@ class Launch:
 
     def close(self) -> None:
         """Stop what starts local workers (the zygote) once they are gone; the workers themselves go on."""
-        if self.plan.backend == "local":
+        from .backends.local import LocalBackend
+
+        if isinstance(self.backend, LocalBackend):
             self.backend.close()
