@@ -313,15 +313,19 @@ class Experiment:
     def _launch_plan(self) -> Any:
         """How this experiment's workers are started: as ``jobman dispatch`` would start them."""
         from .launch import LaunchPlan
+        from .machine import JobProcesses
         from .worker_settings import WorkerSettings
 
         # A module next to the calling script is importable by its workers, as it is here.
         here = [p for p in (os.getcwd(), sys.path[0] if sys.path and sys.path[0] else None) if p]
         paths = os.pathsep.join(dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                       if p]))
+        # As `jobman worker` reads it from the environment its workers inherit.
+        per_process = os.environ.get("JOBMAN_JOBS_PER_PROCESS", "").strip()
+        processes = JobProcesses(int(per_process)) if per_process.isdigit() and int(per_process) > 1 else JobProcesses()
+        settings = WorkerSettings(str(self.exproot), self.timeout, processes=processes)
         assert self.backend is not None  # the pump starts workers for "local" and "slurm" only
-        return LaunchPlan(self.backend, WorkerSettings(str(self.exproot), self.timeout), self.workers,
-                          environment={"PYTHONPATH": paths}, sbatch=self.sbatch)
+        return LaunchPlan(self.backend, settings, self.workers, environment={"PYTHONPATH": paths}, sbatch=self.sbatch)
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:

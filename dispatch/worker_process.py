@@ -70,7 +70,7 @@ def worker_main(request: dict[str, Any]) -> int:
         run_worker(parse_db(request["url"], None), WorkerSettings.from_message(request["settings"]))
         return 0
     except JobmanError as exc:
-        if os.environ.get("JOBMAN_DEBUG"):
+        if _debug():
             traceback.print_exc()
         _say(f"jobman: {mask_password(str(exc))}")
         return exc.exit_code
@@ -78,11 +78,16 @@ def worker_main(request: dict[str, Any]) -> int:
         _say("jobman: interrupted")
         return 130
     except Exception as exc:  # a bug: one sentence, as the command line says it
-        if os.environ.get("JOBMAN_DEBUG"):
+        if _debug():
             traceback.print_exc()
         message = mask_password(f"{type(exc).__name__}: {exc}".splitlines()[0])
         _say(f"jobman: internal error ({message}); rerun with --debug for the traceback")
         return 3
+
+
+def _debug() -> bool:
+    """``JOBMAN_DEBUG`` as ``jobman --debug`` reads it: tracebacks instead of one-line errors."""
+    return os.environ.get("JOBMAN_DEBUG", "").strip().lower() not in ("", "0", "false", "f", "no", "n", "off")
 
 
 def _say(line: str) -> None:
