@@ -32,13 +32,12 @@ from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
-from .calls import grid, json_params, sample, source_version, target_of
+from .calls import json_params, source_version, target_of
 from .channel import DD, Channel
 from .experiment import TargetError, by_value, resolve
 from .worker_settings import DEFAULT_EXPROOT
 
-__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "grid", "map",
-           "sample", "wait"]
+__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
 
 BACKENDS = ("inline", "local", "slurm", None)
 _FINAL = set(ENDED)
