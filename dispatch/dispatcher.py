@@ -1,4 +1,5 @@
-"""``jobman dispatch``: keep enough workers running on a backend until the experiment is finished."""
+"""Keeping enough workers running on a backend until the work is done: ``jobman dispatch``'s loop, whose
+steps the Python API's background thread takes too (through the launch room)."""
 
 from __future__ import annotations
 
