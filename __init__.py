@@ -17,14 +17,14 @@ __version__ = "0.1.0"
 
 # Public name -> the module that holds it.
 _LAZY = {
-    "Experiment": "jobman.dispatch.client",
-    "JobFuture": "jobman.dispatch.client",
-    "call": "jobman.dispatch.client",
-    "map": "jobman.dispatch.client",
-    "grid": "jobman.dispatch.client",
-    "as_completed": "jobman.dispatch.client",
-    "wait": "jobman.dispatch.client",
-    "cached": "jobman.dispatch.client",
+    "Experiment": "jobman.dispatch.futures",
+    "JobFuture": "jobman.dispatch.futures",
+    "call": "jobman.dispatch.futures",
+    "map": "jobman.dispatch.futures",
+    "grid": "jobman.dispatch.calls",
+    "as_completed": "jobman.dispatch.futures",
+    "wait": "jobman.dispatch.futures",
+    "cached": "jobman.dispatch.futures",
     "DD": "jobman.tools",
     "flatten": "jobman.tools",
     "expand": "jobman.tools",
@@ -33,7 +33,7 @@ _LAZY = {
     "reval": "jobman.tools",
     "resolve": "jobman.tools",
     "defaults_merge": "jobman.tools",
-    "sample": "jobman.dispatch.client",
+    "sample": "jobman.dispatch.calls",
     **{name: "jobman.jobdb.distributions" for name in (
         "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }

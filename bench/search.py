@@ -59,7 +59,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from jobman.dispatch.experiment import run_direct
+from jobman.dispatch.runner import run_direct
 from jobman.jobdb.halving import choose, config_of, rung_values
 from jobman.jobdb.sweep import expand, format_value, parse_sweep
 

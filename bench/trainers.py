@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jobman.dispatch.experiment import run_direct
+from jobman.dispatch.runner import run_direct
 from jobman.models import folds, splits
 from jobman.models.params import settings
 

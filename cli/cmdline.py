@@ -76,7 +76,8 @@ def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None,
       jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 -w /tmp/run1
       jobman cmdline jobman.models.mlp:train dataset=digits nhid=64 epochs=5 -w /tmp/run1 --resume
     """
-    from jobman.dispatch.experiment import TargetError, resolve, run_direct
+    from jobman.dispatch.experiment import TargetError, resolve
+    from jobman.dispatch.runner import run_direct
     from jobman.jobdb.sweep import canonical_target, parse_sweep
 
     for name, given in explained.items():
@@ -112,18 +113,18 @@ def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None,
     deadline = time.time() + finish_up_after if finish_up_after else None
     try:
         with _inside(run_dir), _redirected(run_dir, redirect or redirect_stdout, redirect or redirect_stderr):
-            outcome = run_direct(fn, params, run_dir, resume=resume, save_every=save_every, deadline=deadline)
-        _write_conf(run_dir / CURRENT_CONF, {**params, **outcome.results},
-                    {"experiment": experiment, "time": started, "status": _CODES.get(outcome.status, 5)})
-        click.echo(json.dumps({"status": outcome.status, "results": outcome.results,
+            ending = run_direct(fn, params, run_dir, resume=resume, save_every=save_every, deadline=deadline)
+        _write_conf(run_dir / CURRENT_CONF, {**params, **ending.results},
+                    {"experiment": experiment, "time": started, "status": _CODES.get(ending.status, 5)})
+        click.echo(json.dumps({"status": ending.status, "results": ending.results,
                                "workdir": "(removed: --dry-run)" if dry_run else str(shown)}, indent=2))
     finally:
         if dry_run:
             shutil.rmtree(run_dir, ignore_errors=True)
-    if outcome.error:
-        click.echo(outcome.error, err=True)
+    if ending.error:
+        click.echo(ending.error, err=True)
     # As a command job would say it: 75 asks to be run again and resumed (a cmdline wrapped in one does).
-    return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(outcome.status, 1)
+    return {"DONE": 0, "INCOMPLETE": EXIT_INCOMPLETE}.get(ending.status, 1)
 
 
 def _write_conf(path: Path, values: dict[str, Any], own: dict[str, Any]) -> None:

@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from jobman.dispatch.backends.base import BackendError, WorkerSpec
-from jobman.dispatch.forkserver import ForkServer
-from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
-from jobman.dispatch.runner import RunLimits
-from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread
+from jobman.dispatch.backends.base import BackendError
+from jobman.dispatch.launch import SLURM_DEFAULT_WORKERS, Launch, LaunchPlan
+from jobman.dispatch.machine import JobProcesses, parse_gpus
+from jobman.dispatch.worker import WorkerOptions, WorkerSummary
+from jobman.dispatch.worker_process import run_worker
+from jobman.dispatch.worker_settings import DEFAULT_EXPROOT, WorkerSettings
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import RAN_BADLY
+from jobman.jobdb.store import Store
 from jobman.jobdb.url import mask_password
 
 from .common import Database, err, log_to_stderr, verbose_option, with_database
 
-DEFAULT_EXPROOT = "jobman_runs"
-SLURM_DEFAULT_WORKERS = 64  # pull workers submitted at most, without -j
+if TYPE_CHECKING:
+    from jobman.dispatch.dispatcher import Tally
 
 
 def limit_options(fn):
@@ -76,28 +78,8 @@ def process_options(fn):
     return wrapper
 
 
-def _run_worker(database: Database, exproot: str, timeout: float | None,
-                heartbeat: float, grace: float, max_jobs: int | None, wait: bool, idle_timeout: float | None,
-                outage_wait: float | None = None, processes: JobProcesses = JobProcesses(),
-                save_every: float | None = None, verbose: bool = False) -> WorkerSummary:
-    database.target  # noqa: B018 - a bad URL is named before anything starts
-    limits = RunLimits(timeout, heartbeat, grace, jobs_per_process=processes.jobs_per_process,
-                       save_every=save_every)
-    options = WorkerOptions(workdir_root=Path(exproot), limits=limits,
-                            max_jobs=max_jobs, wait=wait, idle_timeout=idle_timeout, outage_wait=outage_wait)
-    processes.set_threads()
-    one_blas_thread()
-    server = ForkServer(limits.jobs_per_process)
-    server.warm()  # the jobs' server starts while the database is opened, not after
-    store = database.open()
-    log_to_stderr("[jobman worker %(process)d] %(message)s", verbose)
-    worker = Worker(store, options, server=server)
-    if processes.gpus:
-        worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)
-    worker.install_signal_handlers()
-    summary = worker.run()
-    click.echo(summary.line(), err=True)
-    return summary
+def _run_worker(database: Database, settings: WorkerSettings) -> WorkerSummary:
+    return run_worker(database.target, settings, log_to_stderr=log_to_stderr)
 
 
 @click.command("worker")
@@ -122,8 +104,9 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
     queue without counting an attempt, and exits. A database that goes away is
     waited for (--outage-wait); the running job goes on meanwhile.
     """
-    _run_worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-                processes, verbose=verbose)
+    _run_worker(database, WorkerSettings(exproot, timeout, heartbeat, grace, max_jobs=max_jobs, wait=wait,
+                                         idle_timeout=idle_timeout, outage_wait=outage_wait, processes=processes,
+                                         verbose=verbose))
     return 0
 
 
@@ -166,8 +149,9 @@ def sql(args, database, count, timeout, finish_up_after, save_every, workdir, gr
     exproot = (args[0] if args else workdir) or os.environ.get("JOBMAN_EXPROOT", DEFAULT_EXPROOT)
     if timeout and finish_up_after and timeout != finish_up_after:
         raise UsageError("--timeout and --finish-up-after are the same limit here; give one of them")
-    summary = _run_worker(database, exproot, timeout or finish_up_after, 10.0, grace, count or None, False,
-                          None, save_every=save_every, verbose=verbose)
+    summary = _run_worker(database, WorkerSettings(exproot, timeout or finish_up_after, grace=grace,
+                                                   max_jobs=count or None, wait=False, save_every=save_every,
+                                                   verbose=verbose))
     bad = {s: n for s, n in summary.by_status.items() if s in RAN_BADLY}
     if bad:
         click.echo(f"{', '.join(f'{n} {s}' for s, n in sorted(bad.items()))}: see `jobman list --status "
@@ -271,21 +255,15 @@ def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, pro
                          "runs on this host")
     store = database.open()
     log_to_stderr("jobman dispatch: %(message)s", verbose)
-    worker_args = ["--exproot", str(Path(exproot).resolve()), "--heartbeat", str(heartbeat), "--grace", str(grace)]
-    if verbose:
-        worker_args += ["--verbose"]
-    if timeout:
-        worker_args += ["--timeout", str(timeout)]
-    if outage_wait is not None:
-        worker_args += ["--outage-wait", str(outage_wait)]
-    worker_args += processes.worker_args()
+    settings = WorkerSettings(exproot, timeout, heartbeat, grace, outage_wait=outage_wait, processes=processes,
+                              verbose=verbose)
+    plan = LaunchPlan(backend, settings, workers, sbatch=sbatch, array_parallelism=array_parallelism,
+                      requeue=requeue)
     show = sys.stderr.isatty() if progress is None else progress
     if backend == "local":
-        return _dispatch_local(store, workers or processes.gpu_workers or None, worker_args, exproot, show,
-                               outage_wait)
+        return _dispatch_local(store, plan, show)
     try:
-        return _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism,
-                               one_job_per_task, sbatch_phase, bool(follow), requeue)
+        return _dispatch_slurm(store, plan, show, one_job_per_task, sbatch_phase, bool(follow))
     except BackendError as exc:
         raise SlurmError(str(exc)) from None
 
@@ -294,21 +272,10 @@ class SlurmError(JobmanError):
     """Slurm could not do what was asked."""
 
 
-def _dispatch_local(store, workers, worker_args, exproot, show, outage_wait=None) -> int:
-    from jobman.dispatch.backends.local import LocalBackend
-    from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions
-
-    n = workers or os.cpu_count() or 1
-    _password_to_environment(store)
-    log_dir = Path(exproot).resolve() / store.experiment / "_workers"
-    local = LocalBackend(log_dir)
-    watcher = _watcher(store, {"local": local})
-    options = DispatchOptions(n, tuple(worker_args), outage_wait=outage_wait)
-    try:
-        with _ProgressView(show) as view, _terminate_as_interrupt():
-            tally = Dispatcher(store, local, options, watcher=watcher, on_tick=view.update).run()
-    finally:
-        local.close()  # its workers are gone: the zygote goes now, not when this process ends
+def _dispatch_local(store: Store, plan: LaunchPlan, show: bool) -> int:
+    launch = Launch(store, plan)
+    with _ProgressView(show) as view, _terminate_as_interrupt():
+        tally = launch.run(on_tick=view.update)
     return _report_end(store, tally, view)
 
 
@@ -330,22 +297,7 @@ class _terminate_as_interrupt:
             signal.signal(sig, handler)
 
 
-def _password_to_environment(store) -> dict[str, str]:
-    """Workers get the database URL on their command line, which every user of the host can read (ps):
-    hand them its password in PGPASSWORD instead (returned, and set here for local workers to inherit),
-    which only this user can read."""
-    from sqlalchemy.engine import URL, make_url
-
-    url = make_url(store.target.sqlalchemy_url)
-    if store.target.dialect != "postgresql" or url.password is None:
-        return {}
-    os.environ["PGPASSWORD"] = str(url.password)
-    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database, url.query)
-    store.target = dataclasses.replace(store.target, sqlalchemy_url=bare.render_as_string(hide_password=False))
-    return {"PGPASSWORD": str(url.password)}
-
-
-def _report_end(store, tally, view) -> int:
+def _report_end(store: Store, tally: Tally, view: _ProgressView) -> int:
     summary = tally.line() or "no jobs"
     click.echo(f"{store.experiment}: {summary} ({view.elapsed():.1f} s)", err=True)
     if tally["BLOCKED"]:
@@ -356,50 +308,35 @@ def _report_end(store, tally, view) -> int:
     return 1 if tally.bad else 0
 
 
-def _dispatch_slurm(store, workers, worker_args, exproot, show, sbatch, array_parallelism, one_job_per_task,
-                    sbatch_phase, follow, requeue) -> int:
-    from jobman.dispatch.backends.slurm import SlurmBackend
-    from jobman.dispatch.dispatcher import Dispatcher, DispatchOptions, Tally
-
-    log_dir = Path(exproot).resolve() / store.experiment / "_slurm"
-    secrets = _password_to_environment(store)  # in each batch script (mode 0600), not on the workers' argv
-    slurm = SlurmBackend(sbatch_options=sbatch, array_parallelism=array_parallelism, log_dir=log_dir,
-                         job_name=f"jobman-{store.experiment}", merge_output=True, requeue=requeue,
-                         environment=secrets)
-    watch = f"jobman monitor {shlex.quote(mask_password(store.target.with_table()))}"
+def _dispatch_slurm(store: Store, plan: LaunchPlan, show: bool, one_job_per_task: bool,
+                    sbatch_phase: tuple[str, ...], follow: bool) -> int:
+    launch = Launch(store, plan)
+    watch = f"jobman monitor {shlex.quote(mask_password(launch.spec.db_url))}"
     if one_job_per_task:
-        return _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phase, follow, watch)
+        return _dispatch_one_per_task(store, launch, show, sbatch_phase, follow, watch)
     if follow:
-        options = DispatchOptions(workers or SLURM_DEFAULT_WORKERS, tuple(worker_args), poll_interval=2.0,
-                                  stop_on_interrupt=False)
-        watcher = _watcher(store, {"slurm": slurm}, by_allocation=True)
-        return _follow(store, slurm, show, watch,
-                       lambda tick: Dispatcher(store, slurm, options, watcher=watcher, on_tick=tick).run())
-    tally = Tally.of(store)
-    count = min(workers or SLURM_DEFAULT_WORKERS, tally["QUEUED"])
-    if count == 0:
+        return _follow(store, launch, show, watch, lambda tick: launch.dispatcher(tick).run())
+    tally, ids = launch.submit_array()
+    if not ids:
         click.echo(f"{store.experiment}: no job is ready ({tally.line() or 'no jobs'}); nothing was submitted",
                    err=True)
         return 0
-    ids = slurm.start_workers(WorkerSpec(store.target.with_table(), tuple(worker_args)), count)
     array_id = ids[0].split("_")[0]
     click.echo(array_id)
-    click.echo(f"{store.experiment}: submitted Slurm job array {array_id} of {count} worker(s) for "
-               f"{tally['QUEUED']} ready job(s)\n  logs:  {log_dir}/{array_id}_*.out\n  watch: {watch}"
+    click.echo(f"{store.experiment}: submitted Slurm job array {array_id} of {len(ids)} worker(s) for "
+               f"{tally['QUEUED']} ready job(s)\n  logs:  {launch.log_dir}/{array_id}_*.out\n  watch: {watch}"
                f"   (or squeue -j {array_id})", err=True)
     return 0
 
 
-def _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phase, follow, watch) -> int:
-    from jobman.dispatch.slurm_dispatch import JobPerTaskDispatcher, JobPerTaskOptions, parse_phase_options
+def _dispatch_one_per_task(store: Store, launch: Launch, show: bool, sbatch_phase: tuple[str, ...], follow: bool,
+                           watch: str) -> int:
+    from jobman.dispatch.slurm_dispatch import parse_phase_options
 
-    options = JobPerTaskOptions(tuple(worker_args), parse_phase_options(sbatch_phase), max_outstanding=workers)
+    per_phase = parse_phase_options(sbatch_phase)
     if follow:
-        watcher = _watcher(store, {"slurm": slurm}, by_allocation=True)
-        return _follow(store, slurm, show, watch,
-                       lambda tick: JobPerTaskDispatcher(store, slurm, options, watcher=watcher, on_tick=tick).run())
-    dispatcher = JobPerTaskDispatcher(store, slurm, options,
-                                      on_submit=lambda s: click.echo(f"{s.slurm_id}\tjob {s.job_id}"))
+        return _follow(store, launch, show, watch, lambda tick: launch.job_per_task(per_phase, on_tick=tick).run())
+    dispatcher = launch.job_per_task(per_phase, on_submit=lambda s: click.echo(f"{s.slurm_id}\tjob {s.job_id}"))
     dispatcher.release_ended()
     submitted = dispatcher.submit_ready()
     waiting = store.outstanding()["WAITING"]
@@ -409,13 +346,13 @@ def _dispatch_one_per_task(store, slurm, workers, worker_args, show, sbatch_phas
     return 0
 
 
-def _follow(store, slurm, show: bool, watch: str, run) -> int:
+def _follow(store: Store, launch: Launch, show: bool, watch: str, run: Callable[..., Tally]) -> int:
     """--follow: run a dispatch loop under a progress view; Ctrl-C stops following, not the Slurm jobs."""
     with _ProgressView(show) as view:
         try:
             tally = run(view.update)
         except KeyboardInterrupt:
-            ids = sorted({job_id.split("_")[0] for job_id in slurm.submitted}, key=int)
+            ids = launch.slurm_jobs()
             if ids:
                 click.echo(f"stopped following; the Slurm jobs go on (scancel {' '.join(ids)} to stop them); "
                            f"watch: {watch}", err=True)
@@ -458,17 +395,6 @@ def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait,
     return 1 if status in RAN_BADLY else 0
 
 
-def _watcher(store, backends, by_allocation: bool = False):
-    """The crash detection dispatch runs for its own workers, if the monitor is installed.
-
-    ``by_allocation`` (Slurm): a job's end is read from its allocation's state (CANCELLED, TIMEOUT,
-    FAILED, ...), which says more than a missing pid, even for a worker that ran on this host.
-    """
-    from jobman.dispatch.monitor import Monitor, MonitorOptions
-
-    return Monitor(store, MonitorOptions(relaunch=True, check_pids=not by_allocation), backends=backends)
-
-
 class _ProgressView:
     """A rich progress bar of finished jobs, with running/waiting counts and a rate."""
 
@@ -480,7 +406,7 @@ class _ProgressView:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err.console,
                                  transient=False) if show else None
-        self.task = None
+        self.task: Any = None  # rich's TaskID, once the bar is shown
         self._first_done: tuple[float, int] | None = None
 
     def __enter__(self) -> "_ProgressView":

@@ -4,9 +4,10 @@
 writes into it (or returns as a dict) becomes its results. The channel lets the
 job checkpoint, log learning curves, learn where it lives and when to stop.
 
-Two channels exist: :class:`WorkerChannel` (a job claimed from the database by a
-worker, see ``dispatch.forkserver``) and :class:`DirectChannel` (``jobman cmdline``:
-one run in a directory, no database).
+Three channels exist: :class:`WorkerChannel` (a job claimed by a worker and run by
+its fork server: the worker writes, see ``dispatch.forkserver``), :class:`StoreChannel` (a job claimed and run in
+the calling process, the Python API's inline mode: written under its lease) and
+:class:`DirectChannel` (``jobman cmdline``: one run in a directory, no database).
 """
 
 from __future__ import annotations
@@ -240,6 +241,21 @@ class DirectChannel(Channel):
         """The last checkpoint written in this workdir, or {}."""
         path = self.workdir / self.STATE_FILE
         return json.loads(path.read_text()) if path.exists() else {}
+
+
+class StoreChannel(Channel):
+    """The channel of a job run in the calling process: ``save`` and ``log`` write to the store
+    under the job's lease (the store is given, so this module needs no database code)."""
+
+    def __init__(self, *args: Any, store: Any, lease: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._store, self._lease = store, lease
+
+    def _save(self, results: dict[str, Any]) -> None:
+        self._store.save(self.job_id, self._lease, to_jsonable(results))
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        self._store.log_metrics(self.job_id, self._lease, [(step, k, v) for k, v in metrics.items()])
 
 
 def _json_default(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""``jobman dispatch``: keep enough workers running on a backend until the experiment is finished."""
+"""Keeping enough workers running on a backend until the work is done: ``jobman dispatch``'s loop, whose
+steps the Python API's background thread takes too (through the launch room)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,6 @@ class Watcher(Protocol):
 @dataclass
 class DispatchOptions:
     workers: int
-    worker_args: tuple[str, ...] = ()
     poll_interval: float = 0.5
     scan_interval: float = 5.0
     stop_on_interrupt: bool = True  # Ctrl-C or giving up stops the workers (False: they go on, e.g. on Slurm)
@@ -84,48 +84,58 @@ class ExitedWorkers(Protocol):
 class Dispatcher:
     """Starts workers as jobs become ready, tops them up as phases unlock, returns when all is done."""
 
-    def __init__(self, store: Store, backend: Backend, options: DispatchOptions,
+    def __init__(self, store: Store, backend: Backend, spec: WorkerSpec, options: DispatchOptions,
                  watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         self.store = store
         self.backend = backend
+        self.spec = spec
         self.options = options
         self.watcher = watcher
         self.on_tick = on_tick or (lambda _t, _w: None)
         self.log = log or logger.warning  # what goes wrong on the way: failed workers, a database away
         self.outage = Outage(self.log, options.outage_wait)
-        self.spec = WorkerSpec(store.target.with_table(), tuple(options.worker_args))
         self.failed_in_a_row = 0
         self.worker_starts = 0
         self._hold_until = 0.0  # no new worker before this (time.monotonic), after failed ones
+        self._last_scan = 0.0
         self._scan_error: str | None = None
 
     def run(self) -> Tally:
         """Until the experiment is finished; on any other way out (Ctrl-C, giving up) the workers are
         stopped first, and they put their jobs back."""
-        last_scan = 0.0
         try:
             while True:
                 tally = self.outage.call(lambda: Tally.of(self.store), "reading progress")
-                self._count_exits()
-                alive = self.backend.running_workers()
+                alive = self.keep_workers(tally)
                 self.on_tick(tally, alive)
                 if not tally.active and alive == 0:
                     return tally
-                wanted = min(self.options.workers, tally["QUEUED"] + tally["RUNNING"])
-                if tally["QUEUED"] and alive < wanted and time.monotonic() >= self._hold_until:
-                    logger.debug("%d worker(s) alive, %d wanted: starting %d", alive, wanted, wanted - alive)
-                    self.backend.start_workers(self.spec, wanted - alive)
-                    self.worker_starts += wanted - alive
-                if self.watcher is not None and time.time() - last_scan >= self.options.scan_interval:
-                    self._scan()
-                    last_scan = time.time()
+                self.scan_when_due()
                 self.backend.wait(self.options.poll_interval)
         except BaseException as exc:
             if self.options.stop_on_interrupt:
                 self.backend.stop_workers()
                 self._put_back_jobs_of_stopped_workers(exc)
             raise
+
+    def keep_workers(self, tally: Tally) -> int:
+        """Start enough workers for the ready jobs, up to ``workers``, unless failed ones hold starts back;
+        how many were alive before (workers failing too often in a row raise :class:`DispatchError`)."""
+        self._count_exits()
+        alive = self.backend.running_workers()
+        wanted = min(self.options.workers, tally["QUEUED"] + tally["RUNNING"])
+        if tally["QUEUED"] and alive < wanted and time.monotonic() >= self._hold_until:
+            logger.debug("%d worker(s) alive, %d wanted: starting %d", alive, wanted, wanted - alive)
+            self.backend.start_workers(self.spec, wanted - alive)
+            self.worker_starts += wanted - alive
+        return alive
+
+    def scan_when_due(self) -> None:
+        """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher."""
+        if self.watcher is not None and time.time() - self._last_scan >= self.options.scan_interval:
+            self._scan(self.watcher)
+            self._last_scan = time.time()
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:
         """After its workers were stopped: any job still RUNNING under one of them (a worker that could
@@ -173,11 +183,11 @@ class Dispatcher:
                      f"starting another in {delay:g} s")
             self._hold_until = time.monotonic() + delay
 
-    def _scan(self) -> None:
+    def _scan(self, watcher: Watcher) -> None:
         """Look for crashed jobs; a database that refuses the scan's writes is said once, not fatal here
         (the workers meet it too, and their failures stop dispatch)."""
         try:
-            self.outage.call(self.watcher.scan, "looking for crashed jobs")
+            self.outage.call(watcher.scan, "looking for crashed jobs")
         except DatabaseUnavailable:
             raise
         except DatabaseError as exc:

@@ -1,7 +1,7 @@
 """Resolve a target and call it the way jobman did: ``fn(state, channel)`` or ``fn(**params)``.
 
-The outcome of a call is an :class:`Outcome`: DONE with results, INCOMPLETE
-(re-queue and resume), or FAILED with a reason. Workers and ``jobman cmdline``
+How a call ended is a :class:`CallEnd`: DONE with results, INCOMPLETE (re-queue
+and resume), or FAILED with a reason. Workers, the inline mode and ``jobman cmdline``
 share this module so a function behaves the same everywhere.
 """
 
@@ -14,12 +14,11 @@ import sys
 import traceback
 from collections.abc import Mapping  # not typing's: its isinstance is several times slower
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from jobman.jobdb.nested import RESERVED
 
-from .channel import COMPLETE, INCOMPLETE, DD, Channel, DirectChannel, job_info, job_state, to_jsonable
+from .channel import COMPLETE, INCOMPLETE, DD, Channel, to_jsonable
 
 
 class TargetError(Exception):
@@ -124,16 +123,27 @@ def takes_state_and_channel(fn: Callable[..., Any]) -> bool:
 
 
 @dataclass
-class Outcome:
-    """How a call ended. ``status`` is DONE, INCOMPLETE or FAILED."""
+class CallEnd:
+    """How a call of a job's function ended. ``status`` is DONE, INCOMPLETE or FAILED (the first
+    three of ``jobdb.status.Outcome``, which also has what only a worker can see: CRASHED, REQUEUE)."""
 
     status: str
     results: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
+    @property
+    def why(self) -> str | None:
+        """The line the job's event log gets for a failure; None for any other ending."""
+        return failure_why(self.error) if self.status == "FAILED" else None
 
-def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
-    """Run ``fn`` on ``state`` and turn whatever it does into an :class:`Outcome`."""
+
+def failure_why(error: str | None) -> str:
+    """A failure's reason in one line, for the event log: the last line of its error text."""
+    return ((error or "").strip().splitlines() or ["failed"])[-1][:300]
+
+
+def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
+    """Run ``fn`` on ``state`` and turn whatever it does into a :class:`CallEnd`."""
     channel.bind(state)
     try:
         if takes_state_and_channel(fn):
@@ -141,18 +151,23 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> Outcome:
         else:
             ret = _call_with_keywords(fn, state, channel)
     except Exception:
-        return Outcome("FAILED", _safe_results(channel, state), traceback.format_exc(limit=20))
+        return CallEnd("FAILED", _safe_results(channel, state), traceback.format_exc(limit=20))
     if isinstance(ret, Mapping):
         state.update(ret)
         ret = COMPLETE
-    results = _safe_results(channel, state)
-    if channel.pruned and ret in (None, COMPLETE, INCOMPLETE):  # a pruned job is done, not to be resumed
-        return Outcome("DONE", {**results, "pruned": True, "pruned_why": channel.stop_reason})
+    return ending_of(ret, _safe_results(channel, state), channel.pruned, channel.stop_reason)
+
+
+def ending_of(ret: Any, results: dict[str, Any], pruned: bool = False, stop_reason: str | None = None) -> CallEnd:
+    """How a call that returned ``ret`` (not a dict: that is merged into the results first) ended,
+    given its results and whether the search pruned it."""
+    if pruned and ret in (None, COMPLETE, INCOMPLETE):  # a pruned job is done, not to be resumed
+        return CallEnd("DONE", {**results, "pruned": True, "pruned_why": stop_reason})
     if ret is None or ret == COMPLETE:
-        return Outcome("DONE", results)
+        return CallEnd("DONE", results)
     if ret == INCOMPLETE:
-        return Outcome("INCOMPLETE", results)
-    return Outcome("FAILED", results, f"the job returned {ret!r}; expected None, a dict, COMPLETE or INCOMPLETE")
+        return CallEnd("INCOMPLETE", results)
+    return CallEnd("FAILED", results, f"the job returned {ret!r}; expected None, a dict, COMPLETE or INCOMPLETE")
 
 
 def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
@@ -170,23 +185,3 @@ def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
         return to_jsonable(channel.results_of(state))
     except (TypeError, ValueError) as exc:
         return {"_unserialisable_results": str(exc)}
-
-
-def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], workdir: str | Path,
-               *, resume: bool = True, save_every: float | None = None, deadline: float | None = None) -> Outcome:
-    """Run one experiment in ``workdir`` without a database (``jobman cmdline``).
-
-    With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first;
-    ``save_every`` and ``deadline`` are the channel's (``channel.switch()`` answers).
-    """
-    fn = resolve(target) if isinstance(target, str) else target
-    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params),
-                            save_every=save_every, deadline=deadline)
-    channel.workdir.mkdir(parents=True, exist_ok=True)
-    name = target if isinstance(target, str) else f"{fn.__module__}.{fn.__qualname__}"
-    state = job_state(params, channel.saved_results() if resume else None,
-                      job_info(None, name, "", 0, 1, 0, channel.workdir))
-    outcome = call(fn, state, channel)
-    if outcome.status != "FAILED":
-        channel._save(outcome.results)
-    return outcome

@@ -55,7 +55,7 @@ from typing import Any, Callable
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Channel, Parent, job_state, to_jsonable
-from .experiment import Outcome, TargetError, call, load_function, resolve, takes_state_and_channel
+from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 _HEADER = struct.Struct("!I")
@@ -268,7 +268,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     try:
         outcome = call(fn, state, channel)
     except BaseException:  # SystemExit and friends from the job
-        outcome = Outcome("FAILED", {}, traceback.format_exc(limit=20))
+        outcome = CallEnd("FAILED", {}, traceback.format_exc(limit=20))
     sys.stdout.flush()
     sys.stderr.flush()
     return {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results), "error": outcome.error}

@@ -9,6 +9,10 @@ has a process group (and, where the machine allows, a cgroup) of its own, and it
 fork server, a subreaper, kills all of it when the job ends or the worker dies.
 The worker supervises single-threaded: it heartbeats, enforces the time limit,
 forwards stop requests, and is the only writer of the job's final status.
+
+How a job ended is decided by one pure function, :func:`classify_end`. A job run in
+the calling process (the Python API's inline mode, ``jobman cmdline``) goes through
+:func:`run_here`.
 """
 
 from __future__ import annotations
@@ -23,21 +27,24 @@ import signal
 import socket
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.status import LOST
-from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
-from .channel import job_info
-from .experiment import TargetError, by_value
+from .channel import Channel, DirectChannel, job_info, job_state
+from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
 from .forkserver import ForkServer, ForkServerGone, Frames, JobProcess, child_pids, end_job_processes, send_msg
 from .interrupted import mark_interrupted
 from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage
+
+if TYPE_CHECKING:  # annotations only: the runner itself needs no database code
+    from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
@@ -79,6 +86,102 @@ def command_argv(command: str, params: dict[str, Any]) -> list[str]:
     for key, value in as_text.items():
         argv.extend([f"--{key}", value])
     return argv
+
+
+def run_here(fn: Callable[..., Any], channel: Channel, results: Mapping[str, Any] | None = None,
+             info: Mapping[str, Any] | None = None) -> CallEnd:
+    """Run one job in this process, on ``channel``: its state is its parameters, ``results`` (what it
+    saved before) and ``info`` (``state.jobman``). How it ended; recording it is the caller's.
+
+    The inline mode of the Python API (a :class:`~.channel.StoreChannel`) and ``jobman cmdline``
+    (:func:`run_direct`) run jobs through it; an exception that is not an ``Exception`` (Ctrl-C)
+    goes through to the caller, whose job it is to put the job back.
+    """
+    return call(fn, job_state(channel.params, results, info), channel)
+
+
+def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], workdir: str | Path,
+               *, resume: bool = True, save_every: float | None = None, deadline: float | None = None) -> CallEnd:
+    """Run one experiment in ``workdir`` without a database (``jobman cmdline``, a notebook).
+
+    With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first;
+    ``save_every`` and ``deadline`` are the channel's (``channel.switch()`` answers). What the job
+    ends with (unless it FAILED) is its last checkpoint.
+    """
+    fn = resolve(target) if isinstance(target, str) else target
+    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params),
+                            save_every=save_every, deadline=deadline)
+    channel.workdir.mkdir(parents=True, exist_ok=True)
+    name = target if isinstance(target, str) else f"{fn.__module__}.{fn.__qualname__}"
+    ending = run_here(fn, channel, channel.saved_results() if resume else None,
+                      job_info(None, name, "", 0, 1, 0, channel.workdir))
+    if ending.status != "FAILED":
+        channel._save(ending.results)
+    return ending
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job run by a worker ended, as its worker records it: an outcome of
+    ``jobdb.status.Outcome``, the results and error text, the command's exit code, and the
+    reason for the job's event log."""
+
+    outcome: str
+    results: dict[str, Any] | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    why: str | None = None
+
+
+def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None = None, *,
+                 server_gone: bool = False, stopped_for: str | None = None, timeout: float | None = None,
+                 command_results: dict[str, Any] | None = None, command_error: str | None = None,
+                 oom_cause: str | None = None, stderr_tail: str = "") -> JobEnd:
+    """How a job ended, from what its worker saw: its ``kind`` ("fn" or "cmd"), its process's
+    ``os.waitpid`` ``status``, a function's ``report`` (how its call ended), whether the fork server
+    died under it, why the worker stopped it if it did ("timeout", "stopping", "cancel"), and,
+    read by the caller where they count, a command's results file (or what is wrong with it), the
+    OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail.
+
+    Pure: no clock, no files, no database.
+    """
+    exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
+    killed_by = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
+    results: dict[str, Any] | None = None
+    error: str | None = None
+    if kind == "fn" and exit_code == 0 and report is not None:
+        exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
+        outcome, results, error = report["status"], report["results"], report["error"]
+    elif kind == "cmd" and exit_code in (0, EXIT_INCOMPLETE):
+        outcome = "DONE" if exit_code == 0 else "INCOMPLETE"
+        results, error = command_results, command_error
+        if error:
+            outcome = "FAILED"
+    elif server_gone:
+        outcome, error = "CRASHED", "the worker's fork server died, and the job's process with it"
+    elif killed_by is not None:
+        outcome, error = "CRASHED", f"the job's process was killed by {signal.Signals(killed_by).name}"
+        if oom_cause and killed_by == signal.SIGKILL and stopped_for is None:  # not by us: the OOM killer?
+            error += f" ({oom_cause})"
+    else:
+        outcome = "FAILED"
+        error = f"the job's process exited with code {exit_code}" + (
+            "" if exit_code else " without reporting an outcome")
+        if kind == "cmd":
+            error += stderr_tail
+    why = None
+    if stopped_for == "timeout" and outcome != "DONE":
+        outcome, why = "FAILED", f"time limit of {timeout:g} s exceeded"
+        error = (error + "\n" if error else "") + why
+    elif stopped_for == "stopping" and outcome in ("INCOMPLETE", "CRASHED"):
+        outcome, why = "REQUEUE", "its worker was stopped; put back to resume"
+    elif stopped_for == "cancel" and outcome != "DONE":
+        why = "cancelled while running"
+    elif outcome == "CRASHED":
+        why = error
+    elif outcome == "FAILED":
+        why = failure_why(error)
+    return JobEnd(outcome, results, error, exit_code, why)
 
 
 class _Child:
@@ -471,46 +574,22 @@ class Runner:
     # -- recording --------------------------------------------------------------------
     def _record(self, child: _Forked, job: Job, lease: int, workdir: Path, reason: str | None,
                 then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
-        results: dict[str, Any] | None = None
-        error: str | None = None
-        outcome: str
-        exit_code = child.exit_code
-        if job.kind == "fn" and child.exit_code == 0 and child.report is not None:
-            exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
-            report = child.report
-            outcome, results, error = report["status"], report["results"], report["error"]
-        elif job.kind == "cmd" and child.exit_code in (0, EXIT_INCOMPLETE):
-            outcome = "DONE" if child.exit_code == 0 else "INCOMPLETE"
-            results, error = _read_results(workdir / "jobman_results.json")
-            if error:
-                outcome = "FAILED"
-        elif child.server_gone:
-            outcome, error = "CRASHED", "the worker's fork server died, and the job's process with it"
-        elif child.signal is not None:
-            name = signal.Signals(child.signal).name
-            outcome, error = "CRASHED", f"the job's process was killed by {name}"
-            if child.signal == signal.SIGKILL and reason is None:  # not by us: the OOM killer?
-                cause = child.oom.cause(child.pid)
-                error += f" ({cause})" if cause else ""
-        else:
-            outcome = "FAILED"
-            error = f"the job's process exited with code {child.exit_code}" + (
-                "" if child.exit_code else " without reporting an outcome")
-            if job.kind == "cmd":
-                error += _stderr_tail(workdir / "stderr.txt")
-        why = None
-        if reason == "timeout" and outcome != "DONE":
-            outcome, why = "FAILED", f"time limit of {self.limits.timeout:g} s exceeded"
-            error = (error + "\n" if error else "") + why
-        elif reason == "stopping" and outcome in ("INCOMPLETE", "CRASHED"):
-            outcome, why = "REQUEUE", "its worker was stopped; put back to resume"
-        elif reason == "cancel" and outcome != "DONE":
-            why = "cancelled while running"
-        elif outcome == "CRASHED":
-            why = error
-        elif outcome == "FAILED":
-            why = (error or "failed").strip().splitlines()[-1][:300]
-        return self._finish(job, lease, then, outcome, results=results, error=error, exit_code=exit_code, why=why)
+        """Record how the job ended: what only files and the kernel's log can say is read here,
+        only where it counts; the verdict is :func:`classify_end`'s."""
+        code, killed_by = child.exit_code, child.signal
+        command_results = command_error = oom_cause = None
+        stderr_tail = ""
+        if job.kind == "cmd" and code in (0, EXIT_INCOMPLETE):
+            command_results, command_error = _read_results(workdir / "jobman_results.json")
+        elif job.kind == "cmd" and code is not None and not child.server_gone:
+            stderr_tail = _stderr_tail(workdir / "stderr.txt")
+        if killed_by == signal.SIGKILL and reason is None and not child.server_gone:
+            oom_cause = child.oom.cause(child.pid)
+        end = classify_end(job.kind, child.status, child.report, server_gone=child.server_gone, stopped_for=reason,
+                           timeout=self.limits.timeout, command_results=command_results,
+                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail)
+        return self._finish(job, lease, then, end.outcome, results=end.results, error=end.error,
+                            exit_code=end.exit_code, why=end.why)
 
     def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
                 **kwargs: Any) -> tuple[str, Claimed | None]:

@@ -25,6 +25,7 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store
 
+from .backends.base import WorkerSpec
 from .backends.slurm import SlurmBackend, parse_sbatch_options
 from .dispatcher import Tally, Watcher
 from .runner import LOST
@@ -83,7 +84,6 @@ def job_sbatch_options(job: Job, per_phase: Mapping[int, Sequence[str]]) -> list
 
 @dataclass
 class JobPerTaskOptions:
-    run_args: tuple[str, ...] = ()  # options of ``jobman run-job`` (exproot, limits)
     per_phase: dict[int, list[str]] = field(default_factory=dict)
     max_outstanding: int | None = None  # Slurm jobs submitted and not finished, at most
     poll_interval: float = 2.0
@@ -103,7 +103,7 @@ class Submitted:
 class JobPerTaskDispatcher:
     """Submits one Slurm job per QUEUED job; with :meth:`run`, keeps doing so until the experiment ends."""
 
-    def __init__(self, store: Store, backend: SlurmBackend, options: JobPerTaskOptions,
+    def __init__(self, store: Store, backend: SlurmBackend, spec: WorkerSpec, options: JobPerTaskOptions,
                  watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None,
                  on_submit: Callable[[Submitted], None] | None = None) -> None:
         self.store = store
@@ -112,11 +112,11 @@ class JobPerTaskDispatcher:
         self.watcher = watcher
         self.on_tick = on_tick or (lambda _t, _n: None)
         self.on_submit = on_submit or (lambda _s: None)
-        self.url = store.target.with_table()
+        self.spec = spec  # the database URL and the limits of each job's run
 
     def argv(self, job: Job) -> list[str]:
         """What the Slurm job of ``job`` runs: ``jobman run-job DB ID`` with the dispatch's limits."""
-        return [*self.options.command, self.url, str(job.id), *self.options.run_args]
+        return [*self.options.command, self.spec.db_url, str(job.id), *self.spec.settings.argv()]
 
     def submit_ready(self, queued: Sequence[Job] | None = None) -> list[Submitted]:
         """Submit every QUEUED job no Slurm job waits for (within ``max_outstanding``); highest priority first."""

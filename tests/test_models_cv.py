@@ -17,7 +17,7 @@ GOOD, BAD = {"lr": 0.01}, {"lr": 1e-6}
 
 def sweep(tmp_path, configs, folds, target="jobman.models.mlp:train", extra=None):
     """Run every configuration on every fold with run_direct; return them as the parents of a fan-in job."""
-    from jobman.dispatch.experiment import run_direct
+    from jobman.dispatch.runner import run_direct
     parents = []
     for job_id, (config, fold) in enumerate(itertools.product(configs, folds), start=1):
         params = {**BASE, **(extra or {}), **config, **fold}

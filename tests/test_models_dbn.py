@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from jobman.dispatch.channel import DD, DirectChannel, Parent
-from jobman.dispatch.experiment import call, run_direct
+from jobman.dispatch.experiment import call
+from jobman.dispatch.runner import run_direct
 from jobman.models import dbn, optim
 from jobman.models.checkpoint import load_npz
 from jobman.models.plugins import Plugin, at

@@ -60,7 +60,7 @@ def last_json(proc: subprocess.CompletedProcess):
 
 def test_import_jobman_stays_cheap():
     """The CLI and the fork server import jobman: the Python API must not come with it."""
-    code = "import sys, jobman; print(sorted(m for m in ('sqlalchemy', 'jobman.dispatch.client') if m in sys.modules))"
+    code = "import sys, jobman; print(sorted(m for m in ('sqlalchemy', 'jobman.dispatch.futures') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -424,18 +424,18 @@ def test_the_default_experiment_is_jobman_db(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'default.db'}?table=dflt"
     monkeypatch.setenv("JOBMAN_DB", url)
     monkeypatch.setenv("JOBMAN_EXPROOT", str(tmp_path / "runs"))
-    from jobman.dispatch import client
+    from jobman.dispatch import futures
 
-    client._DEFAULT.clear()
+    futures._DEFAULT.clear()
     try:
         assert jobman.map("jobman.models.mlp:train", []) == []
-        exp = client.default_experiment()
+        exp = futures.default_experiment()
         assert exp.name == "dflt" and exp.backend == "local"
         assert exp.store.target.sqlite_path == str(tmp_path / "default.db")
     finally:
-        for exp in client._DEFAULT.values():
+        for exp in futures._DEFAULT.values():
             exp.close()
-        client._DEFAULT.clear()
+        futures._DEFAULT.clear()
 
 
 @pytest.mark.slurm

@@ -213,7 +213,7 @@ def test_halving_options_are_refused_in_one_sentence(jobman, tmp_path):
 def test_the_bundled_mlp_continues_a_shorter_run_rather_than_restarting(tmp_path):
     import shutil
 
-    from jobman.dispatch.experiment import run_direct
+    from jobman.dispatch.runner import run_direct
 
     params = {"dataset": "digits", "nhid": 16, "eval_every": 0, "progress_every": 0, "seed": 3}
     short = run_direct("jobman.models.mlp:train", {**params, "epochs": 2}, tmp_path / "short")

@@ -13,6 +13,7 @@ import pytest
 from jobman.dispatch.backends import slurm
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.backends.slurm import SlurmBackend
+from jobman.dispatch.worker_settings import WorkerSettings
 from slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -70,7 +71,7 @@ def test_start_workers_submits_one_array_with_slurm_ids_in_the_environment(
     )
     stand_in = [sys.executable, "-c", show_env]
     backend = SlurmBackend(log_dir=tmp_path, array_parallelism=2, worker_command=stand_in)
-    spec = WorkerSpec("sqlite:///runs.db?table=mlp", ("--max-jobs", "1"))
+    spec = WorkerSpec("sqlite:///runs.db?table=mlp", WorkerSettings(max_jobs=1))
     ids = backend.start_workers(spec, 3)
     array_id = ids[0].split("_")[0]
     assert ids == [f"{array_id}_{task}" for task in range(3)]
@@ -79,7 +80,8 @@ def test_start_workers_submits_one_array_with_slurm_ids_in_the_environment(
     assert backend.running_workers() == 0
     for task, backend_id in enumerate(ids):
         job_id, array_job, array_task, *argv = json.loads(backend.log_paths(backend_id)[0].read_text())
-        assert (array_job, array_task, argv) == (array_id, str(task), [spec.db_url, "--max-jobs", "1"])
+        assert (array_job, array_task, argv) == (array_id, str(task), spec.argv())
+        assert argv[0] == spec.db_url and argv[argv.index("--max-jobs") + 1] == "1"
         assert job_id.isdigit()
 
 

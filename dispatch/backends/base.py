@@ -1,22 +1,28 @@
 """The backend interface: where workers run, and what became of them.
 
-A backend starts pull workers (each runs ``jobman worker`` against the database
-until nothing is ready) and, for the monitor, says whether the processes or
+A backend starts pull workers (each runs as ``jobman worker`` does against the
+database until nothing is ready) and, for the monitor, says whether the processes or
 allocations that jobs run in are still alive. ``local`` and ``slurm`` implement it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
+
+from ..worker_settings import WorkerSettings
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """How to start one worker: the database URL (with ``?table=``) and extra worker options."""
+    """How to start one worker: the database URL (with ``?table=``) and the worker's settings."""
 
     db_url: str
-    worker_args: tuple[str, ...] = ()
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+
+    def argv(self) -> list[str]:
+        """The arguments of ``jobman worker`` that start it as a command."""
+        return [self.db_url, *self.settings.argv()]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def last_line(path: Path, tail: int = 2000) -> str:
 
 def worker_command(spec: WorkerSpec) -> list[str]:
     """The argv that starts one ``jobman worker`` with this interpreter."""
-    return [sys.executable, "-m", "jobman.cli.main", "worker", spec.db_url, *spec.worker_args]
+    return [sys.executable, "-m", "jobman.cli.main", "worker", *spec.argv()]
 
 
 class LocalBackend:
@@ -63,7 +63,7 @@ class LocalBackend:
                    DIE_WITH_VARIABLE: str(os.getpid())}
             try:
                 proc: subprocess.Popen | Forked = self.zygote.start_worker(
-                    ["worker", spec.db_url, *spec.worker_args], str(log_path), env)
+                    {"url": spec.db_url, "settings": spec.settings.to_message()}, str(log_path), env)
             except (OSError, AttributeError):  # no zygote (or no pidfd here): a fresh interpreter, as always
                 with open(log_path, "ab") as log:
                     proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,

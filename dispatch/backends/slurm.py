@@ -92,7 +92,7 @@ class SlurmBackend:
         if count < 1:
             return []
         array = f"0-{count - 1}" + (f"%{self.array_parallelism}" if self.array_parallelism else "")
-        argv = [*self.worker_command, spec.db_url, *spec.worker_args]
+        argv = [*self.worker_command, *spec.argv()]
         job_id = self._submit(argv, (), [f"--array={array}", *self._owned_options("%A_%a")])
         ids = [f"{job_id}_{task}" for task in range(count)]
         self.submitted.extend(ids)

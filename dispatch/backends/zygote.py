@@ -1,11 +1,12 @@
 """Local workers forked from one warm interpreter instead of each starting its own.
 
-A worker spends most of its start importing SQLAlchemy, click and the store (a
-quarter of a second here when the machine is idle, seconds under load). The local
-backend starts one *zygote*: an interpreter that imports the ``jobman worker`` command
+A worker spends most of its start importing SQLAlchemy and the store (a quarter of
+a second here when the machine is idle, seconds under load). The local backend
+starts one *zygote*: an interpreter that imports the worker (``worker_process``)
 once, touches no database, runs no thread, and forks each worker on request. A worker
-forked from it is a ``jobman worker`` process like any other: its own session, its
-log file for stdout and stderr, its own database connections, made after the fork.
+forked from it runs as ``jobman worker`` does, from the settings the dispatch sent (no
+command line to parse): its own session, its log file for stdout and stderr, its own
+database connections, made after the fork.
 
 The zygote dies with the dispatcher (``PR_SET_PDEATHSIG``), and each worker it forked
 is then told to stop (SIGTERM: it puts its job back), as a worker started by the
@@ -35,9 +36,8 @@ def serve(fd: int, parent_pid: int) -> None:
     if os.getppid() != parent_pid:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
-    import jobman.cli.run  # noqa: F401 - the worker command and the store, imported once
     import jobman.dispatch.backends.local  # noqa: F401 - what a worker reads to die with its dispatcher
-    from jobman.cli.main import main
+    from jobman.dispatch.worker_process import worker_main  # the worker and the store, imported once
     from jobman.jobdb import sqlite_memory
 
     sqlite_memory.allow()  # in each worker forked from here, before its first database
@@ -72,7 +72,7 @@ def serve(fd: int, parent_pid: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for own in (ctrl.fileno(), wake_r, wake_w):
                 os.close(own)
-            _worker_main(main, got[0], zygote)
+            _worker_main(worker_main, got[0], zygote)
         send_msg(ctrl, {"pid": pid})
 
 
@@ -88,7 +88,7 @@ def _send_exits(ctrl: socket.socket) -> None:
 
 
 def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
-    """In the forked worker: a session and output of its own, then the ``jobman worker`` command.
+    """In the forked worker: a session and output of its own, then the worker itself (``main``).
 
     ``zygote`` is the pid of the process that forked it, named before the fork: should the zygote
     die first (with its dispatcher), the worker's parent is already another process, and the
@@ -111,7 +111,7 @@ def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
         os.environ.update(request["env"])
         if DIE_WITH_VARIABLE in os.environ:  # the zygote dies with the dispatcher, so the worker with the zygote
             os.environ[DIE_WITH_VARIABLE] = str(zygote)
-        code = main(request["args"])
+        code = main(request)
     except BaseException:  # noqa: BLE001 - a worker's error must not return into the zygote's loop
         import traceback
 
@@ -177,11 +177,13 @@ class Zygote:
         zygote, _prestarted = _prestarted, None
         return zygote if zygote is not None else cls()
 
-    def start_worker(self, args: list[str], log_path: str, env: dict[str, str]) -> Forked:
+    def start_worker(self, request: dict[str, Any], log_path: str, env: dict[str, str]) -> Forked:
+        """Fork a worker that runs ``request`` (the database URL and the worker's settings, see
+        :func:`~jobman.dispatch.worker_process.worker_main`), its output to ``log_path``."""
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self._start()
-        send_msg(self.ctrl, {"args": args, "log": log_path, "env": env})
+        send_msg(self.ctrl, {**request, "log": log_path, "env": env})
         while True:
             message = self._next(None)
             if message is None:

@@ -1,0 +1,561 @@
+"""jobman from Python: every call is a job row, and the database answers a call made before.
+
+An :class:`Experiment` is one experiment of one database. ``call(fn, **params)`` and
+``map(fn, params)`` return :class:`concurrent.futures.Future` objects; a call's identity is
+the job's (target and canonical parameters), so a call whose job is DONE is answered from
+the database without running, a FAILED one raises its stored error, and one QUEUED or
+RUNNING is waited for, never duplicated. Where the job runs is the backend's choice:
+``"inline"`` (here, now), ``"local"`` (worker processes started on this host and stopped
+when the futures are done), ``"slurm"`` (a job array of workers) or ``None`` (workers started
+elsewhere pick the jobs up); the workers are started as ``jobman dispatch`` starts them
+(:mod:`.launch`). A background thread reads the pending jobs' statuses and settles their futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import json
+import os
+import shlex
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from jobman.jobdb.canonical import dump_json
+from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
+from jobman.jobdb.halving import sampled, sweep_space
+from jobman.jobdb.scheduling import pickled_by_value
+from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
+from jobman.jobdb.store import Job, Store, params_hash
+from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
+
+from .calls import json_params, source_version, target_of
+from .channel import DD, Channel
+from .experiment import TargetError, by_value, resolve
+from .worker_settings import DEFAULT_EXPROOT
+
+__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
+
+BACKENDS = ("inline", "local", "slurm", None)
+_FINAL = set(ENDED)
+_AGAIN = set(BLOCKING)  # what retry=True runs again
+
+# -- futures --------------------------------------------------------------------------------
+
+class JobFuture(concurrent.futures.Future):
+    """The future of one job: its result is the job's results dict.
+
+    ``result()`` raises :class:`~jobman.jobdb.errors.JobFailed` (with the job's stored error) for
+    a FAILED or CRASHED job, :class:`~jobman.jobdb.errors.JobNotRun` for a CANCELED or BLOCKED
+    one, and :class:`~jobman.jobdb.errors.CallTimeout` when ``timeout`` passes first.
+    ``cancel()`` cancels the job (a running one is asked to stop).
+    """
+
+    def __init__(self, experiment: "Experiment", job_id: int, target: str) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.target = target
+        self._experiment = weakref.ref(experiment)
+
+    def __repr__(self) -> str:
+        return f"<JobFuture job {self.job_id} {self.target} {self._state}>"
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        exp = self._experiment()
+        if exp is not None:
+            exp.store.cancel([self.job_id], running=True, why="cancelled from Python")
+        return super().cancel()
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            if isinstance(exc, JobmanError):
+                raise
+            raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except concurrent.futures.TimeoutError:
+            raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
+
+    def _settle(self, job: Job, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> bool:
+        """Resolve from the job's row if it is final; True if it was."""
+        if job.status not in _FINAL:
+            return False
+        try:
+            if job.status is Status.DONE:
+                results = job.results or {}
+                self.set_result(unwrap(results) if unwrap else results)
+            else:
+                self.set_exception(_failure(job))
+        except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+            pass
+        return True
+
+
+def _failure(job: Job) -> JobFailed:
+    where = f"job {job.id} ({job.target})"
+    error = (job.error or "").strip()
+    if job.status is Status.CANCELED:
+        return JobNotRun(f"{where} was cancelled", job_id=job.id, status=job.status.value, error=job.error)
+    if job.status is Status.BLOCKED:
+        return JobNotRun(f"{where} is BLOCKED: a job it depends on did not finish", job_id=job.id,
+                         status=job.status.value, error=job.error)
+    last = error.splitlines()[-1] if error else "no error was recorded"
+    exc = JobFailed(f"{where} {job.status.value}: {last}", job_id=job.id, status=job.status.value, error=job.error)
+    if error and hasattr(exc, "add_note"):  # shown under the exception's own traceback
+        exc.add_note(f"the job's error, as stored:\n{error}")
+    return exc
+
+
+# -- the experiment -------------------------------------------------------------------------
+
+class Experiment:
+    """One experiment of a jobman database, from Python.
+
+    ``url`` is a jobman URL (``sqlite:///runs.db?table=mlp``, ``postgresql://u@host/db?table=mlp``;
+    default ``$JOBMAN_DB``). ``backend`` says where jobs run: ``"inline"``, ``"local"`` (``workers``
+    processes on this host), ``"slurm"`` (``sbatch`` options as for ``jobman dispatch``) or
+    ``None`` (only enqueue). ``exproot`` is where job workdirs go; ``timeout`` a job's wall-time
+    limit in seconds; ``max_attempts`` how often a crashed job runs before its crash is final.
+    """
+
+    def __init__(self, url: str | None = None, *, backend: str | None = "local", workers: int | None = None,
+                 exproot: str | os.PathLike | None = None, timeout: float | None = None, max_attempts: int = 3,
+                 poll_interval: float = 0.5, sbatch: str = "", allow_sqlite: bool = False) -> None:
+        if backend not in BACKENDS:
+            raise UsageError(f"backend {backend!r} is not one of 'inline', 'local', 'slurm' or None")
+        if workers is not None and workers < 1:
+            raise UsageError(f"workers must be at least 1, not {workers}")
+        self.store = Store.open(url, create=True)
+        if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
+            self.store.dispose()
+            raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
+                             "database, or allow_sqlite=True if every job runs on this host")
+        self.backend = backend
+        self.workers = workers or os.cpu_count() or 1
+        self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.poll_interval = poll_interval
+        self.sbatch = sbatch
+        self._pending: dict[int, tuple[JobFuture, Callable | None]] = {}
+        self._lock = threading.RLock()  # a future's callbacks may call again
+        self._pump: _Pump | None = None
+        self._inline: Any = None  # an inline.InlineRunner, made for the first job run here
+        self._code_stored: "weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
+        self._targets_stored: set[str] = set()
+
+    @property
+    def name(self) -> str:
+        """The experiment's name (jobman's table)."""
+        return self.store.experiment
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.store.target.with_table()!r}, backend={self.backend!r})"
+
+    def __enter__(self) -> "Experiment":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop following the pending jobs and stop the workers this experiment started."""
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.stop()
+        self.store.dispose()
+
+    # -- calls ---------------------------------------------------------------------------
+    def call(self, fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, /, *,
+             retry: bool = False, version: str | None = None, cache: str | None = None, **kwargs: Any) -> JobFuture:
+        """Call ``fn(**params)`` as a job; a future of its results dict.
+
+        Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
+        answered from the database; a FAILED one raises its error unless ``retry``. ``version``
+        (or ``cache="source"``: a hash of the function's source) makes a changed function a new call.
+        """
+        merged = {**(params or {}), **kwargs}
+        return self.map(fn, [merged], retry=retry, version=version, cache=cache)[0]
+
+    def map(self, fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], *, retry: bool = False,
+            version: str | None = None, cache: str | None = None) -> list[JobFuture]:
+        """One :meth:`call` per params dict (``jobman.grid(...)`` makes them), scheduled in one transaction."""
+        if cache not in (None, "source"):
+            raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
+        if cache == "source" and not isinstance(fn, str):
+            version = source_version(fn)
+        target = target_of(fn, version)
+        if isinstance(fn, str):
+            runnable = resolve(target) if self.backend == "inline" else None
+            return self._submit(target, list(params), runnable, retry=retry, code=None)
+        code = None
+        if by_value(target):
+            target, code = self._by_value(target, fn)
+        return self._submit(target, list(params), fn, retry=retry, code=code)
+
+    def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
+                code: bytes | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
+        clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
+        encoded = [dump_json(p, "parameters") for p in clean]
+        hashes = [params_hash(0, "fn", target, e) for e in encoded]
+        if by_value(target) and fn is None:
+            raise UsageError(f"{target!r} cannot be imported by name: pass the function itself")
+        found = self.store.find(hashes)
+        missing = [i for i, h in enumerate(hashes) if h not in found]
+        if missing:
+            if code is not None:
+                self._store_code(target, code)
+            specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
+            scheduled = self.store.schedule(specs, max_attempts=self.max_attempts)
+            new_ids = dict(zip(dict.fromkeys(hashes[i] for i in missing), scheduled.job_ids))
+        else:
+            new_ids = {}
+        again = [job for job in found.values() if job.status in _AGAIN] if retry else []
+        self._again(again)
+        again_ids = {job.id for job in again}
+        futures: dict[int, JobFuture] = {}
+        out = []
+        for h in hashes:
+            job = found.get(h)
+            job_id = job.id if job is not None else new_ids[h]
+            if job_id not in futures:
+                futures[job_id] = self._future(job_id, target, None if job_id in again_ids else job, unwrap)
+            out.append(futures[job_id])
+        if self.backend == "inline" and fn is not None:
+            for job_id, future in futures.items():
+                if not future.done():
+                    results = self._run_inline(job_id, fn)
+                    if results is not None:  # DONE here: settled without reading the job back
+                        with self._lock:
+                            entry = self._pending.pop(job_id, None)
+                        if entry is not None and not future.done():
+                            future.set_result(entry[1](results) if entry[1] else results)
+                    else:
+                        self._settle_now([future])
+        if any(not f.done() for f in futures.values()):
+            self._follow()
+        return out
+
+    def _again(self, jobs: list[Job]) -> None:
+        """``retry=True``: failed and crashed calls resume from their checkpoint, cancelled ones start over."""
+        failed = [j.id for j in jobs if j.status in RAN_BADLY]
+        other = [j.id for j in jobs if j.status in (Status.CANCELED, Status.BLOCKED)]
+        if failed:
+            self.store.retry(failed, "called again with retry=True")
+        if other:
+            self.store.reset(other, why="called again with retry=True")
+
+    def _future(self, job_id: int, target: str, job: Job | None, unwrap: Callable | None) -> JobFuture:
+        with self._lock:
+            pending = self._pending.get(job_id)
+            if pending is not None and not pending[0].done():
+                return pending[0]
+            self._pending.pop(job_id, None)
+            future = JobFuture(self, job_id, target)
+            if job is None or not future._settle(job, unwrap):
+                self._pending[job_id] = (future, unwrap)
+            return future
+
+    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> None:
+        """Settle the futures whose jobs are final (read on ``store``: the calling thread's)."""
+        ids = [f.job_id for f in futures]
+        for start in range(0, len(ids), 900):
+            for job in (store or self.store).jobs(ids=ids[start:start + 900], with_deps=False):
+                with self._lock:
+                    entry = self._pending.get(job.id)
+                    if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1])):
+                        del self._pending[job.id]
+
+    def _follow(self) -> None:
+        """Make sure the background thread follows the pending jobs (and runs workers for them)."""
+        with self._lock:
+            if self._pump is None or not self._pump.alive():
+                self._pump = _Pump(self)
+                self._pump.start()
+            else:
+                self._pump.wake()
+
+    def _by_value(self, name: str, fn: Callable[..., Any]) -> tuple[str, bytes]:
+        """The target a function a worker cannot import is called under (``name#digest`` of its code)
+        and its code, pickled once per function object and name."""
+        try:
+            made = self._code_stored.setdefault(fn, {})
+        except TypeError:  # not weakly referable: pickle it each time
+            made = {}
+        if name not in made:
+            made[name] = pickled_by_value(fn, name)
+        return made[name]
+
+    def _store_code(self, target: str, code: bytes) -> None:
+        """Store a function a worker cannot import, by value, once per target."""
+        if target not in self._targets_stored:
+            self.store.put_function(target, code)
+            self._targets_stored.add(target)
+
+    def _run_inline(self, job_id: int, fn: Callable[..., Any]) -> dict[str, Any] | None:
+        """Run the job here if it is QUEUED; the results it was recorded DONE with, if it was here."""
+        if self._inline is None:
+            from .inline import InlineRunner  # the runner's imports, for this mode only
+
+            self._inline = InlineRunner(self.store)
+        return self._inline.run(job_id, fn, self.exproot, self.timeout)
+
+    def _launch_plan(self) -> Any:
+        """How this experiment's workers are started: as ``jobman dispatch`` would start them."""
+        from .launch import LaunchPlan
+        from .machine import JobProcesses
+        from .worker_settings import WorkerSettings
+
+        # A module next to the calling script is importable by its workers, as it is here.
+        here = [p for p in (os.getcwd(), sys.path[0] if sys.path and sys.path[0] else None) if p]
+        paths = os.pathsep.join(dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p]))
+        # As `jobman worker` reads it from the environment its workers inherit.
+        per_process = os.environ.get("JOBMAN_JOBS_PER_PROCESS", "").strip()
+        processes = JobProcesses(int(per_process)) if per_process.isdigit() and int(per_process) > 1 else JobProcesses()
+        settings = WorkerSettings(str(self.exproot), self.timeout, processes=processes)
+        assert self.backend is not None  # the pump starts workers for "local" and "slurm" only
+        return LaunchPlan(self.backend, settings, self.workers, environment={"PYTHONPATH": paths}, sbatch=self.sbatch)
+
+    # -- reading ----------------------------------------------------------------------------
+    def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
+        """Every job's id, phase, status, target, parameters and results, one dict per job (by id).
+
+        A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
+        """
+        rows = []
+        for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
+            rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
+                         **json.loads(params), **(json.loads(results) if results else {})})
+        if as_frame is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if as_frame:
+                raise UsageError("as_frame=True needs pandas: pip install pandas") from None
+            return rows
+        return pandas.DataFrame(rows)
+
+    def best(self, metric: str, mode: str = "min", *, phase: int | None = None,
+             group_over: Sequence[str] | None = None, allow_incomplete: bool = False) -> Any:
+        """The best configuration by ``metric``, chosen as ``jobman report`` does (folds and seeds
+        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
+        from jobman.jobdb.report import NothingEligible, from_store
+
+        if mode not in ("min", "max"):
+            raise UsageError(f"mode {mode!r} is 'min' or 'max'")
+        report = from_store(self.store, metric, mode, group_over, phase=phase, outer=None,
+                            allow_incomplete=allow_incomplete)
+        if report.best is None:
+            raise NothingEligible(report.why_none().replace("--allow-incomplete", "allow_incomplete=True"))
+        return report.best
+
+    def schedule(self, sweep: str | Sequence[str], *, priority: int = 0, command: str | None = None,
+                 check: bool = True, samples: int | None = None, seed: int = 0,
+                 sampler: str = "random") -> list[JobFuture]:
+        """Schedule a sweep in ``jobman sqlschedule``'s grammar (phases included); a future per job.
+
+        ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``; with distributions,
+        ``exp.schedule("mypkg.train:main lr=loguniform(1e-4,1e-1)", samples=32, seed=7)``.
+        """
+        tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
+        parsed = parse_sweep(tokens, command=command)
+        specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
+        if check:
+            for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
+                try:
+                    resolve(target)
+                except TargetError as exc:
+                    raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
+        scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts,
+                                        halving=sampled(sweep_space(parsed)))
+        targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
+        futures = [self._future(job_id, targets.get(job_id, ""), None, None) for job_id in scheduled.job_ids]
+        if any(not f.done() for f in futures):
+            self._follow()
+        return futures
+
+
+def _unique(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """Specs in the order the store returns their ids: one per identity."""
+    seen, out = set(), []
+    for s in specs:
+        key = (s.phase, s.kind, s.target, dump_json(s.params, "parameters"))
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+class _Pump(threading.Thread):
+    """Follows an experiment's pending jobs: settles their futures, and keeps its workers running.
+
+    It has its own store (a store's writer connection belongs to one thread) and ends when no
+    future is pending, stopping the workers it started.
+    """
+
+    def __init__(self, experiment: Experiment) -> None:
+        super().__init__(daemon=True, name=f"jobman-{experiment.name}")
+        self.experiment = experiment
+        self.store = Store(experiment.store.target, check_schema=False)
+        self._wake = threading.Event()
+        self._stopping = False
+        self.launch: Any = None  # the workers it started (a launch.Launch), made when first wanted
+        self.dispatcher: Any = None
+
+    def alive(self) -> bool:
+        return self.is_alive() and not self._stopping
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join()
+
+    def run(self) -> None:
+        exp = self.experiment
+        delay = 0.02
+        try:
+            while not self._stopping:
+                with exp._lock:
+                    futures = [f for f, _unwrap in exp._pending.values()]
+                    if not futures:
+                        self._stopping = True  # under the lock: a call made now starts a new thread
+                        break
+                exp._settle_now(futures, self.store)
+                with exp._lock:
+                    for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
+                        del exp._pending[job_id]
+                if exp.backend in ("local", "slurm") and exp._pending:
+                    self._keep_workers()
+                if self._wake.wait(delay):
+                    self._wake.clear()
+                    delay = 0.02
+                delay = min(delay * 1.5, exp.poll_interval)
+        except Exception as exc:  # the database went away, sbatch refused: every pending future says so
+            if not isinstance(exc, JobmanError):
+                exc = JobmanError(f"following the jobs of {exp.name!r} failed: {type(exc).__name__}: {exc}")
+            with exp._lock:
+                pending, exp._pending = exp._pending, {}
+            for future, _unwrap in pending.values():
+                try:
+                    future.set_exception(exc)
+                except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+                    pass
+        finally:
+            self._stopping = True
+            if self.launch is not None:
+                self.launch.stop(grace=30.0)
+            self.store.dispose()
+
+    def _keep_workers(self) -> None:
+        """As ``jobman dispatch`` does: enough workers for the ready jobs, up to ``workers``, and crashed
+        jobs found."""
+        from .dispatcher import Tally
+
+        if self.launch is None:
+            from .launch import Launch
+
+            self.launch = Launch(self.store, self.experiment._launch_plan())
+            self.dispatcher = self.launch.dispatcher()
+        self.dispatcher.keep_workers(Tally.of(self.store))
+        self.dispatcher.scan_when_due()
+
+
+# -- memoizing a function ------------------------------------------------------------------
+
+def cached(url: str | None = None, *, version: str | None = None, cache: str | None = None,
+           retry: bool = False, exproot: str | os.PathLike | None = None) -> Callable[[Callable], Callable]:
+    """Memoize a function in a jobman database: each distinct call is a job, run here once.
+
+    ``@jobman.cached("sqlite:///cache.db?table=features")`` over ``def features(dataset, pca=32)``:
+    ``features("mnist")`` runs once, then is read back, across processes and runs. Arguments
+    are bound to the signature with defaults applied, so ``features("mnist", pca=32)`` is the same
+    call. The return value is stored as JSON and returned as JSON gives it back (lists for tuples
+    and arrays). ``version`` (or ``cache="source"``) makes a changed function a new call.
+    """
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        signature = inspect.signature(fn)
+        if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+            raise UsageError(f"{fn.__qualname__} takes *args: a cached function's arguments need names")
+        state: dict[str, Any] = {}
+
+        def experiment() -> Experiment:
+            if "exp" not in state:
+                state["exp"] = Experiment(url, backend="inline", exproot=exproot)
+                state["target"] = target_of(fn, source_version(fn) if cache == "source" else version)
+            return state["exp"]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{fn.__qualname__}(): {exc}") from None
+            bound.apply_defaults()
+            params = dict(bound.arguments)
+            for p in signature.parameters.values():
+                if p.kind is p.VAR_KEYWORD:
+                    params.update(params.pop(p.name, {}))
+            exp = experiment()
+            future = exp._submit(state["target"], [params], _returning(fn), retry=retry, code=None,
+                                 unwrap=lambda results: results.get("return", results))
+            return future[0].result()
+
+        wrapper.experiment = experiment  # type: ignore[attr-defined]
+        return wrapper
+
+    if cache not in (None, "source"):
+        raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
+    return decorate
+
+
+def _returning(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The job a cached call runs: the function on its parameters, its return value kept as ``return``."""
+    from .channel import to_jsonable
+
+    def run(state: DD, channel: Channel) -> dict[str, Any]:
+        return {"return": to_jsonable(fn(**channel.params))}
+
+    return run
+
+
+# -- the default experiment: $JOBMAN_DB ------------------------------------------------------
+
+_DEFAULT: dict[str, Experiment] = {}
+
+
+def default_experiment() -> Experiment:
+    """The experiment ``jobman.call`` and ``jobman.map`` use: ``$JOBMAN_DB`` (else ./jobman.db), local workers."""
+    key = os.environ.get("JOBMAN_DB") or ""
+    if key not in _DEFAULT:
+        _DEFAULT[key] = Experiment(key or None)
+    return _DEFAULT[key]
+
+
+def call(fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, /, **kwargs: Any) -> JobFuture:
+    """:meth:`Experiment.call` on the default experiment (``$JOBMAN_DB``)."""
+    return default_experiment().call(fn, params, **kwargs)
+
+
+def map(fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[JobFuture]:
+    """:meth:`Experiment.map` on the default experiment (``$JOBMAN_DB``)."""
+    return default_experiment().map(fn, params, **kwargs)
+
+
+as_completed = concurrent.futures.as_completed
+wait = concurrent.futures.wait
