@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
-from jobman.jobdb.status import BAD, ENDED, Status
+from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
@@ -54,8 +54,7 @@ class Tally:
         return sum(self[s] for s in BAD)
 
     def line(self) -> str:
-        order = ("DONE", "FAILED", "CRASHED", "BLOCKED", "CANCELED", "RUNNING", "QUEUED", "WAITING")
-        return ", ".join(f"{self[s]} {s}" for s in order if self[s])
+        return ", ".join(f"{n} {s}" for s, n in in_display_order(self.counts))
 
 
 class Watcher(Protocol):
