@@ -26,6 +26,7 @@ from .status import OUTSTANDING, Status, names_of
 from .sweep import canonical_target
 from .txn import chunks
 
+
 def experiments(conn: Connection) -> list[str]:
     """Every experiment in the database, by name."""
     return list(conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars())

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -96,7 +97,7 @@ class JobPage:
     jobs: list[JobLine] = field(default_factory=list)
 
 
-def experiment_summaries(store: "Store", now: float | None = None) -> list[ExperimentSummary]:
+def experiment_summaries(store: Store, now: float | None = None) -> list[ExperimentSummary]:
     """Every experiment of the store's database with its counts and pace, by name."""
     at = time.time() if now is None else now
 
@@ -123,7 +124,7 @@ def experiment_summaries(store: "Store", now: float | None = None) -> list[Exper
     return store.transactions.read(run)
 
 
-def job_page(store: "Store", *, status: Sequence[Status] = (), phase: int | None = None,
+def job_page(store: Store, *, status: Sequence[Status] = (), phase: int | None = None,
              where: Sequence[Condition] = (), sort: str = "id", descending: bool = False,
              offset: int = 0, limit: int = 50, count: bool = True) -> JobPage:
     """One page of the experiment's jobs, filtered and sorted, and how many match in all.
@@ -190,13 +191,14 @@ def _line(r: Any) -> JobLine:
                    json.loads(r.results) if r.results else None, r.started_at, r.finished_at, r.error)
 
 
-def phase_links(store: "Store") -> list[tuple[int, int, int]]:
+def phase_links(store: Store) -> list[tuple[int, int, int]]:
     """(phase, phase it depends on, dependencies) for the experiment: the shape of its graph."""
     def run(conn: Connection) -> list[tuple[int, int, int]]:
         exp = experiment_id(conn, store.target)
         child, parent = t_job.alias("child"), t_job.alias("parent")
         q = (sa.select(child.c.phase, parent.c.phase, sa.func.count())
-             .select_from(t_dep.join(child, child.c.id == t_dep.c.job_id).join(parent, parent.c.id == t_dep.c.depends_on))
+             .select_from(t_dep.join(child, child.c.id == t_dep.c.job_id)
+                          .join(parent, parent.c.id == t_dep.c.depends_on))
              .where(child.c.experiment_id == exp).group_by(child.c.phase, parent.c.phase)
              .order_by(child.c.phase, parent.c.phase))
         return [tuple(r) for r in conn.execute(q)]

@@ -12,8 +12,17 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from ..errors import UsageError
-from ..selection import (Condition, default_group_keys, default_outer_key, frozen, frozen_items, is_number, listing,
-                         parse_where, sort_key)
+from ..selection import (
+    Condition,
+    default_group_keys,
+    default_outer_key,
+    frozen,
+    frozen_items,
+    is_number,
+    listing,
+    parse_where,
+    sort_key,
+)
 from ..status import Status
 from .model import AUTO, STD_DDOF, ConfigRow, NothingEligible, Report, Stat, UnknownMetric
 
