@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
-from jobman.dispatch.forkserver import ForkServer
+from jobman.dispatch.forkhandle import ForkServer
 from jobman.dispatch.machine import GpuPool, JobProcesses, parse_gpus
 from jobman.dispatch.runner import RunLimits
 from jobman.dispatch.worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread

@@ -26,6 +26,8 @@ import signal
 import time
 from pathlib import Path
 
+from .lifetime import start_ticks
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 TOP = "jobman"
 
@@ -107,15 +109,6 @@ def job_cgroup_base() -> Path | None:
             _base = where
             return _base
     return None
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rpartition(")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def worker_folder(base: Path | None, worker_pid: int) -> Path | None:

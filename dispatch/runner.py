@@ -1,6 +1,7 @@
 """Run one claimed job in its own process, watch it, and record how it ended.
 
-Function jobs run in a child of the worker's fork server (``dispatch.forkserver``),
+Function jobs run in a child of the worker's fork server (``dispatch.forkserver``,
+reached through ``dispatch.forkhandle``),
 so imports stay warm and a segfault, ``os._exit`` or a memory blow-up kills only
 the child; the job's checkpoints and metrics come to the worker, which writes
 them under the job's lease. Command jobs are executed by the same fork server,
@@ -37,8 +38,11 @@ from jobman.jobdb.status import LOST
 
 from .channel import Channel, DirectChannel, job_info, job_state
 from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
-from .forkserver import ForkServer, ForkServerGone, Frames, JobProcess, child_pids, end_job_processes, send_msg
+from .forkhandle import ForkServer, ForkServerGone, JobProcess
 from .interrupted import mark_interrupted
+from .leftovers import end_job_processes
+from .lifetime import child_pids
+from .messages import Frames, send_msg
 from .machine import GpuPool, gpus_asked
 from .oom import OomWatch
 from .outage import Outage

@@ -25,7 +25,8 @@ import sys
 import time
 from typing import Any
 
-from ..forkserver import _prctl, die_with_parent, hang_up, recv_msg, send_msg
+from ..lifetime import die_with_parent, hang_up, prctl as _prctl
+from ..messages import recv_msg, send_msg
 
 
 def serve(fd: int, parent_pid: int) -> None:
