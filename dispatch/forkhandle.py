@@ -65,6 +65,13 @@ class ForkServer:
         self.ctrl = mine
         self._path_sent = list(sys.path)
 
+    @property
+    def control(self) -> socket.socket:
+        """The socket to the running server; ForkServerGone if none runs."""
+        if self.ctrl is None:
+            raise ForkServerGone("the worker's fork server is not running")
+        return self.ctrl
+
     def warm(self) -> None:
         """Start the server now, so that its start overlaps the worker's own (opening the database,
         claiming) instead of delaying the first job."""
@@ -86,11 +93,12 @@ class ForkServer:
         if sys.path != self._path_sent:
             request = {**request, "path": list(sys.path)}
             self._path_sent = list(sys.path)
+        ctrl = self.control
         mine, theirs = socket.socketpair()
         try:
-            send_msg(self.ctrl, request, [theirs.fileno()])
+            send_msg(ctrl, request, [theirs.fileno()])
             while True:  # the exit of a reused job process that ran its last job may come first
-                reply = recv_msg(self.ctrl)
+                reply = recv_msg(ctrl)
                 if reply is None or "exit" not in reply[0]:
                     break
         except OSError:
@@ -124,9 +132,12 @@ class ForkServer:
             if sys.path != process.path_sent:
                 job = {**request, "path": list(sys.path)}
                 process.path_sent = list(sys.path)
+            to_job = process.link
             try:
-                send_msg(process.link, job)
-                reply = recv_msg(process.link)
+                if to_job is None:
+                    raise OSError("hung up")
+                send_msg(to_job, job)
+                reply = recv_msg(to_job)
             except OSError:
                 reply = None
             if reply is None:  # it died between two jobs (killed, out of memory): a fresh one takes this job

@@ -328,8 +328,8 @@ def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
     alive: dict[int, int] = {}  # pid: a descriptor readable when it exits (-1: none, polled)
     try:
         while True:
-            ready, _, _ = select.select([ctrl, *(fd for fd in alive.values() if fd >= 0)], [], [],
-                                        None if all(fd >= 0 for fd in alive.values()) else 0.05)
+            watched: list[Any] = [ctrl, *(fd for fd in alive.values() if fd >= 0)]
+            ready, _, _ = select.select(watched, [], [], None if all(fd >= 0 for fd in alive.values()) else 0.05)
             for pid, fd in list(alive.items()):
                 if fd in ready or fd < 0:
                     done, status = os.waitpid(pid, 0 if fd >= 0 else os.WNOHANG)
