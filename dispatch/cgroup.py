@@ -26,6 +26,8 @@ import signal
 import time
 from pathlib import Path
 
+from .lifetime import start_ticks
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 TOP = "jobman"
 
@@ -69,7 +71,7 @@ def _candidates() -> list[tuple[Path, str]]:
         for name in controllers.split(","):
             own[name] = path
     out = []
-    kinds = (("2", "cgroup.kill"), ("pids", "pids.max"))
+    kinds: tuple[tuple[str, str], ...] = (("2", "cgroup.kill"), ("pids", "pids.max"))
     if os.environ.get("JOBMAN_JOB_CGROUP") == "v1":  # the v1 hierarchy even where v2 could be used
         kinds = kinds[1:]
     for key, marker in kinds:
@@ -89,7 +91,7 @@ def job_cgroup_base() -> Path | None:
     """The directory worker folders of job cgroups are made in, or None where none can be made."""
     global _base
     if _base is not False:
-        return _base
+        return _base if isinstance(_base, Path) else None
     _base = None
     for where, marker in _candidates():
         probe = where / f"probe-{os.getpid()}"
@@ -107,15 +109,6 @@ def job_cgroup_base() -> Path | None:
             _base = where
             return _base
     return None
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rpartition(")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def worker_folder(base: Path | None, worker_pid: int) -> Path | None:
@@ -197,7 +190,7 @@ def folders_of_dead_worker(pid: int, started_at: float | None, tolerance: float 
 
 def _worker_folders(pid: int) -> list[Path]:
     """Every ``jobman/w<pid>-*`` folder in the hierarchies, whichever cgroup its worker was in."""
-    found = []
+    found: list[Path] = []
     for top in _hierarchies():
         for here, dirs, _files in os.walk(top):
             if os.path.basename(here) == TOP:

@@ -4,8 +4,8 @@
 writes into it (or returns as a dict) becomes its results. The channel lets the
 job checkpoint, log learning curves, learn where it lives and when to stop.
 
-Three channels exist: :class:`WorkerChannel` (a job claimed by a worker and run by
-its fork server: the worker writes, see ``dispatch.forkserver``), :class:`StoreChannel` (a job claimed and run in
+Every channel is here: :class:`WorkerChannel` (a job claimed by a worker and run by
+its fork server: the worker writes), :class:`StoreChannel` (a job claimed and run in
 the calling process, the Python API's inline mode: written under its lease) and
 :class:`DirectChannel` (``jobman cmdline``: one run in a directory, no database).
 """
@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jobman.jobdb.nested import RESERVED, DD, expand, flatten
+
+from .messages import recv_msg, send_msg
 
 COMPLETE = "complete"
 INCOMPLETE = "incomplete"
@@ -241,6 +243,42 @@ class DirectChannel(Channel):
         """The last checkpoint written in this workdir, or {}."""
         path = self.workdir / self.STATE_FILE
         return json.loads(path.read_text()) if path.exists() else {}
+
+
+class WorkerChannel(Channel):
+    """The channel of a job run by a worker's fork server: ``save`` and ``log`` are written by the worker.
+
+    Each call waits for the worker's answer, so a checkpoint is in the database when
+    ``save()`` returns; an error there (the job was taken from this worker, a state too
+    large to keep) is raised in the job as the same exception.
+    """
+
+    def __init__(self, *args: Any, sock: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sock = sock
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        send_msg(self._sock, request)
+        reply = recv_msg(self._sock)
+        if reply is None:
+            raise RuntimeError("the job's worker went away")
+        answer = reply[0]
+        if answer.get("error"):
+            from jobman.jobdb import errors
+
+            kind = getattr(errors, answer.get("kind", ""), None)
+            if not (isinstance(kind, type) and issubclass(kind, errors.JobmanError)):
+                kind = errors.JobmanError
+            raise kind(answer["error"])
+        return answer
+
+    def _save(self, results: dict[str, Any]) -> None:
+        self._ask({"op": "save", "results": to_jsonable(results)})
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        answer = self._ask({"op": "log", "step": step, "metrics": metrics})
+        if answer.get("prune"):
+            self.prune(answer["prune"])
 
 
 class StoreChannel(Channel):

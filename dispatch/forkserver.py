@@ -1,4 +1,5 @@
-"""A small process that forks function jobs for a worker.
+"""The fork server: a small process that forks function jobs for a worker (its loop, and the job
+processes' side). The worker's handle on it is ``dispatch.forkhandle``.
 
 Forking the worker itself (SQLAlchemy, a database driver, rich: some 40 MB) costs
 milliseconds per job in page-table copies, copy-on-write faults and the exit of
@@ -33,218 +34,30 @@ and SIGUSR1: stopping a job is its worker's decision (it signals the job itself)
 and a signal sent to a whole process group must not kill the server under a job
 that is checkpointing.
 
-Messages on both sockets are JSON, each preceded by its length (4 bytes, network order).
+Messages on both sockets are ``dispatch.messages``'s; the lifetime chain is ``dispatch.lifetime``'s.
 """
 
 from __future__ import annotations
 
 import base64
-import ctypes
 import gc
-import json
 import os
 import select
 import signal
 import socket
-import struct
-import subprocess
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
-from .channel import Channel, Parent, job_state, to_jsonable
+from .channel import Parent, WorkerChannel, job_state, to_jsonable
 from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
+from .leftovers import end_job_processes
+from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
+from .messages import recv_msg, send_msg
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
-_HEADER = struct.Struct("!I")
-
-
-# -- framing ---------------------------------------------------------------------------
-def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    if fds:
-        socket.send_fds(sock, [_HEADER.pack(len(data))], fds)
-        sock.sendall(data)
-    else:
-        sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv_exactly(sock: socket.socket, size: int, into: bytearray) -> bool:
-    while len(into) < size:
-        chunk = sock.recv(size - len(into))
-        if not chunk:
-            return False
-        into.extend(chunk)
-    return True
-
-
-def recv_msg(sock: socket.socket, with_fds: bool = False) -> tuple[Any, list[int]] | None:
-    """The next message and the descriptors sent with it; None at the end of the stream."""
-    fds: list[int] = []
-    head = bytearray()
-    if with_fds:
-        data, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 4)
-        if not data:
-            return None
-        head.extend(data)
-    if not _recv_exactly(sock, _HEADER.size, head):
-        return None
-    (size,) = _HEADER.unpack(head)
-    body = bytearray()
-    if not _recv_exactly(sock, size, body):
-        return None
-    return json.loads(body), fds
-
-
-class Frames:
-    """Messages read from a non-blocking socket as they arrive."""
-
-    def __init__(self) -> None:
-        self.buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[Any]:
-        self.buffer.extend(data)
-        out = []
-        while len(self.buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.buffer)
-            if len(self.buffer) < _HEADER.size + size:
-                break
-            out.append(json.loads(self.buffer[_HEADER.size:_HEADER.size + size]))
-            del self.buffer[:_HEADER.size + size]
-        return out
-
-
-# -- the job's side ------------------------------------------------------------------------
-class WorkerChannel(Channel):
-    """The channel of a job run by a worker: ``save`` and ``log`` are written by the worker.
-
-    Each call waits for the worker's answer, so a checkpoint is in the database when
-    ``save()`` returns; an error there (the job was taken from this worker, a state too
-    large to keep) is raised in the job as the same exception.
-    """
-
-    def __init__(self, *args: Any, sock: socket.socket, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._sock = sock
-
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        send_msg(self._sock, request)
-        reply = recv_msg(self._sock)
-        if reply is None:
-            raise RuntimeError("the job's worker went away")
-        answer = reply[0]
-        if answer.get("error"):
-            from jobman.jobdb import errors
-
-            kind = getattr(errors, answer.get("kind", ""), None)
-            if not (isinstance(kind, type) and issubclass(kind, errors.JobmanError)):
-                kind = errors.JobmanError
-            raise kind(answer["error"])
-        return answer
-
-    def _save(self, results: dict[str, Any]) -> None:
-        self._ask({"op": "save", "results": to_jsonable(results)})
-
-    def _log(self, step: int, metrics: dict[str, float]) -> None:
-        answer = self._ask({"op": "log", "step": step, "metrics": metrics})
-        if answer.get("prune"):
-            self.prune(answer["prune"])
-
-
-_PRCTL: Any = False  # libc's prctl once looked up; None where there is none
-
-
-def _prctl() -> Callable[..., int] | None:
-    global _PRCTL
-    if _PRCTL is False:
-        try:
-            _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-        except (OSError, AttributeError):
-            _PRCTL = None
-    return _PRCTL
-
-
-def signal_on_parent_death(sig: int) -> bool:
-    """Linux: send ``sig`` to this process when its parent dies; False where that cannot be asked."""
-    prctl = _prctl()
-    return prctl is not None and prctl(1, sig) == 0  # PR_SET_PDEATHSIG
-
-
-PR_SET_CHILD_SUBREAPER = 36
-# Sent to the fork server when its worker dies: it kills its job's processes, then exits.
-LAST_RITES = signal.SIGUSR2
-
-
-def become_subreaper() -> bool:
-    """Linux: processes orphaned below this one (a job's daemons, in whatever session) become its
-    children, so that :func:`end_job_processes` can find them."""
-    prctl = _prctl()
-    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
-def child_pids() -> list[int]:
-    """The pids of this process's children."""
-    pid = os.getpid()
-    try:  # read on every job: a bare descriptor, no text file object
-        fd = os.open(f"/proc/{pid}/task/{pid}/children", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = b""
-            while chunk := os.read(fd, 65536):
-                data += chunk
-        finally:
-            os.close(fd)
-        return [int(child) for child in data.split()]
-    except OSError:
-        import psutil
-
-        return [p.pid for p in psutil.Process().children()]
-
-
-def end_job_processes(group: int | None, keep: tuple[int, ...] = (), cgroup: Path | None = None) -> int:
-    """Kill what a job left behind: its cgroup, if it has one, its process group, and every child of
-    this process (a subreaper) but ``keep`` -- processes the job started in sessions of their own end
-    up there. How many died."""
-    killed = kill_cgroup(cgroup)
-    if group:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for _round in range(100):  # each round may orphan grandchildren to us: until none is left
-        left = [pid for pid in child_pids() if pid not in keep]
-        if not left:
-            break
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-        for pid in left:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-    return killed
-
-
-def die_with_parent(oom_score_adj: int | None = None) -> None:
-    """Linux: SIGKILL this process when its parent dies; optionally raise its OOM score."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if oom_score_adj is None:
-        return
-    try:  # under memory pressure the OOM killer should take the job, not its worker
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        try:
-            os.write(fd, str(oom_score_adj).encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> dict[str, Any]:
@@ -515,8 +328,8 @@ def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
     alive: dict[int, int] = {}  # pid: a descriptor readable when it exits (-1: none, polled)
     try:
         while True:
-            ready, _, _ = select.select([ctrl, *(fd for fd in alive.values() if fd >= 0)], [], [],
-                                        None if all(fd >= 0 for fd in alive.values()) else 0.05)
+            watched: list[Any] = [ctrl, *(fd for fd in alive.values() if fd >= 0)]
+            ready, _, _ = select.select(watched, [], [], None if all(fd >= 0 for fd in alive.values()) else 0.05)
             for pid, fd in list(alive.items()):
                 if fd in ready or fd < 0:
                     done, status = os.waitpid(pid, 0 if fd >= 0 else os.WNOHANG)
@@ -574,148 +387,3 @@ def _serve_command(ctrl: socket.socket, request: dict[str, Any], keep: tuple[int
     end_job_processes(pid, keep=keep)
     _running_jobs.discard(pid)
     send_msg(ctrl, {"exit": pid, "status": status})
-
-
-class ForkServerGone(Exception):
-    """The fork server exited (killed, or out of memory)."""
-
-
-class JobProcess:
-    """The worker's side of a job process that runs several jobs: its pid, its cgroup, the link the
-    worker sends it jobs over (and the jobs send their checkpoints, metrics and reports back on),
-    and how many jobs it has left."""
-
-    def __init__(self, pid: int, cgroup: Path | None, link: socket.socket, jobs: int) -> None:
-        self.pid = pid
-        self.cgroup = cgroup
-        self.link: socket.socket | None = link
-        self.left = jobs
-        self.path_sent = list(sys.path)
-
-    @property
-    def usable(self) -> bool:
-        return self.link is not None and self.left > 0
-
-    def close(self) -> None:
-        """Hang up: an idle job process exits at the end of its link."""
-        if self.link is not None:
-            self.link.close()
-            self.link = None
-
-
-class ForkServer:
-    """The worker's handle on its fork server, started on the first function job."""
-
-    def __init__(self, jobs_per_process: int = 1) -> None:
-        self.jobs_per_process = jobs_per_process
-        self.proc: subprocess.Popen | None = None
-        self.ctrl: socket.socket | None = None
-        self._path_sent: list[str] | None = None
-        self.last_cgroup: Path | None = None  # of the job last started, if it could have one
-        self.process: JobProcess | None = None  # with jobs_per_process > 1: the one that takes the next job
-
-    def _start(self) -> None:
-        mine, theirs = socket.socketpair()
-        code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                f"from jobman.dispatch.forkserver import serve; serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                                         stdin=subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        self.ctrl = mine
-        self._path_sent = list(sys.path)
-
-    def warm(self) -> None:
-        """Start the server now, so that its start overlaps the worker's own (opening the database,
-        claiming) instead of delaying the first job."""
-        if self.proc is None:
-            self._start()
-
-    def start_job(self, request: dict[str, Any]) -> tuple[int, socket.socket]:
-        """Send a job to the server, which forks a process for it: its pid and the worker's end of its
-        socket (with ``last_cgroup`` its cgroup).
-
-        A request with ``argv`` is a command job, forked and executed by the server (so it is its
-        child, and what it leaves behind is the server's to kill); with jobs_per_process > 1 a
-        request naming only a function forks a job process for :meth:`run_in_process`. Raises
-        TargetError if the server cannot import the target or start the command, ForkServerGone if it died.
-        """
-        if self.proc is None or self.proc.poll() is not None:
-            self.close()
-            self._start()
-        if sys.path != self._path_sent:
-            request = {**request, "path": list(sys.path)}
-            self._path_sent = list(sys.path)
-        mine, theirs = socket.socketpair()
-        try:
-            send_msg(self.ctrl, request, [theirs.fileno()])
-            while True:  # the exit of a reused job process that ran its last job may come first
-                reply = recv_msg(self.ctrl)
-                if reply is None or "exit" not in reply[0]:
-                    break
-        except OSError:
-            reply = None
-        finally:
-            theirs.close()
-        if reply is None:
-            mine.close()
-            self.close()
-            raise ForkServerGone("the worker's fork server exited")
-        answer = reply[0]
-        if "error" in answer:
-            mine.close()
-            raise TargetError(answer["error"])
-        self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
-        return answer["pid"], mine
-
-    def run_in_process(self, request: dict[str, Any]) -> JobProcess:
-        """Hand a function job to the reused job process (a fresh one from the server when there is
-        none, or it has run its last job, or it died since its last one), once it has said the job
-        started. Raises TargetError if the target cannot be imported, ForkServerGone if the server died."""
-        for _try in range(2):
-            process = self.process
-            if process is None or not process.usable:
-                if process is not None:
-                    process.close()
-                self.process = None
-                pid, link = self.start_job({key: request[key] for key in ("target", "code") if key in request})
-                self.process = process = JobProcess(pid, self.last_cgroup, link, self.jobs_per_process)
-            job = request
-            if sys.path != process.path_sent:
-                job = {**request, "path": list(sys.path)}
-                process.path_sent = list(sys.path)
-            try:
-                send_msg(process.link, job)
-                reply = recv_msg(process.link)
-            except OSError:
-                reply = None
-            if reply is None:  # it died between two jobs (killed, out of memory): a fresh one takes this job
-                process.close()
-                continue
-            if reply[0].get("op") == "error":
-                raise TargetError(reply[0]["error"])
-            process.left -= 1
-            return process
-        raise ForkServerGone("the worker's job process exited before starting its job")
-
-    def close(self) -> None:
-        """Hang up: the server exits at the end of its stream (killed if it does not)."""
-        if self.process is not None:
-            self.process.close()
-            self.process = None
-        hang_up(self)
-
-
-def hang_up(helper: Any) -> None:
-    """Close a helper process's control socket; it exits at the end of its stream (killed if it does not)."""
-    if helper.ctrl is not None:
-        helper.ctrl.close()
-        helper.ctrl = None
-    if helper.proc is not None:
-        try:
-            helper.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            helper.proc.kill()
-            helper.proc.wait()
-        helper.proc = None

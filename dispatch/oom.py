@@ -92,11 +92,13 @@ def killed_in_kernel_log(pid: int, kmsg: str = "/dev/kmsg") -> bool:
 class OomWatch:
     """Started with a job; asked, if the job is found killed by SIGKILL, whether memory ran out."""
 
-    _cgroup: tuple[Path, int] | None | bool = False  # this process's memory cgroup, looked up once
+    _cgroup: tuple[Path, int] | None = None  # this process's memory cgroup
+    _looked_up = False  # once per process
 
     def __init__(self) -> None:
-        if OomWatch._cgroup is False:
+        if not OomWatch._looked_up:
             OomWatch._cgroup = memory_cgroup()
+            OomWatch._looked_up = True
         self.before = _counters(OomWatch._cgroup)
 
     def cause(self, pid: int) -> str | None:

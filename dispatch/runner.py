@@ -1,6 +1,7 @@
 """Run one claimed job in its own process, watch it, and record how it ended.
 
-Function jobs run in a child of the worker's fork server (``dispatch.forkserver``),
+Function jobs run in a child of the worker's fork server (``dispatch.forkserver``,
+reached through ``dispatch.forkhandle``),
 so imports stay warm and a segfault, ``os._exit`` or a memory blow-up kills only
 the child; the job's checkpoints and metrics come to the worker, which writes
 them under the job's lease. Command jobs are executed by the same fork server,
@@ -37,9 +38,12 @@ from jobman.jobdb.status import LOST
 
 from .channel import Channel, DirectChannel, job_info, job_state
 from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
-from .forkserver import ForkServer, ForkServerGone, Frames, JobProcess, child_pids, end_job_processes, send_msg
+from .forkhandle import ForkServer, ForkServerGone, JobProcess
 from .interrupted import mark_interrupted
+from .leftovers import end_job_processes
+from .lifetime import child_pids
 from .machine import GpuPool, gpus_asked
+from .messages import Frames, send_msg
 from .oom import OomWatch
 from .outage import Outage
 
@@ -237,8 +241,11 @@ class _Forked(_Child):
 
     def _read_job(self) -> bool:
         """Handle what the job sent; False when nothing more is there right now."""
+        sock = self.sock
+        if sock is None:
+            return False
         try:
-            data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            data = sock.recv(1 << 20, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
         except OSError:
@@ -251,14 +258,15 @@ class _Forked(_Child):
                 self.report = message
             else:
                 try:
-                    send_msg(self.sock, self.answer(message))
+                    send_msg(sock, self.answer(message))
                 except OSError:  # the job died waiting for the answer
                     pass
         return True
 
     def _hung_up(self) -> None:
         """The job's end of its socket closed."""
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
         self.sock = None
 
     def _read_exit(self) -> None:
@@ -451,7 +459,7 @@ class Runner:
 
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
-        request = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
+        request: dict[str, Any] = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
                    "save_every": self.limits.save_every,
                    "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
                            "results": job.results,
@@ -469,12 +477,12 @@ class Runner:
                 process = self.server.run_in_process(request)
             except ForkServerGone:  # killed between two jobs: a new one, once
                 process = self.server.run_in_process(request)
-            return _InProcess(process, deadline, self.server.ctrl, answer)
+            return _InProcess(process, deadline, self.server.control, answer)
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
-        return _Forked(pid, deadline, sock, self.server.ctrl, answer, self.server.last_cgroup)
+        return _Forked(pid, deadline, sock, self.server.control, answer, self.server.last_cgroup)
 
     def _code_of(self, target: str) -> str:
         """The stored code of a function run by value, as text for the fork server's JSON request."""
@@ -519,7 +527,7 @@ class Runner:
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
         sock.close()
-        return _ServedCommand(pid, deadline_of(self.limits.timeout), None, self.server.ctrl, lambda _m: {},
+        return _ServedCommand(pid, deadline_of(self.limits.timeout), None, self.server.control, lambda _m: {},
                               self.server.last_cgroup)
 
     # -- watching -------------------------------------------------------------------
@@ -542,21 +550,9 @@ class Runner:
             now = time.time()
             if now >= next_beat:
                 next_beat = now + self.limits.heartbeat_interval
-                try:
-                    if self.store.heartbeat(job.id, lease) and reason is None:
-                        reason = "cancel"
-                    if beat_failing:
-                        self.log(f"heartbeats of job {job.id} go through again")
-                        beat_failing = False
-                except LeaseLost:
-                    child.send(signal.SIGKILL)
-                    while not child.reap():
-                        time.sleep(0.01)
-                    raise
-                except DatabaseError as exc:  # the database may come back; the job goes on meanwhile
-                    if not beat_failing:
-                        self.log(f"heartbeat of job {job.id} failed ({exc}); the job goes on, heartbeats are retried")
-                    beat_failing = True
+                cancelled, beat_failing = self._beat(child, job, lease, beat_failing)
+                if cancelled and reason is None:
+                    reason = "cancel"
             if reason is None and deadline is not None and now >= deadline:
                 reason = "timeout"
             if reason is None and self.stopping():
@@ -570,6 +566,24 @@ class Runner:
         if reason is None and deadline is not None and time.time() >= deadline:
             reason = "timeout"  # the job saw its wall-time limit (should_stop) before we did
         return reason
+
+    def _beat(self, child: _Forked, job: Job, lease: int, failing: bool) -> tuple[bool, bool]:
+        """Heartbeat the running job: whether it was cancelled, and whether heartbeats now fail.
+        A lost lease ends the job here and is raised."""
+        try:
+            cancelled = self.store.heartbeat(job.id, lease)
+        except LeaseLost:
+            child.send(signal.SIGKILL)
+            while not child.reap():
+                time.sleep(0.01)
+            raise
+        except DatabaseError as exc:  # the database may come back; the job goes on meanwhile
+            if not failing:
+                self.log(f"heartbeat of job {job.id} failed ({exc}); the job goes on, heartbeats are retried")
+            return False, True
+        if failing:
+            self.log(f"heartbeats of job {job.id} go through again")
+        return bool(cancelled), False
 
     # -- recording --------------------------------------------------------------------
     def _record(self, child: _Forked, job: Job, lease: int, workdir: Path, reason: str | None,

@@ -21,8 +21,9 @@ from typing import Callable
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
-from .forkserver import ForkServer, become_subreaper
+from .forkhandle import ForkServer
 from .interrupted import mark_interrupted
+from .lifetime import become_subreaper
 from .outage import Outage
 from .runner import LOST, Runner, RunLimits
 
@@ -187,8 +188,7 @@ class Worker(StoppableLoop):
 def stop_with_dispatcher(on_signal: Callable[[int, object], None]) -> None:
     """A worker started by a local dispatch gets SIGTERM when that dispatch ends, however it ends
     (even SIGKILL), and so stops, putting its job back: no worker outlives its dispatcher."""
-    from .backends.local import DIE_WITH_VARIABLE
-    from .forkserver import signal_on_parent_death
+    from .lifetime import DIE_WITH_VARIABLE, signal_on_parent_death
 
     pid = os.environ.pop(DIE_WITH_VARIABLE, None)
     if pid and signal_on_parent_death(signal.SIGTERM) and os.getppid() != int(pid):  # it ended already

@@ -18,7 +18,7 @@ from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, mask_password, parse_db
 
-from .forkserver import ForkServer
+from .forkhandle import ForkServer
 from .machine import GpuPool
 from .runner import RunLimits
 from .worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread

@@ -14,12 +14,9 @@ from typing import Sequence
 
 import psutil
 
+from ..lifetime import DIE_WITH_VARIABLE  # for each worker: the pid of the dispatch it must not outlive
 from .base import AllocationState, WorkerSpec
 from .zygote import Forked, Zygote
-
-
-# Set for each worker: the pid of the dispatch it must not outlive (SIGTERM when that process ends).
-DIE_WITH_VARIABLE = "JOBMAN_DIE_WITH"
 
 
 def last_line(path: Path, tail: int = 2000) -> str:

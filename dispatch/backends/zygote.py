@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-from ..forkserver import _prctl, die_with_parent, hang_up, recv_msg, send_msg
+from ..lifetime import die_with_parent, hang_up, prctl as _prctl
+from ..messages import recv_msg, send_msg
 
 
 def serve(fd: int, parent_pid: int) -> None:
@@ -36,7 +37,7 @@ def serve(fd: int, parent_pid: int) -> None:
     if os.getppid() != parent_pid:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
-    import jobman.dispatch.backends.local  # noqa: F401 - what a worker reads to die with its dispatcher
+    import jobman.dispatch.lifetime  # noqa: F401 - what a worker reads to die with its dispatcher
     from jobman.dispatch.worker_process import worker_main  # the worker and the store, imported once
     from jobman.jobdb import sqlite_memory
 
@@ -93,7 +94,7 @@ def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
     ``zygote`` is the pid of the process that forked it, named before the fork: should the zygote
     die first (with its dispatcher), the worker's parent is already another process, and the
     worker must still see that its parent is gone."""
-    from .local import DIE_WITH_VARIABLE
+    from ..lifetime import DIE_WITH_VARIABLE
 
     code = 70
     try:

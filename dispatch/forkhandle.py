@@ -1,0 +1,158 @@
+"""The worker's handle on its fork server (``dispatch.forkserver``): starting it, sending it jobs,
+and the job processes that run several jobs in turn, as the worker sees them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .experiment import TargetError
+from .lifetime import hang_up
+from .messages import recv_msg, send_msg
+
+
+class ForkServerGone(Exception):
+    """The fork server exited (killed, or out of memory)."""
+
+
+class JobProcess:
+    """The worker's side of a job process that runs several jobs: its pid, its cgroup, the link the
+    worker sends it jobs over (and the jobs send their checkpoints, metrics and reports back on),
+    and how many jobs it has left."""
+
+    def __init__(self, pid: int, cgroup: Path | None, link: socket.socket, jobs: int) -> None:
+        self.pid = pid
+        self.cgroup = cgroup
+        self.link: socket.socket | None = link
+        self.left = jobs
+        self.path_sent = list(sys.path)
+
+    @property
+    def usable(self) -> bool:
+        return self.link is not None and self.left > 0
+
+    def close(self) -> None:
+        """Hang up: an idle job process exits at the end of its link."""
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+
+class ForkServer:
+    """The worker's handle on its fork server, started on the first function job."""
+
+    def __init__(self, jobs_per_process: int = 1) -> None:
+        self.jobs_per_process = jobs_per_process
+        self.proc: subprocess.Popen | None = None
+        self.ctrl: socket.socket | None = None
+        self._path_sent: list[str] | None = None
+        self.last_cgroup: Path | None = None  # of the job last started, if it could have one
+        self.process: JobProcess | None = None  # with jobs_per_process > 1: the one that takes the next job
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair()
+        code = (f"import sys; sys.path[:] = {sys.path!r}; "
+                f"from jobman.dispatch.forkserver import serve; serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.ctrl = mine
+        self._path_sent = list(sys.path)
+
+    @property
+    def control(self) -> socket.socket:
+        """The socket to the running server; ForkServerGone if none runs."""
+        if self.ctrl is None:
+            raise ForkServerGone("the worker's fork server is not running")
+        return self.ctrl
+
+    def warm(self) -> None:
+        """Start the server now, so that its start overlaps the worker's own (opening the database,
+        claiming) instead of delaying the first job."""
+        if self.proc is None:
+            self._start()
+
+    def start_job(self, request: dict[str, Any]) -> tuple[int, socket.socket]:
+        """Send a job to the server, which forks a process for it: its pid and the worker's end of its
+        socket (with ``last_cgroup`` its cgroup).
+
+        A request with ``argv`` is a command job, forked and executed by the server (so it is its
+        child, and what it leaves behind is the server's to kill); with jobs_per_process > 1 a
+        request naming only a function forks a job process for :meth:`run_in_process`. Raises
+        TargetError if the server cannot import the target or start the command, ForkServerGone if it died.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            self._start()
+        if sys.path != self._path_sent:
+            request = {**request, "path": list(sys.path)}
+            self._path_sent = list(sys.path)
+        ctrl = self.control
+        mine, theirs = socket.socketpair()
+        try:
+            send_msg(ctrl, request, [theirs.fileno()])
+            while True:  # the exit of a reused job process that ran its last job may come first
+                reply = recv_msg(ctrl)
+                if reply is None or "exit" not in reply[0]:
+                    break
+        except OSError:
+            reply = None
+        finally:
+            theirs.close()
+        if reply is None:
+            mine.close()
+            self.close()
+            raise ForkServerGone("the worker's fork server exited")
+        answer = reply[0]
+        if "error" in answer:
+            mine.close()
+            raise TargetError(answer["error"])
+        self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
+        return answer["pid"], mine
+
+    def run_in_process(self, request: dict[str, Any]) -> JobProcess:
+        """Hand a function job to the reused job process (a fresh one from the server when there is
+        none, or it has run its last job, or it died since its last one), once it has said the job
+        started. Raises TargetError if the target cannot be imported, ForkServerGone if the server died."""
+        for _try in range(2):
+            process = self.process
+            if process is None or not process.usable:
+                if process is not None:
+                    process.close()
+                self.process = None
+                pid, link = self.start_job({key: request[key] for key in ("target", "code") if key in request})
+                self.process = process = JobProcess(pid, self.last_cgroup, link, self.jobs_per_process)
+            job = request
+            if sys.path != process.path_sent:
+                job = {**request, "path": list(sys.path)}
+                process.path_sent = list(sys.path)
+            to_job = process.link
+            try:
+                if to_job is None:
+                    raise OSError("hung up")
+                send_msg(to_job, job)
+                reply = recv_msg(to_job)
+            except OSError:
+                reply = None
+            if reply is None:  # it died between two jobs (killed, out of memory): a fresh one takes this job
+                process.close()
+                continue
+            if reply[0].get("op") == "error":
+                raise TargetError(reply[0]["error"])
+            process.left -= 1
+            return process
+        raise ForkServerGone("the worker's job process exited before starting its job")
+
+    def close(self) -> None:
+        """Hang up: the server exits at the end of its stream (killed if it does not)."""
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+        hang_up(self)
+
