@@ -206,7 +206,9 @@ class _Table:
         """Per rank holding some of ``rows`` (sorted, unique; None for all): that rank, which of ``rows``
         (a slice) and the MPI target spec of their places in its window."""
         if rows is None:
-            for owner in range(len(self._bounds) - 1):
+            ranks = len(self._bounds) - 1
+            for step in range(ranks):  # each rank starts with its own shard: they do not all queue at rank 0's
+                owner = (self._world.comm.Get_rank() + step) % ranks
                 first, end = int(self._bounds[owner]), int(self._bounds[owner + 1])
                 if end > first:
                     yield owner, slice(first, end), ((0, (end - first) * self.cols, self._mpi_type), None)
