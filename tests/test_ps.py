@@ -44,13 +44,12 @@ def run(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.slow)], ids=lambda n: f"{n}ranks")
-def ranks(request) -> list[dict]:
+def ranks(request, tmp_path_factory) -> list[dict]:
     """What each rank of one run of ps_programs/tables.py saw, by rank."""
-    n = request.param
-    done = run([mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(PROGRAM)])
+    n, out = request.param, tmp_path_factory.mktemp(f"ps{request.param}")
+    done = run([mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", str(PROGRAM), str(out)])
     assert done.returncode == 0, done.stderr
-    seen = sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-                  key=lambda s: s["rank"])
+    seen = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(n)]
     assert [s["rank"] for s in seen] == list(range(n)) and all(s["size"] == n for s in seen), done.stdout
     return seen
 

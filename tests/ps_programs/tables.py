@@ -1,9 +1,11 @@
-"""Run under mpiexec by tests/test_ps.py: every rank exercises jobman.ps and prints what it saw as one JSON line."""
+"""Run under mpiexec by tests/test_ps.py: every rank exercises jobman.ps and writes what it saw as JSON to
+OUT/rank-N.json (files, not stdout, where mpiexec may interleave the ranks' long lines)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -73,7 +75,7 @@ def main() -> None:
     again = ps.ArrayTableHandler(2, init_value=[1, 2])
     seen["again"] = again.get().tolist()
     ps.shutdown()
-    print(json.dumps(seen), flush=True)
+    (Path(sys.argv[1]) / f"rank-{rank}.json").write_text(json.dumps(seen))
 
 
 if __name__ == "__main__":
