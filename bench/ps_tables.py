@@ -176,7 +176,8 @@ def report(default: dict, asynchronous: dict, command: str) -> str:
     lines += ["", f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.processor() or 'x86_64'},"
               f" {os.cpu_count()} CPUs shared with other work (load average {load:.1f} at the end);"
               f" {default['mpi']}, mpi4py {default['mpi4py']}, Python {platform.python_version()},"
-              f" NumPy {np.__version__}. Rates are per rank, best of {ROUNDS} rounds of about {SECONDS} s taken in turns.",
+              f" NumPy {np.__version__}. Rates are per rank, best of {ROUNDS} rounds of about {SECONDS} s,"
+              " taken in turns.",
               f"Command: `{command}`"]
     return "\n".join(lines) + "\n"
 
