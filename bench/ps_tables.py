@@ -1,7 +1,7 @@
 """jobman.ps between 2 ranks: adds and gets per second of an ArrayTableHandler of 1e3 and 1e6 floats, against
 mpi4py's own Allreduce of the same array in the same run (the floor), and whether a get waits for a busy rank.
 
-    python bench/ps_tables.py          # starts itself under the mpich wheel's mpiexec; writes bench/RESULTS-ps.md
+    python bench/ps_tables.py [--append]   # starts itself under the mpich wheel's mpiexec; writes bench/RESULTS-ps.md
 
 Target: a jobman.ps step (every rank adds its array, barrier, every rank gets the sum), the work one Allreduce
 does, within 2x of the Allreduce.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-SIZES = (1_000, 1_000_000)
+SIZES = tuple(int(s) for s in os.environ.get("PS_BENCH_SIZES", "1000,1000000").split(","))
 SECONDS = 0.5  # per round of one measurement, best of ROUNDS
 ROUNDS = 6
 BUSY_SECONDS = 2.0
@@ -104,27 +104,66 @@ def rates(comm, ps, size: int) -> dict[str, float]:
     return figures
 
 
-def progress(comm, ps) -> dict[str, float]:
-    """Gets by rank 0 from a table half held by rank 1, while rank 1 computes without entering MPI, and while
-    it waits in a barrier: how many, and the slowest one."""
-    table = ps.ArrayTableHandler(1000)
-    found = {}
+def progress(comm, ps) -> dict[str, dict]:
+    """Rank 0 adds to a table half held by rank 1 and gets it back (MPI orders the get after the add, so
+    the pair waits for the add to land), while rank 1 computes without entering MPI, and while it waits in a
+    barrier: how many pairs, the slowest, and whether every add was in once rank 1 came back."""
+    table = ps.ArrayTableHandler(1000, dtype=np.int64)
+    ones = np.ones(1000, dtype=np.int64)
+    found: dict[str, dict] = {}
     for busy in (False, True):
         comm.Barrier()
         if comm.rank == 0:
+            before = int(table.get()[-1])
             latencies, end = [], time.perf_counter() + BUSY_SECONDS
             while time.perf_counter() < end:
                 start = time.perf_counter()
-                table.get()
+                table.add(ones)
+                seen = int(table.get()[-1])  # the last value lives on rank 1
                 latencies.append(time.perf_counter() - start)
-            found["busy" if busy else "idle"] = {"gets": len(latencies), "slowest_ms": 1000 * max(latencies),
-                                                 "median_ms": 1000 * float(np.median(latencies))}
+            found["busy" if busy else "idle"] = {
+                "pairs": len(latencies), "slowest_ms": 1000 * max(latencies),
+                "median_ms": 1000 * float(np.median(latencies)), "all_seen": seen - before == len(latencies)}
         elif busy:
             x, end = np.random.default_rng(0).random((100, 100)), time.perf_counter() + BUSY_SECONDS + 0.2
             while time.perf_counter() < end:
                 x = np.tanh(x @ x.T / 100)
-        comm.Barrier()
+        ps.barrier()
     return found
+
+
+def anatomy(comm) -> dict[str, float]:
+    """Microseconds per round of bare MPI (no jobman) on 2 x 500 floats: where a small step's time goes."""
+    from mpi4py import MPI
+
+    n, other = 500, 1 - comm.rank
+    mine, one, got = np.ones(n, dtype=np.float32), np.ones(1, dtype=np.int32), np.empty(1, dtype=np.int32)
+    win = MPI.Win.Allocate(n * 4, 4, comm=comm)
+    win.Lock_all()
+    span = (0, n, MPI.FLOAT)
+
+    def accumulate() -> None:
+        for owner in (comm.rank, other):
+            win.Accumulate(mine, owner, target=span, op=MPI.SUM)
+
+    def put() -> None:
+        for owner in (comm.rank, other):
+            win.Put(mine, owner, target=span)
+
+    rounds = {"Barrier": lambda: comm.Barrier(),
+              "Put, Flush_all, Barrier": lambda: (put(), win.Flush_all(), comm.Barrier()),
+              "Accumulate, Flush_all": lambda: (accumulate(), win.Flush_all()),
+              "Accumulate, Flush_all, Barrier": lambda: (accumulate(), win.Flush_all(), comm.Barrier()),
+              "Accumulate, Flush_all, Allreduce of 1 int": lambda: (accumulate(), win.Flush_all(),
+                                                                      comm.Allreduce(one, got))}
+
+    def repeat(body):
+        return lambda k: [body() for _ in range(k)]
+
+    rates = timed(comm, {name: repeat(body) for name, body in rounds.items()})
+    win.Unlock_all()
+    win.Free()
+    return {name: 1e6 / rate for name, rate in rates.items()}
 
 
 def rank_main() -> None:
@@ -135,7 +174,8 @@ def rank_main() -> None:
 
     ps.init()
     comm = MPI.COMM_WORLD
-    figures = {"sizes": {size: rates(comm, ps, size) for size in SIZES}, "progress": progress(comm, ps)}
+    figures = {"sizes": {size: rates(comm, ps, size) for size in SIZES}, "progress": progress(comm, ps),
+               "anatomy": anatomy(comm)}
     ps.shutdown()
     if comm.rank == 0:
         figures["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
@@ -154,28 +194,42 @@ def launch(extra_env: dict[str, str]) -> dict:
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
 
 
-def report(default: dict, asynchronous: dict, command: str) -> str:
-    """The figures as markdown: rates per size, then progress with and without MPICH's progress thread."""
-    lines = ["| floats | Allreduce /s (floor) | ps step /s (add, barrier, get) | step vs floor | add /s | get /s"
-             " | raw Win.Get /s |", "|---|---|---|---|---|---|---|"]
+SETTINGS = {"MPICH's defaults": {}, "MPIR_CVAR_POLLS_BEFORE_YIELD=0": {"MPIR_CVAR_POLLS_BEFORE_YIELD": "0"},
+            "MPIR_CVAR_ASYNC_PROGRESS=1": {"MPIR_CVAR_ASYNC_PROGRESS": "1"}}
+
+
+def report(runs: dict[str, dict], command: str) -> str:
+    """The figures as markdown: rates per size and MPICH setting, then the adds and gets to a busy rank."""
+    lines = ["| MPICH setting | floats | Allreduce /s (floor) | ps step /s (add, barrier, get)"
+             " | step time / Allreduce time | add /s | get /s | raw Win.Get /s |", "|---|---|---|---|---|---|---|---|"]
     verdicts = []
-    for size, f in default["sizes"].items():
-        ratio = f["allreduce"] / f["step"]
-        lines.append(f"| {int(size):,} | {f['allreduce']:,.0f} | {f['step']:,.0f} | {ratio:.2f}x slower |"
-                     f" {f['add']:,.0f} | {f['get']:,.0f} | {f['raw_get']:,.0f} |")
-        verdicts.append(f"- {int(size):,} floats: a step within 2x of Allreduce: {'yes' if ratio <= 2 else 'NO'}"
-                        f" ({ratio:.2f}x); adds alone {f['add'] / f['allreduce']:.2f}x and gets alone"
-                        f" {f['get'] / f['allreduce']:.2f}x the Allreduce rate")
-    lines += ["", *verdicts, "", "Gets by rank 0 of a 1,000-float table half held by rank 1, for"
-              f" {BUSY_SECONDS:.0f} s, while rank 1 waits in a barrier (idle) or computes without calling MPI (busy):",
-              "", "| MPICH progress | rank 1 | gets | median ms | slowest ms |", "|---|---|---|---|---|"]
-    for name, figures in (("default", default), ("MPIR_CVAR_ASYNC_PROGRESS=1", asynchronous)):
+    for setting, figures in runs.items():
+        for size, f in figures["sizes"].items():
+            ratio = f["allreduce"] / f["step"]
+            lines.append(f"| {setting} | {int(size):,} | {f['allreduce']:,.0f} | {f['step']:,.0f} | {ratio:.2f}x |"
+                         f" {f['add']:,.0f} | {f['get']:,.0f} | {f['raw_get']:,.0f} |")
+            verdicts.append(f"- {setting}, {int(size):,} floats: a step within 2x of Allreduce:"
+                            f" {'yes' if ratio <= 2 else 'NO'} ({ratio:.2f}x); adds alone"
+                            f" {f['add'] / f['allreduce']:.2f}x and gets alone {f['get'] / f['allreduce']:.2f}x"
+                            " the Allreduce rate")
+    lines += ["", *verdicts, "", "An add then a get by rank 0 of a 1,000-number table half held by rank 1, for"
+              f" {BUSY_SECONDS:.0f} s, while rank 1 waits in a barrier (idle) or computes without calling MPI (busy);"
+              " the get is ordered after the add, so each pair waits for its add to land:",
+              "", "| MPICH setting | rank 1 | add+get pairs | median ms | slowest ms | each get saw every add |",
+              "|---|---|---|---|---|---|"]
+    for setting, figures in runs.items():
         for state, p in figures["progress"].items():
-            lines.append(f"| {name} | {state} | {p['gets']:,} | {p['median_ms']:.3f} | {p['slowest_ms']:.1f} |")
+            lines.append(f"| {setting} | {state} | {p['pairs']:,} | {p['median_ms']:.3f} | {p['slowest_ms']:.1f} |"
+                         f" {'yes' if p['all_seen'] else 'NO'} |")
+    lines += ["", "Where a small step's time goes: microseconds per round of bare mpi4py, 2 ranks, 500 floats to"
+              " each (no jobman):", "", "| round | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for name in next(iter(runs.values()))["anatomy"]:
+        lines.append(f"| {name} | " + " | ".join(f"{f['anatomy'][name]:,.1f}" for f in runs.values()) + " |")
+    first = next(iter(runs.values()))
     load = os.getloadavg()[0]
     lines += ["", f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.processor() or 'x86_64'},"
               f" {os.cpu_count()} CPUs shared with other work (load average {load:.1f} at the end);"
-              f" {default['mpi']}, mpi4py {default['mpi4py']}, Python {platform.python_version()},"
+              f" {first['mpi']}, mpi4py {first['mpi4py']}, Python {platform.python_version()},"
               f" NumPy {np.__version__}. Rates are per rank, best of {ROUNDS} rounds of about {SECONDS} s,"
               " taken in turns.",
               f"Command: `{command}`"]
@@ -183,11 +237,15 @@ def report(default: dict, asynchronous: dict, command: str) -> str:
 
 
 def main() -> None:
-    default = launch({})
-    asynchronous = launch({"MPIR_CVAR_ASYNC_PROGRESS": "1"})
-    text = report(default, asynchronous, "python bench/ps_tables.py")
+    runs = {setting: launch(env) for setting, env in SETTINGS.items()}
+    append = "--append" in sys.argv  # a second run beside the first: on a shared machine, one run is an anecdote
+    text = report(runs, "python bench/ps_tables.py" + (" --append" if append else ""))
     print(text)
-    (HERE / "RESULTS-ps.md").write_text("# jobman.ps benchmark\n\nWritten by `bench/ps_tables.py`.\n\n" + text)
+    results = HERE / "RESULTS-ps.md"
+    if append and results.exists():
+        results.write_text(results.read_text() + "\n## Another run\n\n" + text)
+    else:
+        results.write_text("# jobman.ps benchmark\n\nWritten by `bench/ps_tables.py`.\n\n" + text)
 
 
 if __name__ == "__main__":
