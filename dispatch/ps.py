@@ -26,9 +26,15 @@ How it works, and why:
   place is undefined, and an exclusive lock to make it safe would serialise every rank. MPI orders
   accumulates from one origin to one target, so a rank always sees its own earlier adds.
 - Passive-target progress: on one node MPICH maps ``Win.Allocate`` windows into shared memory and the
-  reading rank does the work itself, so a get does not wait for a rank that is busy computing (measured
-  in ``bench/RESULTS-ps.md``). Across nodes the target must enter MPI unless asynchronous progress is
-  on: set ``MPIR_CVAR_ASYNC_PROGRESS=1`` for MPICH (it costs a polling thread per rank).
+  calling rank does the work itself, so adds and gets land while their target computes without entering MPI
+  (measured in ``bench/RESULTS-ps.md``); no helper thread is started. Across nodes a target must enter MPI
+  unless MPICH's progress thread is on (``MPIR_CVAR_ASYNC_PROGRESS=1``), which costs a polling thread per
+  rank: on a loaded node of 2 cores it made adds and gets 4 to 40 times slower, so it is the user's choice.
+- Small tables pay for synchronisation: with MPICH 5 a barrier after accumulates took 160 to 330
+  microseconds where one after puts took 35 (measured, same file), so a step of a 1,000-float table
+  (add, barrier, get) is 12 to 20 times slower than one ``Allreduce``; from a million floats it is not.
+  ``MPIR_CVAR_POLLS_BEFORE_YIELD=0`` (spin, never yield) made such steps 1.5 to 2.7 times faster on a
+  loaded machine, and ``Allreduce`` about as much: the user's choice, like the progress thread.
 - ``init_value`` is written by the rank that owns each part, at creation, which is collective as in
   Multiverso: every rank creates the same tables in the same order, with the same arguments.
 - A job of one process is refused: there would be nothing to share. MPI itself is imported on the
