@@ -96,7 +96,7 @@ def init(comm: Any = None) -> None:
     MPI = _import_mpi()
     parent = MPI.COMM_WORLD if comm is None else comm
     if parent.Get_size() < 2:
-        raise PSError("jobman.ps needs a job of two or more processes (mpiexec -n N, srun, or --ranks N); "
+        raise PSError("jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); "
                       "this one runs alone.")
     _world = _World(MPI, parent.Dup())  # our own communicator: the job's own messages never meet ours
     _was_shut_down = False

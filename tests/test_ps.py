@@ -111,8 +111,8 @@ def test_a_job_of_one_process_is_refused_in_one_sentence() -> None:
     mpiexec()
     done = run([sys.executable, "-c", "from jobman import ps, errors\n"
                 "try:\n    ps.init()\nexcept errors.UsageError as exc:\n    print(exc)"])
-    assert done.stdout.strip() == ("jobman.ps needs a job of two or more processes (mpiexec -n N, srun, "
-                                   "or --ranks N); this one runs alone."), done.stderr
+    assert done.stdout.strip() == ("jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); "
+                                   "this one runs alone."), done.stderr
 
 
 def test_without_the_extra_the_first_call_says_what_to_install() -> None:
