@@ -29,12 +29,11 @@ How it works, and why:
   calling rank does the work itself, so adds and gets land while their target computes without entering MPI
   (measured in ``bench/RESULTS-ps.md``); no helper thread is started. Across nodes a target must enter MPI
   unless MPICH's progress thread is on (``MPIR_CVAR_ASYNC_PROGRESS=1``), which costs a polling thread per
-  rank: on a loaded node of 2 cores it made adds and gets 4 to 40 times slower, so it is the user's choice.
-- Small tables pay for synchronisation: with MPICH 5 a barrier after accumulates took 160 to 330
-  microseconds where one after puts took 35 (measured, same file), so a step of a 1,000-float table
-  (add, barrier, get) is 12 to 20 times slower than one ``Allreduce``; from a million floats it is not.
-  ``MPIR_CVAR_POLLS_BEFORE_YIELD=0`` (spin, never yield) made such steps 1.5 to 2.7 times faster on a
-  loaded machine, and ``Allreduce`` about as much: the user's choice, like the progress thread.
+  rank: on a shared node of 2 cores it made adds and gets 4 to 37 times slower, so it is the user's choice.
+- Small tables pay for synchronisation: a step of a 1,000-float table (add, barrier, get) makes three
+  trips where one ``Allreduce`` makes one, with Python around each, and took 6 to 20 times as long; from
+  a million floats it takes about as long (measured, same file). ``MPIR_CVAR_POLLS_BEFORE_YIELD=0``
+  (spin, never yield) helped small steps under load and hurt them on a quieter machine: left to the user.
 - ``init_value`` is written by the rank that owns each part, at creation, which is collective as in
   Multiverso: every rank creates the same tables in the same order, with the same arguments.
 - A job of one process is refused: there would be nothing to share. MPI itself is imported on the
