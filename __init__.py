@@ -38,7 +38,7 @@ _LAZY = {
         "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
 }
 _MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools",
-            "experiments": "jobman.experiments"}
+            "experiments": "jobman.experiments", "ps": "jobman.ps"}
 
 __all__ = [*_LAZY, *_MODULES, "__version__"]
 
