@@ -20,7 +20,7 @@ import pytest
 PACKAGE = "jobman"
 ROOMS = ("jobdb", "dispatch", "models", "cli", "web")
 # The original jobman's names and the public API: thin, over the rooms, and imported by none of them.
-TOP_MODULES = ("__init__", "sql", "tools", "experiments")
+TOP_MODULES = ("__init__", "sql", "tools", "experiments", "ps")
 TOP_PACKAGES = ("examples",)
 TOP = "top"
 
