@@ -14,8 +14,21 @@ from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
 
-from .common import (Database, confirm, fmt_age, fmt_params, fmt_time, fmt_value, job_json, out, parse_ids,
-                     plain_number, print_json, styled_status, with_database)
+from .common import (
+    Database,
+    confirm,
+    fmt_age,
+    fmt_params,
+    fmt_time,
+    fmt_value,
+    job_json,
+    out,
+    parse_ids,
+    plain_number,
+    print_json,
+    styled_status,
+    with_database,
+)
 
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
@@ -170,8 +183,9 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":
         lines.append(f"output    {job.workdir}/stdout.txt, {job.workdir}/stderr.txt")
+    heartbeat = fmt_age(job.heartbeat_at) + " ago" if job.heartbeat_at else "-"
     lines.append(f"times     created {fmt_time(job.created_at)}  started {fmt_time(job.started_at)}  "
-                 f"heartbeat {fmt_age(job.heartbeat_at) + ' ago' if job.heartbeat_at else '-'}  finished {fmt_time(job.finished_at)}")
+                 f"heartbeat {heartbeat}  finished {fmt_time(job.finished_at)}")
     if job.exit_code is not None:
         lines.append(f"exit code {job.exit_code}")
     out.print(Panel("\n".join(lines), expand=False))

@@ -17,7 +17,6 @@ from jobman.jobdb import sqlite_memory
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.url import mask_password
 
-
 # Which module holds each command, in the order `jobman --help` lists them. A command's
 # module is imported only when that command runs (or help is shown), so `jobman worker`
 # does not pay for the report's NumPy or the migrations' alembic before forking jobs.
@@ -26,7 +25,8 @@ COMMAND_MODULES: dict[str, str] = {
     "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
     "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "cmdline",
     "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
-    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "condor_check": "monitor", "report": "report", "sqlview": "view",
+    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "condor_check": "monitor", "report": "report",
+    "sqlview": "view",
     "serve": "serve", "demo": "demo", "help": "view",
 }
 
@@ -123,7 +123,7 @@ def _main(args: list[str]) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception as exc:  # a bug: still one sentence unless --debug
+    except Exception as exc:  # noqa: BLE001 - a bug: still one sentence unless --debug
         if _switches.get("debug"):
             traceback.print_exc()
         message = mask_password(f"{type(exc).__name__}: {exc}".splitlines()[0])

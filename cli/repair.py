@@ -9,7 +9,8 @@ Every command takes jobs as ids (``12``, ``12,13``, ``10-20``) and/or selectors
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.table import Table

@@ -410,7 +410,7 @@ class _ProgressView:
         self.task: Any = None  # rich's TaskID, once the bar is shown
         self._first_done: tuple[float, int] | None = None
 
-    def __enter__(self) -> "_ProgressView":
+    def __enter__(self) -> _ProgressView:
         if self.progress:
             self.progress.start()
             self.task = self.progress.add_task("jobs", total=None, detail="")

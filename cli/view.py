@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from jobman.jobdb.views import FIXED_COLUMNS, create_view, drop_view
-
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.views import FIXED_COLUMNS, create_view, drop_view
 
 from .common import Database, with_database
 
