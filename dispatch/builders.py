@@ -13,7 +13,8 @@ import importlib
 import io
 import sys
 import tokenize
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from jobman.jobdb.nested import DD, expand
 
@@ -107,7 +108,7 @@ def _reval(expr: str, frame: Any, variables: Mapping[str, Any]) -> Any:
     scope["__jobman_resolve__"] = resolve
     scope.update((f"__jobman_var_{k}", v) for k, v in variables.items())
     try:
-        return eval(code.strip(), frame.f_globals if frame is not None else {}, scope)  # noqa: S307 - the point
+        return eval(code.strip(), frame.f_globals if frame is not None else {}, scope)
     except BuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's expression, whatever it raises

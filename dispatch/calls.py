@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.errors import UsageError

@@ -17,12 +17,16 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping  # not typing's: its isinstance is several times slower
+from collections.abc import (
+    Callable,
+    Mapping,  # not typing's: its isinstance is several times slower
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from jobman.jobdb.nested import RESERVED, DD, expand, flatten
+from jobman.jobdb.nested import DD, RESERVED, expand, flatten
 
 from .messages import recv_msg, send_msg
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
 from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
@@ -27,7 +28,7 @@ class Tally:
     counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, store: Store) -> "Tally":
+    def of(cls, store: Store) -> Tally:
         counts: dict[str, int] = {}
         for (_phase, status), n in store.counts().items():
             counts[status] = counts.get(status, 0) + n

@@ -12,13 +12,16 @@ import inspect
 import os
 import sys
 import traceback
-from collections.abc import Mapping  # not typing's: its isinstance is several times slower
+from collections.abc import (
+    Callable,
+    Mapping,  # not typing's: its isinstance is several times slower
+)
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from jobman.jobdb.nested import RESERVED
 
-from .channel import COMPLETE, INCOMPLETE, DD, Channel, to_jsonable
+from .channel import COMPLETE, DD, INCOMPLETE, Channel, to_jsonable
 
 
 class TargetError(Exception):
@@ -37,7 +40,7 @@ def load_function(code: bytes, target: str) -> Callable[..., Any]:
 
     try:
         fn = pickle.loads(code)
-    except Exception as exc:  # a module it needs is missing here, or another Python made it
+    except Exception as exc:  # noqa: BLE001 - a module it needs is missing here, or another Python made it
         raise TargetError(f"the stored code of {target!r} cannot be loaded here: {type(exc).__name__}: {exc}") from None
     if not callable(fn):
         raise TargetError(f"the stored code of {target!r} is a {type(fn).__name__}, not a callable")
@@ -78,7 +81,7 @@ def resolve(target: str) -> Callable[..., Any]:
         module = _import(module_name)
     except ImportError as exc:
         raise TargetError(f"cannot import module {module_name!r} of target {target!r}: {exc}") from None
-    except Exception as exc:  # a module that raises on import
+    except Exception as exc:  # noqa: BLE001 - a module that raises on import
         raise TargetError(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
@@ -150,7 +153,7 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
             ret = fn(state, channel)
         else:
             ret = _call_with_keywords(fn, state, channel)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the job's own error, whatever it is, becomes its FAILED record
         return CallEnd("FAILED", _safe_results(channel, state), traceback.format_exc(limit=20))
     if isinstance(ret, Mapping):
         state.update(ret)

@@ -56,7 +56,8 @@ class ForkServer:
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
         code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                f"from jobman.dispatch.forkserver import serve; serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
+                "from jobman.dispatch.forkserver import serve; "
+                f"serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL)

@@ -40,6 +40,7 @@ Messages on both sockets are ``dispatch.messages``'s; the lifetime chain is ``di
 from __future__ import annotations
 
 import base64
+import functools
 import gc
 import os
 import select
@@ -47,8 +48,9 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Parent, WorkerChannel, job_state, to_jsonable
@@ -80,7 +82,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         outcome = call(fn, state, channel)
-    except BaseException:  # SystemExit and friends from the job
+    except BaseException:  # noqa: BLE001 - SystemExit and friends from the job
         outcome = CallEnd("FAILED", {}, traceback.format_exc(limit=20))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -309,7 +311,7 @@ def _serve_requests(ctrl: socket.socket) -> None:
             return
         request, job_sock = got
         slot = _slot.ready()
-        pid = _fork_job(ctrl, lambda mask: _job_process(targets, request, job_sock, mask))
+        pid = _fork_job(ctrl, functools.partial(_job_process, targets, request, job_sock))
         job_sock.close()
         _running_jobs.add(pid)
         send_msg(ctrl, {"pid": pid, "cgroup": str(slot) if slot else None})
@@ -349,7 +351,7 @@ def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
             if got is False:
                 return
             link = got[1]
-            pid = _fork_job(ctrl, lambda mask: _reused_process(targets, link, mask, jobs_per_process))
+            pid = _fork_job(ctrl, lambda mask, link=link: _reused_process(targets, link, mask, jobs_per_process))
             link.close()
             _running_jobs.add(pid)
             try:

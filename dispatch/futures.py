@@ -21,8 +21,9 @@ import shlex
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
@@ -54,7 +55,7 @@ class JobFuture(concurrent.futures.Future):
     ``cancel()`` cancels the job (a running one is asked to stop).
     """
 
-    def __init__(self, experiment: "Experiment", job_id: int, target: str) -> None:
+    def __init__(self, experiment: Experiment, job_id: int, target: str) -> None:
         super().__init__()
         self.job_id = job_id
         self.target = target
@@ -150,7 +151,7 @@ class Experiment:
         self._lock = threading.RLock()  # a future's callbacks may call again
         self._pump: _Pump | None = None
         self._inline: Any = None  # an inline.InlineRunner, made for the first job run here
-        self._code_stored: "weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]]" = weakref.WeakKeyDictionary()
+        self._code_stored: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]] = weakref.WeakKeyDictionary()
         self._targets_stored: set[str] = set()
 
     @property
@@ -161,7 +162,7 @@ class Experiment:
     def __repr__(self) -> str:
         return f"Experiment({self.store.target.with_table()!r}, backend={self.backend!r})"
 
-    def __enter__(self) -> "Experiment":
+    def __enter__(self) -> Experiment:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -444,7 +445,7 @@ class _Pump(threading.Thread):
                     self._wake.clear()
                     delay = 0.02
                 delay = min(delay * 1.5, exp.poll_interval)
-        except Exception as exc:  # the database went away, sbatch refused: every pending future says so
+        except Exception as exc:  # noqa: BLE001 - the database went away, sbatch refused: every pending future says so
             if not isinstance(exc, JobmanError):
                 exc = JobmanError(f"following the jobs of {exp.name!r} failed: {type(exc).__name__}: {exc}")
             with exp._lock:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.status import Status

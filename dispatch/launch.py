@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget

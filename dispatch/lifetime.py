@@ -13,7 +13,8 @@ import ctypes
 import os
 import signal
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15

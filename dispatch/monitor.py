@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import psutil
 

@@ -19,6 +19,7 @@ the calling process (the Python API's inline mode, ``jobman cmdline``) goes thro
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import select
@@ -28,10 +29,10 @@ import signal
 import socket
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.status import LOST
@@ -621,10 +622,10 @@ class Runner:
         for attempt in range(4):
             try:  # a result computed must not be dropped for a database outage: it is waited out
                 if then is None or outcome == "REQUEUE":  # a stopping worker claims nothing more
-                    return self.outage.call(lambda: self.store.finish(job.id, lease, outcome, **kwargs).value,
-                                            f"recording job {job.id}"), None
+                    finish = functools.partial(self.store.finish, job.id, lease, outcome, **kwargs)
+                    return self.outage.call(finish, f"recording job {job.id}").value, None
                 status, claimed = self.outage.call(
-                    lambda: self.store.finish_and_claim(job.id, lease, outcome, *then, **kwargs),
+                    functools.partial(self.store.finish_and_claim, job.id, lease, outcome, *then, **kwargs),
                     f"recording job {job.id}")
                 return status.value, claimed
             except LeaseLost as exc:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import Status

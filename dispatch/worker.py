@@ -14,9 +14,9 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
@@ -25,7 +25,7 @@ from .forkhandle import ForkServer
 from .interrupted import mark_interrupted
 from .lifetime import become_subreaper
 from .outage import Outage
-from .runner import LOST, Runner, RunLimits
+from .runner import LOST, RunLimits, Runner
 
 
 @dataclass

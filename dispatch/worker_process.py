@@ -11,8 +11,9 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.store import Store
@@ -77,7 +78,7 @@ def worker_main(request: dict[str, Any]) -> int:
     except KeyboardInterrupt:
         _say("jobman: interrupted")
         return 130
-    except Exception as exc:  # a bug: one sentence, as the command line says it
+    except Exception as exc:  # noqa: BLE001 - a bug: one sentence, as the command line says it
         if _debug():
             traceback.print_exc()
         message = mask_password(f"{type(exc).__name__}: {exc}".splitlines()[0])

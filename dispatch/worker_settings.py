@@ -57,7 +57,7 @@ class WorkerSettings:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_message(cls, message: dict[str, Any]) -> "WorkerSettings":
+    def from_message(cls, message: dict[str, Any]) -> WorkerSettings:
         processes = dict(message.get("processes") or {})
         processes["gpus"] = tuple(processes.get("gpus", ()))
         return cls(**{**message, "processes": JobProcesses(**processes)})

@@ -7,8 +7,9 @@ allocations that jobs run in are still alive. ``local`` and ``slurm`` implement 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from ..worker_settings import WorkerSettings
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 

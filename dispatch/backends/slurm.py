@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from jobman.dispatch.backends.base import AllocationState, BackendError, WorkerSpec
 
@@ -205,7 +205,7 @@ class SlurmBackend:
             raise BackendError(f"squeue failed: {_message(proc)}")
         rows = [line.split("|", 4) for line in proc.stdout.splitlines() if line.count("|") >= 4]
         found: dict[str, AllocationState] = {}
-        for array_id, job_id, state, status, reason in rows:
+        for array_id, _job_id, state, status, reason in rows:
             code, sig = _decode_wait_status(status)
             found[array_id] = _state(array_id, state, code, sig, reason.strip())
         for array_id, job_id, *_ in rows:  # a task may also be asked about by its own job id

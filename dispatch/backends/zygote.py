@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-from ..lifetime import die_with_parent, hang_up, prctl as _prctl
+from ..lifetime import die_with_parent, hang_up
+from ..lifetime import prctl as _prctl
 from ..messages import recv_msg, send_msg
 
 
@@ -133,7 +134,7 @@ class Forked:
     """A worker forked by the zygote, handled as ``subprocess.Popen`` handles its own children
     (``returncode`` negative for a signal)."""
 
-    def __init__(self, pid: int, zygote: "Zygote") -> None:
+    def __init__(self, pid: int, zygote: Zygote) -> None:
         self.pid = pid
         self.zygote = zygote
         self._fd: int | None = os.pidfd_open(pid)
@@ -172,7 +173,7 @@ class Zygote:
         self.exits: dict[int, int] = {}  # pid: exit code, as the zygote reported them
 
     @classmethod
-    def ready(cls) -> "Zygote":
+    def ready(cls) -> Zygote:
         """The zygote :func:`prestart` began in this process, if any (each is used once), else a new one."""
         global _prestarted
         zygote, _prestarted = _prestarted, None
