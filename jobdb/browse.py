@@ -7,7 +7,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -156,7 +157,8 @@ def metrics(conn: Connection, job_ids: Sequence[int]) -> list[tuple[int, int, st
     return out
 
 
-def report_rows(conn: Connection, exp: int, phase: int | None = None) -> list[tuple[int, int, str, str, str, str | None]]:
+def report_rows(conn: Connection, exp: int,
+                phase: int | None = None) -> list[tuple[int, int, str, str, str, str | None]]:
     """(id, phase, status, target, params JSON, results JSON) of every job, in one query."""
     q = sa.select(t_job.c.id, t_job.c.phase, t_job.c.status, t_job.c.target, t_job.c.params,
                   t_job.c.results).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)

@@ -106,7 +106,8 @@ def view_sql(dialect: str, name: str, experiment_id: int, columns: list[ViewColu
     parts = ["job.id AS id", f"CASE job.status {status} END AS jobman_status",
              "job.priority AS jobman_sql_priority", "job.params_hash AS jobman_hash",
              # the original named a function module.function
-             "CASE job.kind WHEN 'fn' THEN replace(job.target, ':', '.') ELSE job.target END AS jobman_experiment", "job.host AS jobman_sql_hostname",
+             "CASE job.kind WHEN 'fn' THEN replace(job.target, ':', '.') ELSE job.target END AS jobman_experiment",
+             "job.host AS jobman_sql_hostname",
              "job.workdir AS jobman_sql_hostworkdir"]
     for col in columns:
         sources = [_value_sql(dialect, s, col) for s, present in (("results", col.in_results),

@@ -24,8 +24,9 @@ results, plus ``best_params``, ``best_target``, ``cv_mean``, ``cv_std``, ``cv_n`
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 Scope = tuple[Any, Any]  # (phase, target)
 
 
-def from_store(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
+def from_store(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
                phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
                where: Sequence[str | Condition] = ()) -> Report:
     """The report of a store's experiment, optionally of one phase, ranked by the database (every
@@ -41,7 +42,7 @@ def from_store(store: "Store", metric: str, mode: str = "min", group_over: Seque
 
 
 @contextlib.contextmanager
-def open_report(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
+def open_report(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
                 phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
                 where: Sequence[str | Condition] = (), keep: int | None = None,
                 sample: int = 0, parallel: bool = False) -> Iterator[Report]:

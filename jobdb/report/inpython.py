@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..selection import (
@@ -78,7 +79,7 @@ def best(records: Iterable[Any], metric: str = "valid_error", mode: str = "min",
     return winner
 
 
-def from_store_in_python(store: "Store", metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
+def from_store_in_python(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
                          *, phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
                          where: Sequence[str | Condition] = ()) -> Report:
     """The same report from every job read into Python (one query): what the database path must agree
@@ -135,7 +136,7 @@ class _Records:
         self.results: list[Mapping[str, Any] | None] = []
 
     @classmethod
-    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> "_Records":
+    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> _Records:
         """From ``(id, phase, status, target, params JSON, results JSON)`` rows."""
         recs = cls()
         rows = list(rows)
@@ -149,7 +150,7 @@ class _Records:
         return recs
 
     @classmethod
-    def from_records(cls, records: Iterable[Any]) -> "_Records":
+    def from_records(cls, records: Iterable[Any]) -> _Records:
         recs = cls()
         for index, rec in enumerate(records):
             params = _get(rec, "params", None)
@@ -166,7 +167,7 @@ class _Records:
             recs.results.append(_get(rec, "results", None))
         return recs
 
-    def keep(self, mask: Sequence[bool]) -> "_Records":
+    def keep(self, mask: Sequence[bool]) -> _Records:
         out = _Records()
         for name in self.__slots__:
             setattr(out, name, [v for v, k in zip(getattr(self, name), mask) if k])
@@ -176,7 +177,7 @@ class _Records:
         return len(self.ids)
 
 
-def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | None, outer: str | None,
+def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | None, outer: str | None,  # noqa: C901
            allow_incomplete: bool, where: Sequence[str | Condition]) -> Report:
     check_mode(mode)
     conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..status import Status
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..errors import JobmanError, UsageError
 from ..selection import format_number, format_param, frozen, group_kind, sort_key
@@ -138,7 +139,7 @@ class Report:
     # what the writers need of every configuration was counted there, and is given here.
     configurations: int = -1  # every configuration, held in ``rows`` or not
     sample: list[ConfigRow] = field(default_factory=list)  # see ``open_report``
-    summary: "Overview | None" = None
+    summary: Overview | None = None
     _stream: Callable[[], Iterator[ConfigRow]] | None = field(default=None, repr=False)
     _stream_json: Callable[[], Iterator[list[str]]] | None = field(default=None, repr=False)
 

@@ -26,8 +26,9 @@ import json
 import math
 import os
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -45,7 +46,7 @@ _NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}  # JSON ty
 
 
 @contextlib.contextmanager
-def reading(store: "Store") -> Iterator[tuple[Connection, int]]:
+def reading(store: Store) -> Iterator[tuple[Connection, int]]:
     """One read transaction on the store's experiment: (connection, experiment id). SQLite's connection is
     set for the report's sorts meanwhile, and its temporary table let go after."""
     with store.transactions.connected() as conn, _sorting(conn):
@@ -71,7 +72,8 @@ CLOSE_ABOVE = 100_000
 def _let_go(conn: Connection) -> None:
     """SQLite: the report's temporary table dropped, or, when large, closed with its connection."""
     raw = conn.connection.dbapi_connection  # after the transaction: each statement its own
-    if not raw.execute(f"SELECT count(*) FROM sqlite_temp_master WHERE type = 'table' AND name = '{TEMP}'").fetchone()[0]:
+    found = f"SELECT count(*) FROM sqlite_temp_master WHERE type = 'table' AND name = '{TEMP}'"
+    if not raw.execute(found).fetchone()[0]:
         return
     if (raw.execute(f"SELECT max(rowid) FROM temp.{TEMP}").fetchone()[0] or 0) > CLOSE_ABOVE:
         conn.invalidate()
@@ -104,7 +106,7 @@ def _sorting(conn: Connection) -> Iterator[None]:
             raw.execute(f"PRAGMA cache_size = {int(cache)}")
 
 
-def sql_able(conditions: Sequence["Condition"], keys: Iterable[str], dialect: str) -> bool:
+def sql_able(conditions: Sequence[Condition], keys: Iterable[str], dialect: str) -> bool:
     """Whether every filter and key can be said in SQL the way the Python path tests it."""
     plain = (int, float, str, bool, type(None))
     return (all(isinstance(c.value, plain) for c in conditions)
@@ -158,7 +160,7 @@ class Sql:
             return f"CASE WHEN jsonb_typeof({column} -> {p}) = 'string' THEN ({column} ->> {p}) COLLATE \"C\" END"
         return f"CASE WHEN json_type({column}, {p}) = 'text' THEN json_extract({column}, {p}) END"
 
-    def condition(self, cond: "Condition") -> str:
+    def condition(self, cond: Condition) -> str:
         """A ``--where`` condition as SQL: true exactly when ``cond.test(params)`` is."""
         key, op, value = cond.key, cond.op, cond.value
         kind = self.type_of("job.params", key)
@@ -228,7 +230,8 @@ def _first_and_last(conn: Connection, column: str, where: str, binds: dict[str, 
                                  f"WHERE {where})"), binds).scalar() for way in ("min", "max")]
 
 
-def constant_candidates(conn: Connection, sql: Sql, where: str, groups: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+def constant_candidates(conn: Connection, sql: Sql, where: str,
+                        groups: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
     """The parameters of the configurations of the first and the last job of the selection (found by
     index), and those that hold one value in both: the candidates for constant, with their values,
     checked on every configuration by :func:`survey`."""
@@ -258,7 +261,8 @@ def keys_differ(sql: Sql, keys: Sequence[str], constant: dict[str, Any]) -> str:
 
 def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, str, str]]:
     """(phase, target, key, JSON type) of the results of DONE jobs."""
-    each, kind = ("jsonb_each", "jsonb_typeof(e.value)") if conn.dialect.name == "postgresql" else ("json_each", "e.type")
+    postgres = conn.dialect.name == "postgresql"
+    each, kind = ("jsonb_each", "jsonb_typeof(e.value)") if postgres else ("json_each", "e.type")
     sql = (f"SELECT job.phase, job.target, e.key, {kind} FROM job, {each}(job.results) AS e "
            f"WHERE {where} AND job.status = 'DONE' GROUP BY 1, 2, 3, 4")
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
