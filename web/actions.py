@@ -52,7 +52,7 @@ def perform(store: Store, job_id: int, verb: str, form: dict[str, str]) -> str:
     raise UsageError(f"there is no action {verb!r} (actions: {', '.join(VERBS)})")
 
 
-async def handle(request: Request, settings: "Settings") -> Response:
+async def handle(request: Request, settings: Settings) -> Response:
     refusal = _refusal(request, settings)
     if refusal is not None:
         return refusal
@@ -77,7 +77,7 @@ async def handle(request: Request, settings: "Settings") -> Response:
     return RedirectResponse(f"/e/{name}/job/{job_id}?" + urlencode({"message": message}), status_code=303)
 
 
-def _refusal(request: Request, settings: "Settings") -> Response | None:
+def _refusal(request: Request, settings: Settings) -> Response | None:
     if not settings.allow_actions:
         return PlainTextResponse("actions are off: start `jobman serve` with --allow-actions to use them",
                                  status_code=403)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hmac
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -59,7 +60,7 @@ class Settings:
         return self._action_stores[experiment]
 
 
-def create_app(url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",
+def create_app(url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",  # noqa: C901
                port: int = 8787) -> Starlette:
     settings = Settings(url, token=token, allow_actions=allow_actions, host=host, port=port)
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))

@@ -8,7 +8,8 @@ coordinates a ``polyline.pc``, so a page (or a test) can count what was drawn.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from markupsafe import Markup, escape
 
@@ -49,7 +50,8 @@ class Axis:
 
     def ticks(self) -> list[tuple[float, str]]:
         if self.categories is not None:
-            shown = self.categories if len(self.categories) <= 8 else self.categories[:: math.ceil(len(self.categories) / 8)]
+            step = math.ceil(len(self.categories) / 8)
+            shown = self.categories if len(self.categories) <= 8 else self.categories[::step]
             return [(self(c), _label(c)) for c in shown]
         out = []
         for i in range(3):
@@ -130,7 +132,8 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str) -> str:
     parts = [f'<line class="axis" x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}"/>',
              f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}"/>']
     for pos, label in x.ticks():
-        parts.append(f'<text class="tick" x="{pos:.1f}" y="{H - BOTTOM + 13}" text-anchor="middle">{escape(label)}</text>')
+        parts.append(f'<text class="tick" x="{pos:.1f}" y="{H - BOTTOM + 13}" '
+                     f'text-anchor="middle">{escape(label)}</text>')
     for pos, label in y.ticks():
         parts.append(f'<text class="tick" x="{LEFT - 4}" y="{pos + 3:.1f}" text-anchor="end">{escape(label)}</text>')
     log_x = " (log)" if x.log else ""

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
@@ -42,7 +43,7 @@ class Database:
     engine: Engine
 
     @classmethod
-    def open(cls, url: str) -> "Database":
+    def open(cls, url: str) -> Database:
         target = parse_db(url)
         store = Store(target, create=False)  # refuses a missing database or an old schema, in one sentence
         return cls(url, target, store.engine)
@@ -84,7 +85,7 @@ class ReportCache:
         self._drawn: dict[tuple, tuple[report.Report, Any]] = {}
         self.bests: dict[str, dict[str, Any] | None] = {}  # the experiments page's, as last found
 
-    def drawn(self, experiment: str, choice: "Choice", rep: report.Report, draw: Callable[[], Any]) -> Any:
+    def drawn(self, experiment: str, choice: Choice, rep: report.Report, draw: Callable[[], Any]) -> Any:
         """What ``draw`` makes of ``rep`` (its charts), made once per report built."""
         key = (experiment, choice)
         with self._lock:
@@ -95,7 +96,7 @@ class ReportCache:
                 self._drawn[key] = found
         return found[1]
 
-    def get(self, store: Store, choice: "Choice", counts: dict[str, int]) -> report.Report:
+    def get(self, store: Store, choice: Choice, counts: dict[str, int]) -> report.Report:
         key, version, now = (store.experiment, choice), tuple(sorted(counts.items())), time.time()
         with self._lock:
             found = self._built.get(key)
@@ -190,7 +191,7 @@ class Listing:
     page: int
 
     @classmethod
-    def from_query(cls, q: dict[str, str]) -> "Listing":
+    def from_query(cls, q: dict[str, str]) -> Listing:
         statuses = [parse_status(v) for v in q.get("status", "").split(",") if v.strip()]
         phase = whole_number(q.get("phase"), "phase") if q.get("phase", "").strip() else None
         where = [selection.parse_where(w.strip()) for w in q.get("where", "").split(",") if w.strip()]
@@ -202,7 +203,8 @@ class Listing:
 
     def query(self, **change: Any) -> dict[str, str]:
         """The URL query of this listing with some of it changed (for links: next page, sort by)."""
-        values = {"status": ",".join(s.value for s in self.status), "phase": "" if self.phase is None else str(self.phase),
+        values = {"status": ",".join(s.value for s in self.status),
+                  "phase": "" if self.phase is None else str(self.phase),
                   "where": ",".join(str(c) for c in self.where),
                   "sort": ("-" if self.descending else "") + self.sort, "page": str(self.page)}
         values.update({k: str(v) for k, v in change.items()})
@@ -233,7 +235,8 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
 
 
-def report_view(store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
+def report_view(store: Store, reports: ReportCache, choice: Choice,
+                counts: dict[tuple[int, str], int]) -> dict[str, Any]:
     if choice.metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
     totals: dict[str, int] = {}
