@@ -9,8 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 CHROMIUM = os.environ.get("JOBMAN_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("JOBMAN_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -32,7 +32,7 @@ def missing() -> str | None:
 
 
 @contextmanager
-def chromium(width: int = 1280, height: int = 1000) -> Iterator["object"]:
+def chromium(width: int = 1280, height: int = 1000) -> Iterator[object]:
     """A headless Chromium with a fresh profile, closed (and its profile removed) on exit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -26,8 +26,10 @@ from urllib.parse import quote
 import psycopg
 import pytest
 import sqlalchemy as sa
-
 from conftest import need_service, run_jobman
+from test_cli_basics import TARGET, dump_db, one_sentence, refused_all
+from test_migrations import fresh_url  # noqa: F401 - a fixture: an empty database on each engine
+
 from jobman.cli.main import main
 from jobman.jobdb import engine as db_engine
 from jobman.jobdb.errors import DatabaseError, UsageError
@@ -35,8 +37,6 @@ from jobman.jobdb.schema import VERSION_TABLE
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import MAX_STATE_BYTES, Store
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
-from test_cli_basics import TARGET, dump_db, one_sentence, refused_all
-from test_migrations import fresh_url  # noqa: F401 - a fixture: an empty database on each engine
 
 SECRET = "s3cretpw"  # what one_sentence() checks never shows
 
@@ -194,7 +194,7 @@ def test_running_commands_against_an_unreachable_or_hung_server(hung_server, tmp
 
 # -- a database from a newer jobman ----------------------------------------------------------------
 
-def test_every_command_refuses_a_database_from_a_newer_jobman(fresh_url, tmp_path):
+def test_every_command_refuses_a_database_from_a_newer_jobman(fresh_url, tmp_path):  # noqa: F811
     db_url = fresh_url + "?table=x"
     store = Store.open(db_url)
     store.schedule(expand(parse_sweep([TARGET, "n={{1,2}}"])))
@@ -324,7 +324,7 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
         for i in range(200):
             try:
                 scheduled += store.schedule(expand(parse_sweep(
-                    ["pkg.mod:train", f"i={i}", "x={{%s}}" % ",".join(map(str, range(300)))]))).added
+                    ["pkg.mod:train", f"i={i}", "x={{" + ",".join(map(str, range(300))) + "}}"]))).added
             except DatabaseError as exc:
                 assert "the disk is full" in str(exc), exc
                 break
@@ -336,7 +336,7 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
     # (A worker is left out on purpose: it retries recording a finished job for two minutes before it
     # gives up, since a database that cannot be written for a while may come back.)
     message = one_sentence(run_jobman("sqlschedule", url, "--no-check", "pkg.mod:train",
-                                      "x={{%s}}" % ",".join(map(str, range(300)))))
+                                      "x={{" + ",".join(map(str, range(300))) + "}}"))
     assert message.startswith("jobman: cannot write to sqlite:///") and "the disk is full" in message, message
     r = run_jobman("sqlstatus", url, "--count")
     assert r.code == 0 and r.out.strip() == str(scheduled), r.err
@@ -344,7 +344,8 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
     assert r.code == 0 and r.out.strip() == "[]", r.err
     with sqlite3.connect(tiny_disk / "sweeps.db") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-        assert conn.execute("SELECT count(*), count(DISTINCT params_hash) FROM job").fetchone() == (scheduled, scheduled)
+        counts = conn.execute("SELECT count(*), count(DISTINCT params_hash) FROM job").fetchone()
+        assert counts == (scheduled, scheduled)
         assert conn.execute("SELECT count(*) FROM job WHERE status != 'QUEUED'").fetchone() == (0,)
 
 

@@ -5,8 +5,9 @@ A sweep of 200 function jobs runs under ``jobman dispatch -j 4`` while the test 
 of the dispatch's tree with SIGKILL: a job's own process, a worker, now and then whatever else runs
 below a worker (the helper that forks its jobs), and three times the dispatcher. A killed
 dispatcher's workers get SIGTERM (no worker outlives its dispatcher): each lets its job finish or
-puts it back, and exits; a new ``jobman dispatch`` is started at once, as a user would. After the window every process of the
-test is SIGKILLed, ``jobman monitor --once --relaunch`` must find every job left RUNNING and queue
+puts it back, and exits; a new ``jobman dispatch`` is started at once, as a user would. After the
+window every process of the test is SIGKILLed, ``jobman monitor --once --relaunch`` must find every
+job left RUNNING and queue
 it again (by its dead worker's pid: the heartbeat grace is ten minutes), and a fresh ``jobman
 dispatch`` must finish the sweep. It runs with a fresh process per job, and (on SQLite) with job
 processes that run four jobs each: the same kills then take down a process between two jobs, or
@@ -40,8 +41,9 @@ What is asserted, and what each catches:
 * no dispatch or worker log shows a traceback or a lock error, and no process outlives the sweep.
 
 Why these numbers: 200 jobs of about 1.1 s each are some 55 s of work for four workers, more than
-the 30 s window; but a killed dispatcher's workers finish their jobs beside the new one's, so the window also ends once 180 jobs are DONE, leaving work for the monitor and the
-last dispatch. Observed on two cores: 140 to 185 jobs DONE when the window closes, about 40 kills
+the 30 s window; but a killed dispatcher's workers finish their jobs beside the new one's, so the
+window also ends once 180 jobs are DONE, leaving work for the monitor and the last dispatch.
+Observed on two cores: 140 to 185 jobs DONE when the window closes, about 40 kills
 (some 20 workers, 15 jobs, 5 helpers, 3 dispatchers), about ten jobs left RUNNING, each engine done
 in 38 to 50 s. No job needed more than 4 attempts; the sweep is scheduled with ``max_attempts=100``
 all the same, because the attempt limit is not what is tested here (test_monitor.py does) and a job
@@ -141,8 +143,9 @@ def _subreaper(on: bool) -> None:
 
 class Tree:
     """The jobman processes this test started: dispatchers and workers have the experiment's URL on
-    their command line (a worker forked by a dispatch's zygote is named ``jobman-worker`` instead); a job's process is a descendant of a worker that moved into its workdir
-    (under ``runs``); anything else below a worker (a helper that forks the jobs, a job not yet
+    their command line (a worker forked by a dispatch's zygote is named ``jobman-worker`` instead); a
+    job's process is a descendant of a worker that moved into its workdir (under ``runs``);
+    anything else below a worker (a helper that forks the jobs, a job not yet
     in its workdir) is a "helper"."""
 
     def __init__(self, url: str, runs: Path) -> None:
@@ -376,7 +379,8 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
            if not claims[j.id] == j.attempt + put_back[j.id] == j.lease]
     assert off == [], f"claims, attempts and leases disagree (job, claims, attempt, put back, lease): {off[:10]}"
     off = [(i, claims[i], crashes[i], put_back[i]) for i in ids if claims[i] != crashes[i] + put_back[i] + 1]
-    assert off == [], f"every claim but the last must end CRASHED or put back (job, claims, crashes, put back): {off[:10]}"
+    assert off == [], ("every claim but the last must end CRASHED or put back "
+                       f"(job, claims, crashes, put back): {off[:10]}")
     assert sum(claims.values()) > JOBS, "no job needed a second attempt: the kills did nothing"
 
     # -- the side file: each attempt resumed from the last checkpoint, never from before it -------------

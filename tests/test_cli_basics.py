@@ -19,8 +19,8 @@ import click
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
-
 from conftest import need_service, run_jobman
+
 from jobman.cli.main import cli
 from jobman.jobdb.schema import metadata
 from jobman.jobdb.status import Status

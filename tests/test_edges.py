@@ -9,6 +9,7 @@ import io
 
 import pytest
 import sqlalchemy as sa
+from test_cli_basics import dump_db
 
 from jobman.cli.main import main
 from jobman.jobdb.errors import UsageError
@@ -16,7 +17,6 @@ from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec, SweepError, expand, parse_sweep
-from test_cli_basics import dump_db
 
 DOTTED = "jobman.jobdb.status.parse_status"  # importable: the target check passes
 COLON = "jobman.jobdb.status:parse_status"

@@ -25,8 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 import sqlalchemy as sa
-
 from conftest import need_kernel, need_service
+
 from jobman.jobdb.schema import job as t_job
 from jobman.jobdb.schema import job_event as t_event
 from jobman.jobdb.status import Status

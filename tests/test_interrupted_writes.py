@@ -28,12 +28,12 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
-BIG = ["a={{%s}}" % ",".join(map(str, range(100))), "b={{%s}}" % ",".join(map(str, range(1000)))]
+BIG = ["a={{" + ",".join(map(str, range(100))) + "}}", "b={{" + ",".join(map(str, range(1000))) + "}}"]
 BIG_COUNT = 100_000
 WAL_INSIDE = 4 << 20  # bytes of WAL that only the big insert's uncommitted rows can account for
 # A million jobs are inserted a chunk at a time in one transaction: killed deep inside, after a
 # hundred megabytes of WAL (SQLite) or seconds of inserting (PostgreSQL), nothing may be left.
-HUGE = ["a={{%s}}" % ",".join(map(str, range(1000))), "b={{%s}}" % ",".join(map(str, range(1000)))]
+HUGE = ["a={{" + ",".join(map(str, range(1000))) + "}}", "b={{" + ",".join(map(str, range(1000))) + "}}"]
 # Seconds between seeing the insert under way and the kill, per try: SQLite's WAL is at 100 MB some
 # way into the million; PostgreSQL's INSERT shows from the first chunk, so the kill waits to land deep.
 SIZES = [pytest.param(BIG, BIG_COUNT, WAL_INSIDE,
@@ -289,7 +289,8 @@ def test_a_cascading_reset_killed_half_way_is_all_or_nothing(db_url, engine_name
                  and all(j.results is None for j in jobs))
         assert untouched or not reset, "a reset killed before its commit was kept"
         assert untouched, f"a half-done reset: {sorted(set(statuses.values()))}"
-        logged = sum(1 for i in (root, ids[1], ids[-1]) for e in store.events(i) if e.why.startswith("reset under test"))
+        logged = sum(1 for i in (root, ids[1], ids[-1]) for e in store.events(i)
+                     if e.why.startswith("reset under test"))
         assert logged == 0, "the event log tells the same story as the jobs"
         assert_graph_consistent(store)
         # And the graph still moves: reset again, to the end this time.

@@ -7,6 +7,7 @@ import json
 
 import sqlalchemy as sa
 from alembic import command
+from test_migrations import differences, fresh_url  # noqa: F401 - a fixture
 
 from jobman.jobdb.engine import alembic_config, make_engine
 from jobman.jobdb.schema import PARAMS_INDEX, VERSION_TABLE
@@ -14,8 +15,6 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, params_hash
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import parse_db
-
-from test_migrations import differences, fresh_url  # noqa: F401 - a fixture
 
 PARAMS = [{"lr": lr, "nhid": n} for lr in (0.1, 0.01) for n in (10, 20)]
 NEW_INDEXES = {"ix_job_list", "ix_job_status", "ix_job_phase", "ix_job_event_crash"}

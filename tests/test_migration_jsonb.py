@@ -8,6 +8,7 @@ import json
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from test_migrations import differences, fresh_url  # noqa: F401 - a fixture
 
 from jobman.jobdb.engine import alembic_config, make_engine
 from jobman.jobdb.schema import HEAD_REVISION, VERSION_TABLE
@@ -15,8 +16,6 @@ from jobman.jobdb.store import Store, params_hash
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import parse_db
 from jobman.jobdb.views import create_view
-
-from test_migrations import differences, fresh_url  # noqa: F401 - a fixture
 
 PARAMS = [{"hyper.lr": 0.1, "hyper.nhid": 10, "name": "a"}, {"hyper.lr": 0.01, "hyper.nhid": 20, "name": "b'c"}]
 RESULTS = [{"valid_error": 0.25, "curve": [1, 2.5]}, None]
@@ -90,6 +89,7 @@ def test_0005_downgrades_back_to_text(fresh_url):  # noqa: F811
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT data_type FROM information_schema.columns WHERE table_name = 'job' "
                                         "AND column_name = 'params'")).scalar() == "text"
-            assert json.loads(conn.execute(sa.text("SELECT params FROM job ORDER BY id")).scalars().first()) == PARAMS[0]
+            first = conn.execute(sa.text("SELECT params FROM job ORDER BY id")).scalars().first()
+            assert json.loads(first) == PARAMS[0]
     finally:
         engine.dispose()

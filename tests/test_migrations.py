@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from conftest import PG_ADMIN_URL, need_service
 
 from jobman.jobdb.engine import head_revision, known_revisions, make_engine
 from jobman.jobdb.engine import upgrade as db_upgrade
@@ -16,8 +17,6 @@ from jobman.jobdb.errors import SchemaError
 from jobman.jobdb.schema import PARAMS_INDEX, VERSION_TABLE, metadata
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import parse_db
-
-from conftest import PG_ADMIN_URL, need_service
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

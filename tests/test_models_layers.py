@@ -41,7 +41,7 @@ def test_input_gradient_of_each_layer():
         w = rng.normal(size=layer.forward(x).shape)  # loss = sum(w * layer(x))
         layer.forward(x)
         dx = layer.backward(w.copy())
-        num = numeric_grad(lambda: float(np.sum(w * layer.forward(x))), x)
+        num = numeric_grad(lambda w=w, layer=layer, x=x: float(np.sum(w * layer.forward(x))), x)
         assert np.allclose(dx, num, rtol=1e-5, atol=1e-7), type(layer).__name__
 
 

@@ -8,8 +8,21 @@ import pytest
 from jobman.dispatch.channel import COMPLETE, INCOMPLETE, DirectChannel
 from jobman.models.loop import Loop
 from jobman.models.optim import SGD
-from jobman.models.plugins import (EarlyStopping, Plugin, ReduceOnPlateau, always, at, checkpoint, each,
-                                   early_stopping, evaluate, log_metrics, never, progress, remote_stop)
+from jobman.models.plugins import (
+    EarlyStopping,
+    Plugin,
+    ReduceOnPlateau,
+    always,
+    at,
+    checkpoint,
+    each,
+    early_stopping,
+    evaluate,
+    log_metrics,
+    never,
+    progress,
+    remote_stop,
+)
 
 
 def fired(schedule, points):

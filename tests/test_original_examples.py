@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from jobman.jobdb.errors import SweepError
-from jobman.jobdb.store import Store
-
 from conftest import experiment_module
 from test_migrations import fresh_url  # noqa: F401 - a fixture
 from test_original_jobman import one_sentence, query
+
+from jobman.jobdb.errors import SweepError
+from jobman.jobdb.store import Store
 
 TEST_CONF = ('plumber :: @jobman.examples.def_make2.Plumber(%itsa, %%me, %luigi)\n'
              'plumber.itsa = "it\'s a "\n'

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from conftest import experiment_module, run_jobman
+from test_migrations import fresh_url  # noqa: F401 - a fixture
 
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import parse_db
-
-from conftest import experiment_module, run_jobman
-from test_migrations import fresh_url  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import need_service
 
 PROGRAM = Path(__file__).parent / "ps_programs" / "tables.py"

@@ -182,7 +182,7 @@ def test_cache_source_makes_a_changed_function_a_new_call(db_url, tmp_path):
     first = exp.call(f, x=1, cache="source")
     assert exp.call(f, x=1, cache="source").job_id == first.job_id  # the same source: the same call
 
-    def f(x):  # noqa: F811 - the same name, changed
+    def f(x):
         return {"y": x + 2}
 
     changed = exp.call(f, x=1, cache="source")

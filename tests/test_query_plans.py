@@ -38,10 +38,10 @@ def busy_store(request, tmp_path_factory):
         base = request.getfixturevalue("pg_database")
     other = Store.open(f"{base}?table={name}_other")
     # Two phases: job_dep holds rows, as in a real database, for the claim's and finish's lookups.
-    other.schedule(expand(parse_sweep(["pkg.mod:fn", "y={{%s}}" % ",".join(map(str, range(N // 3))), "--", "z=1"])))
+    other.schedule(expand(parse_sweep(["pkg.mod:fn", "y={{" + ",".join(map(str, range(N // 3))) + "}}", "--", "z=1"])))
     other.dispose()
     store = Store.open(f"{base}?table={name}")
-    store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{%s}}" % ",".join(map(str, range(N)))])))
+    store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{" + ",".join(map(str, range(N))) + "}}"])))
     exp = store.jobs(limit=1)[0].experiment_id
     with store.engine.begin() as conn:
         conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp, t_job.c.id % 10 != 0)
@@ -171,19 +171,20 @@ def test_a_page_of_the_dashboards_job_table_reads_an_index_not_every_row(busy_st
 def test_a_report_reads_only_its_experiments_jobs_through_an_index(busy_store):
     """Every statement a report runs on ``job`` (keys, scopes, the grouping) finds the experiment's
     rows by an index: a small experiment beside thousands of other jobs costs its own rows only."""
+    import dataclasses
+
     from jobman.jobdb import report
     from jobman.jobdb.sweep import JobSpec
 
-    import dataclasses
-
     small = Store(dataclasses.replace(busy_store.target, experiment=f"{busy_store.experiment}_small"))
-    ids = small.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"lr": i % 5, "seed": i // 5}, None) for i in range(40)]).job_ids
+    specs = [JobSpec(0, "fn", "pkg.mod:fn", {"lr": i % 5, "seed": i // 5}, None) for i in range(40)]
+    ids = small.schedule(specs).job_ids
     with small.engine.begin() as conn:
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(ids)).values(status="DONE", results='{"valid_error": 0.5}'))
         conn.exec_driver_sql("ANALYZE")
     ran: list[tuple[str, dict]] = []
 
-    def capture(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+    def capture(conn, cursor, statement, parameters, context, executemany):
         ran.append((statement, parameters))
 
     sa.event.listen(small.engine, "before_cursor_execute", capture)
@@ -213,7 +214,7 @@ def statements_of(store: Store, verb) -> list[tuple[str, object]]:
     """Every SELECT ``verb()`` sends to the database, with its parameters, as the driver got them."""
     seen: list[tuple[str, object]] = []
 
-    def record(conn, cursor, statement, parameters, context, executemany):  # noqa: ANN001
+    def record(conn, cursor, statement, parameters, context, executemany):
         if statement.lstrip().upper().startswith(("SELECT", "WITH")) and not executemany:
             seen.append((statement, parameters))
 
@@ -351,7 +352,7 @@ def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypa
     plans: list[str] = []
     real = queries.ranked_batches
 
-    def explained(conn, sql, section, columns, mode, allow_incomplete):  # noqa: ANN001
+    def explained(conn, sql, section, columns, mode, allow_incomplete):
         for cls in section.classes(allow_incomplete):
             query = queries.ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls)
             rows = conn.execution_options(stream_results=False).execute(

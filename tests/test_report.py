@@ -12,6 +12,7 @@ import struct
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ def add_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: 
     """
     ids = store.schedule([JobSpec(phase, "fn", target, p, None) for p, _, _ in jobs]).job_ids
     worker = WorkerInfo.here()
-    for job_id, (params, status, results) in zip(ids, jobs):
+    for job_id, (_params, status, results) in zip(ids, jobs):
         if status == "QUEUED":
             continue
         claimed = store.claim(worker, None)
@@ -316,7 +317,7 @@ def test_plots_are_valid_pngs_of_a_sensible_size(db_url, tmp_path, capsys):
     store = Store.open(db_url)
     try:
         ids = add_jobs(store, [(p, "RUNNING", None) for p, _, _ in GRID])
-        for job_id, (params, _, results) in zip(ids, GRID):
+        for job_id, (_params, _, results) in zip(ids, GRID):
             job = store.job(job_id)
             store.log_metrics(job_id, job.lease, [(s, "valid_error", results["valid_error"] * (5 - s))
                                                   for s in range(5)])
@@ -438,7 +439,8 @@ def same_report(store: Store, metric: str = "valid_error", mode: str = "min", **
             t = a.stats[name]
             assert (t.n, t.mean, t.min, t.max) == (s.n, pytest.approx(s.mean, rel=1e-12), s.min, s.max)
             assert t.std == (None if s.std is None else pytest.approx(s.std, rel=1e-9, abs=1e-15))
-    assert {k: r.params for k, r in in_db.best_by_outer.items()} == {k: r.params for k, r in in_py.best_by_outer.items()}
+    best_in_db = {k: r.params for k, r in in_db.best_by_outer.items()}
+    assert best_in_db == {k: r.params for k, r in in_py.best_by_outer.items()}
     assert in_db.summary_lines() == in_py.summary_lines()
     assert in_db.constant_results == in_py.constant_results
     assert in_db.outer_values == in_py.outer_values and in_db.scopes == in_py.scopes
@@ -589,7 +591,8 @@ def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
             ("text_only", {3: {"status_note": "slow"}, 4: {"_seconds": 3.5}}, None, 0, 1)):  # no column: grouped once
         other = Store(dataclasses.replace(store.target, experiment=f"{store.experiment}_{name}"))
         put_jobs(other, sweep(rare))
-        assert report_reads(other, lambda: report.from_store(other, "valid_error")) == (True, groupings), name
+        reads = report_reads(other, lambda other=other: report.from_store(other, "valid_error"))
+        assert reads == (True, groupings), name
         same_report(other)
         rep = report.from_store(other, "valid_error")
         assert rep.columns == ["valid_error", *([column] if column else [])], name
@@ -666,8 +669,8 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     # A report's temporary table is dropped, or, above a size, closed with its connection (far faster at
     # a million configurations); either way the pool's next connection holds no table and the store's
     # own cache, and the next report reads the same.
-    from jobman.jobdb.report import queries
     from jobman.jobdb.engine import SQLITE_CACHE_KIB
+    from jobman.jobdb.report import queries
 
     store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "exp")
     put_jobs(store, [({"lr": lr / 10}, "DONE", {"valid_error": lr / 7}) for lr in range(1, 9)])

@@ -18,7 +18,7 @@ def small_chunks(monkeypatch):
 
 
 def grid(n: int) -> str:
-    return "{{%s}}" % ",".join(map(str, range(n)))
+    return "{{" + ",".join(map(str, range(n))) + "}}"
 
 
 def shape(store) -> list[tuple]:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_helpers import by_phase, experiment_module
 
 from jobman.jobdb.halving import allowed, choose, rung_sizes, rung_values
 from jobman.jobdb.status import Status
-from search_helpers import by_phase, experiment_module
 from jobman.jobdb.store import Store
 
 MODULE = "jm_halving_exp"
@@ -216,7 +216,7 @@ def test_the_bundled_mlp_continues_a_shorter_run_rather_than_restarting(tmp_path
     from jobman.dispatch.runner import run_direct
 
     params = {"dataset": "digits", "nhid": 16, "eval_every": 0, "progress_every": 0, "seed": 3}
-    short = run_direct("jobman.models.mlp:train", {**params, "epochs": 2}, tmp_path / "short")
+    run_direct("jobman.models.mlp:train", {**params, "epochs": 2}, tmp_path / "short")
     shutil.copytree(tmp_path / "short", tmp_path / "long")
     longer = run_direct("jobman.models.mlp:train", {**params, "epochs": 4}, tmp_path / "long")
     fresh = run_direct("jobman.models.mlp:train", {**params, "epochs": 4}, tmp_path / "fresh")

@@ -11,11 +11,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from search_helpers import by_phase, experiment_module
 
 from jobman.cli import plots
 from jobman.jobdb.report import from_store
 from jobman.jobdb.store import Store
-from search_helpers import by_phase, experiment_module
 
 MODULE = "jm_plot_exp"
 TRAINER = textwrap.dedent('''

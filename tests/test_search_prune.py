@@ -7,10 +7,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from search_helpers import experiment_module
 
 from jobman.jobdb.halving import PRUNE_MIN_FINISHED, median_says_stop
 from jobman.jobdb.status import Status
-from search_helpers import experiment_module
 
 MODULE = "jm_prune_exp"
 TRAINER = textwrap.dedent('''
@@ -53,7 +53,8 @@ def test_a_hopeless_job_is_pruned_and_ends_done_with_its_partial_curve(jobman, d
     assert all(j.status is Status.DONE for j in jobs.values())
     hopeless = jobs[9]
     assert hopeless.results["pruned"] is True and hopeless.results["stopped_at"] == 1
-    assert hopeless.results["pruned_why"] == "pruned at step 1: err 9 is worse than 1.75, the median of 4 finished jobs at that step"
+    assert hopeless.results["pruned_why"] == ("pruned at step 1: err 9 is worse than 1.75, "
+                                              "the median of 4 finished jobs at that step")
     curve = [(step, value) for job_id, step, name, value in store.metrics([hopeless.id])]
     assert curve == [(1, 9.0)]  # the partial curve is kept
     for x in (1, 2, 3, 1.5):

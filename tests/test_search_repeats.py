@@ -8,10 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from search_helpers import by_phase, experiment_module
 
 from jobman.jobdb.halving import allowed
 from jobman.jobdb.status import Status
-from search_helpers import by_phase, experiment_module
 
 MODULE = "jm_repeat_exp"
 # A run's own offset is drawn once, at rung 0, in the order the runs of its configuration start

@@ -22,8 +22,10 @@ from urllib.parse import quote
 import psycopg
 import pytest
 import sqlalchemy as sa
-
 from conftest import run_jobman
+from test_bad_input_more import password_server  # noqa: F401 - a fixture: a server that checks passwords
+from test_cli_basics import one_sentence
+
 from jobman.cli.main import main
 from jobman.jobdb.nested import flatten
 from jobman.jobdb.schema import VERSION_TABLE, metadata
@@ -31,8 +33,6 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec
 from jobman.jobdb.url import mask_password
-from test_bad_input_more import password_server  # noqa: F401 - a fixture: a server that checks passwords
-from test_cli_basics import one_sentence
 
 MODULE = "jm_sec_exp"
 EXPERIMENTS = textwrap.dedent('''
@@ -103,7 +103,7 @@ def test_parameter_values_stay_inert_in_function_and_command_jobs(tmp_path, mods
     home.mkdir()
     (home / "canary.txt").write_text("alive")
     values = hostile_values(pwned)
-    grid = "msg={{%s}}" % ",".join(json.dumps(v) for v in values)
+    grid = "msg={{" + ",".join(json.dumps(v) for v in values) + "}}"
     env = env_with(mods, HOME=str(home))
     program = shlex.join([sys.executable, str(mods / "echo_argv.py")])
     for extra in ([f"{MODULE}:echo"], ["--cmd", program], ["--cmd", f"{program} {{msg}}"]):
@@ -151,7 +151,7 @@ def _files_text(root: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(root.rglob("*")) if p.is_file())
 
 
-def test_passwords_are_masked_in_every_output_log_error_and_event(password_server, tmp_path, mods):
+def test_passwords_are_masked_in_every_output_log_error_and_event(password_server, tmp_path, mods):  # noqa: F811
     server = password_server
     role, database = f"jm_sec_{uuid.uuid4().hex[:8]}", f"jm_sec_{uuid.uuid4().hex[:8]}"
     secret = "Pa55:w@rd/" + uuid.uuid4().hex[:6]  # characters that URLs must escape
@@ -267,7 +267,7 @@ def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
     assert any(EVIL[0] in e.why for e in store.events(claimed.job.id) if e.to_status == Status.RUNNING.value)
 
     # Through the command line, where the grammar allows quotes.
-    quoted = "msg={{%s}}" % ",".join(json.dumps(e) for e in EVIL[:4])
+    quoted = "msg={{" + ",".join(json.dumps(e) for e in EVIL[:4]) + "}}"
     code, out, err = _cli(capsys, "sqlschedule", db_url, "--no-check", "pkg.mod:train", quoted)
     assert code == 0 and "added 4 jobs" in out, err
     code, out, err = _cli(capsys, "list", db_url, "--format", "json")
@@ -284,8 +284,10 @@ def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
                  ["sqlschedule", db_url, "--no-check", "pkg.mod:g", "x=1", "--after", f"target={EVIL[1]}"]):
         code, out, err = _cli(capsys, *argv)
         assert code in (0, 1, 2), (argv, code, err)
-    refused = [["show", db_url, "1; DROP TABLE job"], ["list", db_url.replace("?table=", "?table=x'; DROP TABLE job; --")],
-               ["list", db_url, "--table", "x; DROP TABLE job"], ["list", db_url, "--status", "DONE'; DROP TABLE job; --"],
+    refused = [["show", db_url, "1; DROP TABLE job"],
+               ["list", db_url.replace("?table=", "?table=x'; DROP TABLE job; --")],
+               ["list", db_url, "--table", "x; DROP TABLE job"],
+               ["list", db_url, "--status", "DONE'; DROP TABLE job; --"],
                ["sqlstatus", db_url, "1 OR 1=1"]]
     if db_url.startswith("postgresql"):
         refused.append(["list", db_url + "&schema=public;DROP TABLE job"])

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_cluster import SlurmCluster
 
 from jobman.dispatch.backends import slurm
 from jobman.dispatch.backends.base import BackendError, WorkerSpec
 from jobman.dispatch.backends.slurm import SlurmBackend
 from jobman.dispatch.worker_settings import WorkerSettings
-from slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

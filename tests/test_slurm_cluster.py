@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm

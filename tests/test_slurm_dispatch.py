@@ -15,17 +15,17 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
-from typing import Callable
 
 import pytest
+from slurm_cluster import SlurmCluster
+from test_bad_input_more import password_server  # noqa: F401 - a fixture: a server that checks passwords
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import expand, parse_sweep
-from slurm_cluster import SlurmCluster
-from test_bad_input_more import password_server  # noqa: F401 - a fixture: a server that checks passwords
 
 EXPERIMENTS = '''
 import os, signal, time
@@ -161,7 +161,7 @@ class Experiment:
         return [f"{e.from_status}->{e.to_status}: {e.why}" for e in self.store.events(job_id)]
 
 
-def finish(proc: subprocess.Popen, timeout: float, exp: "Experiment") -> int:
+def finish(proc: subprocess.Popen, timeout: float, exp: Experiment) -> int:
     """Wait for a dispatch --follow; past ``timeout``, stop it and cancel its Slurm jobs, and fail."""
     try:
         return proc.wait(timeout=timeout)
@@ -169,7 +169,7 @@ def finish(proc: subprocess.Popen, timeout: float, exp: "Experiment") -> int:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         subprocess.run(["scancel", f"--name=jobman-{exp.store.experiment}"], check=False)
-        raise AssertionError(f"dispatch --follow did not end within {timeout:.0f} s: {exp.dispatch_err()}")
+        raise AssertionError(f"dispatch --follow did not end within {timeout:.0f} s: {exp.dispatch_err()}") from None
 
 
 def scontrol(job_id: str) -> dict[str, str]:
@@ -208,7 +208,7 @@ def test_a_two_phase_sweep_runs_on_a_worker_array_children_after_parents(
 
 @pytest.mark.slurm
 def test_a_database_password_reaches_the_workers_but_not_their_command_lines(
-        slurm_cluster: SlurmCluster, password_server, tmp_path: Path, jobman) -> None:
+        slurm_cluster: SlurmCluster, password_server, tmp_path: Path, jobman) -> None:  # noqa: F811
     server = password_server
     role, database = f"jm_sl_{uuid.uuid4().hex[:8]}", f"jm_sl_{uuid.uuid4().hex[:8]}"
     secret = "S1urm:p@ss/" + uuid.uuid4().hex[:6]
@@ -279,7 +279,7 @@ def test_a_job_that_sigkills_its_process_or_its_worker_is_crashed_with_the_reaso
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
 
     jobs = {j.params["victim"]: j for j in exp.jobs()}
-    for victim, job in jobs.items():
+    for job in jobs.values():
         assert job.status is Status.DONE and job.results["finished_on_attempt"] == 2, exp.whys(job.id)
         assert job.backend == "slurm" and re.fullmatch(r"\d+_\d+", job.backend_id)
     (own,) = [w for w in exp.whys(jobs["self"].id) if w.startswith("RUNNING->CRASHED")]

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import experiment_module
 
 engine_name = pytest.fixture(lambda: "sqlite")

@@ -7,22 +7,20 @@ PostgreSQL, filled through the store's verbs; ``jobman serve`` itself runs as a 
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
-
-from jobman.jobdb.status import Status
 from web_data import HOSTILE, fill
 
-pytest.importorskip("starlette")
-from starlette.testclient import TestClient  # noqa: E402
+from jobman.jobdb.status import Status
 
-from jobman.web.app import create_app  # noqa: E402
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient
+
+from jobman.web.app import create_app
 
 TOKEN = "test-token-0123456789"
 BASE = "http://127.0.0.1:8787"
@@ -105,7 +103,7 @@ def test_the_job_table_pages_sorts_and_filters(filled):
 def test_a_big_table_is_paged(store, db_url):
     from jobman.jobdb.sweep import expand, parse_sweep
 
-    store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{%s}}" % ",".join(map(str, range(120)))])))
+    store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{" + ",".join(map(str, range(120))) + "}}"])))
     c = client(db_url)
     first = c.get(f"/e/{store.experiment}?part=jobs&sort=-id").text
     assert first.count('class="job"') == 50 and "page 1 of 3" in first
@@ -215,7 +213,7 @@ def test_actions_go_through_the_store_and_are_logged_from_the_web_page(filled):
     name = store.experiment
     failed, done, running = roles["failed"][0], roles["done"][0], roles["running"][0]
     page = _act(c, name, failed, action="retry")
-    assert "job %d queued again" % failed in page
+    assert f"job {failed} queued again" in page
     assert store.job(failed).status is Status.QUEUED
     assert "retried by hand from the web page" in [e.why for e in store.events(failed)]
 
@@ -225,7 +223,7 @@ def test_actions_go_through_the_store_and_are_logged_from_the_web_page(filled):
     assert any("from the web page" in e.why for e in store.events(child))  # the cascade, in one transaction
 
     page = _act(c, name, running, action="reset")
-    assert "nothing changed: job %d is RUNNING" % running in page
+    assert f"nothing changed: job {running} is RUNNING" in page
     page = _act(c, name, running, action="cancel")
     assert store.job(running).stop_requested
     assert store.events(running)[-1].why == "cancelled by hand from the web page: stop requested"

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import pytest
-
 from browser import chromium, missing, served
 from conftest import need_service
+from web_data import fill
+
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
-from web_data import fill
 
 pytestmark = pytest.mark.slow
 

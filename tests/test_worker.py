@@ -340,7 +340,7 @@ def test_a_process_leaked_by_a_job_does_not_hold_up_its_worker(jobman, db_url, s
 
 def test_a_stop_that_comes_as_the_job_starts_still_reaches_should_stop(store, exp, monkeypatch):
     """SIGTERM sent the moment the job is forked waits for the job's handler, so the job checkpoints."""
-    from jobman.dispatch.runner import Runner, RunLimits
+    from jobman.dispatch.runner import RunLimits, Runner
     from jobman.jobdb.store import WorkerInfo
 
     monkeypatch.syspath_prepend(str(exp.dir))
@@ -359,7 +359,7 @@ def test_a_stop_that_comes_as_the_job_starts_still_reaches_should_stop(store, ex
 
 
 def test_the_worker_sleeps_while_a_job_past_its_time_limit_is_given_its_grace(store, exp, monkeypatch):
-    from jobman.dispatch.runner import Runner, RunLimits
+    from jobman.dispatch.runner import RunLimits, Runner
     from jobman.jobdb.store import WorkerInfo
 
     monkeypatch.syspath_prepend(str(exp.dir))
