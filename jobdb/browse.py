@@ -47,6 +47,7 @@ def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: in
     if ids:
         q = q.where(t_job.c.id.in_(list(ids)))
     statuses = [s.value for s in status]
+    rows: Sequence[Any]
     if limit and not ids and (len(statuses) > 1 or (phase is not None and not statuses)):
         # Ordering across statuses by id is a sort of every match; a range per status is not.
         merged = heapq.merge(*(_page(conn, q.where(t_job.c.status == s), params, limit)
@@ -66,7 +67,7 @@ def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: in
     return [Job.from_row(r, deps.get(r.id, [])) for r in rows]
 
 
-def _page(conn: Connection, q: sa.Select, params: dict[str, Any] | None, limit: int | None) -> list[Any]:
+def _page(conn: Connection, q: sa.Select, params: dict[str, Any] | None, limit: int | None) -> Sequence[Any]:
     """Rows of ``q`` in id order, at most ``limit``, whose parameters have the values in ``params``.
 
     The database narrows by parameter where it can (PostgreSQL's ``@>`` on ix_job_params, SQLite's
@@ -76,7 +77,8 @@ def _page(conn: Connection, q: sa.Select, params: dict[str, Any] | None, limit: 
     if not params:
         return conn.execute(q.limit(limit) if limit else q).all()
     q = q.where(*_params_match(conn.dialect.name, params))
-    out, last, step = [], 0, max(limit or 0, 100)
+    out: list[Any] = []
+    last, step = 0, max(limit or 0, 100)
     while True:
         batch = conn.execute(q.where(t_job.c.id > last).limit(step) if limit else q).all()
         out += [r for r in batch if _has_params(r.params, params)]
@@ -149,7 +151,7 @@ def _event(r: Any) -> Event:
 
 def metrics(conn: Connection, job_ids: Sequence[int]) -> list[tuple[int, int, str, float]]:
     """(job_id, step, name, value) of the given jobs, in step order."""
-    out = []
+    out: list[tuple[int, int, str, float]] = []
     for chunk in chunks(list(job_ids)):
         out.extend(conn.execute(sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name, t_metric.c.value)
                                 .where(t_metric.c.job_id.in_(chunk))
@@ -179,7 +181,7 @@ def outstanding(conn: Connection, exp: int) -> dict[str, int]:
     wanted = names_of(OUTSTANDING)
     q = sa.select(t_job.c.status, sa.func.count()).where(
         t_job.c.experiment_id == exp, t_job.c.status.in_(wanted)).group_by(t_job.c.status)
-    found = dict(conn.execute(q).all())
+    found: dict[str, int] = dict(conn.execute(q).tuples().all())
     return {s: found.get(s, 0) for s in wanted}
 
 

@@ -50,7 +50,9 @@ _EVENT_COLUMNS = ("job_id", "at", "from_status", "to_status", "attempt", "why", 
 
 def _copy_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Insert event rows through PostgreSQL's COPY, in the transaction of ``conn``."""
-    cursor = conn.connection.dbapi_connection.cursor()
+    driver = conn.connection.dbapi_connection
+    assert driver is not None  # None only once the connection is closed
+    cursor = driver.cursor()
     sql = f"COPY job_event ({', '.join(_EVENT_COLUMNS)}) FROM STDIN"
     try:
         with cursor.copy(sql) as copy:
@@ -88,8 +90,9 @@ def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows:
         return
     compiled = sa.insert(table).compile(dialect=conn.dialect, column_keys=list(columns))
     if compiled.positional:
-        where = [list(columns).index(k) for k in compiled.positiontup]
-        params: list[Any] = rows if where == list(range(len(columns))) else [tuple(r[i] for i in where) for r in rows]
+        where = [list(columns).index(k) for k in compiled.positiontup or ()]
+        in_order = where == list(range(len(columns)))
+        params: Sequence[Any] = rows if in_order else [tuple(r[i] for i in where) for r in rows]
     else:
         params = [dict(zip(columns, r)) for r in rows]
     conn.exec_driver_sql(str(compiled), params)

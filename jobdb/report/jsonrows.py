@@ -50,12 +50,15 @@ class RowJson:
                 m0 = repr(lo0)
                 rest: str | None = ""
                 if more:  # the results after the metric
+                    text = ""
                     for key, at in zip(more_keys, range(0, len(more), 5)):
                         m = repr(more[at + 3])
                         if more[at] != 1 or m[-1] > "9":  # missing, or 'inf' or 'nan'
                             rest = None
                             break
-                        rest += f', {key}: {{"n": 1, "mean": {m}, "std": null, "min": {m}, "max": {m}}}'
+                        text += f', {key}: {{"n": 1, "mean": {m}, "std": null, "min": {m}, "max": {m}}}'
+                    else:
+                        rest = text
                 if m0[-1] <= "9" and rest is not None:  # finite: a finite number's repr ends in a digit
                     if ok and expected == 1 and rank > 1:  # most rows of such a sweep
                         head = f'{{"rank": {rank}, "best": false, "eligible": true, "complete": true, '

@@ -195,8 +195,8 @@ class Report:
             return self.summary.constant_results
         found = {}
         for name in self.columns[1:]:
-            stats = [r.stats.get(name) for r in self.rows]
-            if all(s is not None for s in stats) and len({s.min for s in stats} | {s.max for s in stats}) == 1:
+            stats = [s for r in self.rows if (s := r.stats.get(name)) is not None]
+            if len(stats) == len(self.rows) and len({s.min for s in stats} | {s.max for s in stats}) == 1:
                 found[name] = stats[0].min
         return found
 
@@ -210,7 +210,8 @@ class Report:
     def unit(self, n: int) -> str:
         """What a run of a configuration is called: fold, seed, or run."""
         kinds = {group_kind(k) for k in self.group_over}
-        word = kinds.pop() if len(kinds) == 1 else "run"
+        word = kinds.pop() if len(kinds) == 1 else None
+        word = word or "run"
         return word if n == 1 else word + "s"
 
     def label(self, row: ConfigRow) -> str:

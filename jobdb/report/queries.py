@@ -26,7 +26,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +72,7 @@ CLOSE_ABOVE = 100_000
 def _let_go(conn: Connection) -> None:
     """SQLite: the report's temporary table dropped, or, when large, closed with its connection."""
     raw = conn.connection.dbapi_connection  # after the transaction: each statement its own
+    assert raw is not None  # None only once the connection is closed
     found = f"SELECT count(*) FROM sqlite_temp_master WHERE type = 'table' AND name = '{TEMP}'"
     if not raw.execute(found).fetchone()[0]:
         return
@@ -95,6 +96,7 @@ def _sorting(conn: Connection) -> Iterator[None]:
         yield
         return
     raw = conn.connection.dbapi_connection
+    assert raw is not None  # None only once the connection is closed
     cache = raw.execute("PRAGMA cache_size").fetchone()[0]
     raw.execute(f"PRAGMA cache_size = -{SORT_CACHE_KIB}")
     raw.execute(f"PRAGMA threads = {min(4, os.cpu_count() or 1)}")
@@ -526,7 +528,8 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
     with_metric_in: dict[tuple[Any, Any], bool] = {}  # per scope: whether a configuration has the metric
     configs = jobs = 0
     marked = differs = False
-    results = [[0, None, None] for _ in columns[1:]]  # per result: configurations with it, min, max
+    # per result: configurations with it, min, max (the database's values, of the result's JSON type)
+    results: list[list[Any]] = [[0, None, None] for _ in columns[1:]]
     for r in rows:
         key, (phase, target, count, with_metric, largest, smallest, all_done, total, most, unseen_here, odd) = \
             tuple(r[:len(shown)]), r[len(shown):len(shown) + 11]
@@ -659,6 +662,7 @@ def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequen
     chunks the server sends while the last ones are being written (libpq's chunked mode): never all
     held, and the server's work beside the client's rather than between its requests."""
     raw = conn.connection.dbapi_connection
+    assert raw is not None  # None only once the connection is closed
     for cls in section.classes(allow_incomplete):
         query = sa.text(ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls))
         compiled = query.compile(dialect=conn.dialect)
@@ -668,13 +672,15 @@ def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequen
         cursor = raw.cursor(binary=True) if chunked else raw.cursor(name=f"{TEMP}_rows", binary=True) if sql.pg \
             else raw.cursor()
         rows = None
+        fetch: Callable[[], list[tuple]]
         try:
             if chunked:
                 rows = cursor.stream(compiled.string, args, binary=True, size=BATCH)
                 fetch = functools.partial(lambda it: list(itertools.islice(it, BATCH)), rows)
             else:  # SQLite, or an older libpq: a named (server-side) cursor
                 cursor.execute(compiled.string, args)
-                fetch = functools.partial(cursor.fetchmany, BATCH)
+                # both drivers' fetchmany returns a list; the DB-API's type says only a Sequence
+                fetch = functools.partial(cursor.fetchmany, BATCH)  # type: ignore[assignment]
             while True:
                 part = fetch()
                 if not part:
@@ -714,7 +720,8 @@ def in_python_order(rows: Iterator[tuple], width: int) -> Iterator[tuple]:
     then the lower std, then the first scheduled. Only such a run of equal means is held at a time."""
     cls_at, mean_at = 8 + 5 * width + 1, 8 + 5 * width + 2
     run: list[tuple] = []
-    last_cls, last_mean = None, None
+    last_cls: Any = None  # the database's values, as the row holds them
+    last_mean: Any = None
     for row in rows:
         mean, cls = row[mean_at], row[cls_at]
         if mean is None:  # no metric: the database's order (first scheduled) is the rule's
