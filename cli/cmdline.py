@@ -88,7 +88,9 @@ def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None,
     if len(parsed.phases) > 1 or any(a.grid or a.distribution for a in parsed.phases[0].assignments):
         raise UsageError("cmdline runs one job: no grids, distributions or '--' phases (schedule a sweep for that)")
     params = {a.key: a.values[0] for a in parsed.phases[0].assignments}
-    target = canonical_target(parsed.phases[0].target)
+    first = parsed.phases[0].target
+    assert first is not None  # parse_sweep refuses a sweep whose first phase names no target
+    target = canonical_target(first)
     resume = resume or (force and workdir is not None)
     if resume and workdir is None:
         raise UsageError("--resume continues the run saved in a directory: name it with -w/--workdir")

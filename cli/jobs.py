@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.panel import Panel
@@ -313,7 +315,7 @@ def _fselect_tests(fselects: tuple[str, ...]) -> list:
         if not callable(fn):
             raise UsageError(f"--fselect {sel!r}: {source.strip()!r} is not a function (write lambda v: ...)")
 
-        def test(state, key=key, fn=fn, sel=sel):
+        def test(state: dict[str, Any], key: str = key, fn: Callable[[Any], Any] = fn, sel: str = sel) -> bool:
             if key not in state:
                 return False
             try:

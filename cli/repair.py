@@ -20,7 +20,7 @@ from jobman.jobdb.priority import parse_priority
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
 
-from .common import confirm, out, parse_ids, styled_status, with_database
+from .common import Database, confirm, out, parse_ids, styled_status, with_database
 
 SHOWN_CHANGES = 25
 
@@ -103,7 +103,7 @@ def apply(store: Store, verb: Callable[[], Any], *, dry_run: bool, what: str, ro
             show_changes(preview)
             out.print(f"[bold]dry run[/]: {summary(preview, roots, 'would be ' + what)}; nothing was changed")
             return preview
-        question = ask_if(preview)
+        question = ask_if(preview) if ask_if is not None else None
         if question:
             confirm(question, yes)
     _, changes = store.changes_of(verb)
@@ -134,7 +134,8 @@ def done_lost(changes: list[dict[str, Any]]) -> str | None:
 @click.option("--force", is_flag=True, help="Reset RUNNING jobs too: their workers lose them at the next heartbeat.")
 @dry_run_option
 @yes_option
-def reset(args, database, status, phase, everything, cascade, force, dry_run, yes) -> int:
+def reset(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
+          cascade: bool, force: bool, dry_run: bool, yes: bool) -> int:
     """Run jobs again from scratch: fresh attempts, results cleared, dependents back to WAITING.
 
     \b
@@ -161,7 +162,8 @@ def reset(args, database, status, phase, everything, cascade, force, dry_run, ye
 @click.option("--fresh", is_flag=True, help="Start over (reset) instead of resuming from the last checkpoint.")
 @dry_run_option
 @yes_option
-def retry(args, database, crashed, failed, phase, id_opts, fresh, dry_run, yes) -> int:
+def retry(args: tuple[str, ...], database: Database, crashed: bool, failed: bool, phase: int | None,
+          id_opts: tuple[str, ...], fresh: bool, dry_run: bool, yes: bool) -> int:
     """Queue CRASHED (and, with --failed, FAILED) jobs again; their dependents go back to WAITING.
 
     \b
@@ -194,7 +196,8 @@ def retry(args, database, crashed, failed, phase, id_opts, fresh, dry_run, yes) 
               help="Also stop RUNNING jobs: their worker sees it at the next heartbeat, sends the job SIGTERM "
                    "(should_stop() turns true) and kills it after its grace; the job ends CANCELED.")
 @dry_run_option
-def cancel(args, database, status, phase, everything, running, dry_run) -> int:
+def cancel(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
+           running: bool, dry_run: bool) -> int:
     """Cancel jobs that have not finished; their dependents become BLOCKED.
 
     \b
@@ -222,7 +225,8 @@ def cancel(args, database, status, phase, everything, running, dry_run) -> int:
 @with_database("args")
 @selection_options
 @dry_run_option
-def set_status(args, database, status, phase, everything, dry_run) -> int:
+def set_status(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
+               dry_run: bool) -> int:
     """Force jobs to a status (jobman's --set_status), keeping their dependents consistent.
 
     \b
@@ -246,7 +250,8 @@ def set_status(args, database, status, phase, everything, dry_run) -> int:
 @click.argument("args", nargs=-1, required=True, metavar="[DB] [ID]... PRIORITY")
 @with_database("args")
 @selection_options
-def set_priority(args, database, status, phase, everything) -> int:
+def set_priority(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None,
+                 everything: bool) -> int:
     """Set the priority of jobs: among QUEUED jobs, higher runs first (default 0; may be negative).
 
     \b
@@ -270,7 +275,8 @@ def set_priority(args, database, status, phase, everything) -> int:
 @selection_options
 @dry_run_option
 @yes_option
-def rm(args, database, status, phase, everything, dry_run, yes) -> int:
+def rm(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
+       dry_run: bool, yes: bool) -> int:
     """Delete jobs with their events and metrics; their dependents lose that dependency.
 
     \b

@@ -201,7 +201,7 @@ def _header_lines(report: Report, experiment: str, where: tuple[str, ...]) -> li
 def write_table(report: Report, stream: IO[str], *, top: int, experiment: str, where: tuple[str, ...] = ()) -> None:
     """Rich tables: one per outer fold; the best row marked, ineligible rows dim, then the verdict."""
     if stream is sys.stdout and out.is_terminal:
-        console = out
+        console = out.console
     else:  # a pipe or a file: as wide as the table needs, never squeezed to 80 columns
         console = Console(file=stream, soft_wrap=True, width=250, color_system=None)
     for line in _header_lines(report, experiment, where):

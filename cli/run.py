@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from jobman.dispatch.dispatcher import Tally
 
 
-def limit_options(fn):
+def limit_options(fn: Callable) -> Callable:
     """The options every command that runs jobs shares."""
     fn = click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
                       help="Seconds between asking a job to stop (should_stop) and killing it.")(fn)
@@ -44,7 +44,7 @@ def limit_options(fn):
     return fn
 
 
-def outage_option(fn):
+def outage_option(fn: Callable) -> Callable:
     """How long a database outage is waited out (worker and dispatch)."""
     return click.option("--outage-wait", type=click.FloatRange(0), envvar="JOBMAN_OUTAGE_WAIT", default=None,
                         metavar="SECONDS",
@@ -52,11 +52,11 @@ def outage_option(fn):
                              "before giving up; a running job goes on meanwhile. Default: 600.")(fn)
 
 
-def process_options(fn):
+def process_options(fn: Callable) -> Callable:
     """How a worker's jobs are run on this machine: given to ``fn`` as one ``processes`` argument."""
     @functools.wraps(fn)
-    def wrapper(*args, jobs_per_process: int, threads_per_job: int | None, gpus: str | None, gpus_per_job: int,
-                **kwargs):
+    def wrapper(*args: Any, jobs_per_process: int, threads_per_job: int | None, gpus: str | None, gpus_per_job: int,
+                **kwargs: Any) -> Any:
         processes = JobProcesses(jobs_per_process, threads_per_job, parse_gpus(gpus, gpus_per_job), gpus_per_job)
         return fn(*args, processes=processes, **kwargs)
 
@@ -94,8 +94,9 @@ def _run_worker(database: Database, settings: WorkerSettings) -> WorkerSummary:
 @outage_option
 @process_options
 @verbose_option
-def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_timeout, outage_wait,
-           processes, verbose) -> int:
+def worker(database: Database, exproot: str, timeout: float | None, heartbeat: float, grace: float,
+           max_jobs: int | None, wait: bool, idle_timeout: float | None, outage_wait: float | None,
+           processes: JobProcesses, verbose: bool) -> int:
     """Claim a ready job, run it, record it; repeat until nothing is ready.
 
     \b
@@ -127,7 +128,8 @@ def worker(database, exproot, timeout, heartbeat, grace, max_jobs, wait, idle_ti
 @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
               help="Seconds between asking a job to stop and killing it.")
 @verbose_option
-def sql(args, database, count, timeout, finish_up_after, save_every, workdir, grace, verbose) -> int:
+def sql(args: tuple[str, ...], database: Database, count: int, timeout: float | None, finish_up_after: float | None,
+        save_every: float | None, workdir: str | None, grace: float, verbose: bool) -> int:
     """The original jobman worker: run N jobs of an experiment, workdirs under EXPROOT.
 
     Exits 1 when a job it ran ended FAILED or CRASHED, else 0.
@@ -192,9 +194,10 @@ def sql(args, database, count, timeout, finish_up_after, save_every, workdir, gr
 @outage_option
 @process_options
 @verbose_option
-def dispatch(database, exproot, timeout, heartbeat, grace, workers, backend, progress, sbatch,
-             array_parallelism, one_job_per_task, sbatch_phase, follow, requeue, allow_sqlite, outage_wait,
-             processes, verbose) -> int:
+def dispatch(database: Database, exproot: str, timeout: float | None, heartbeat: float, grace: float,
+             workers: int | None, backend: str, progress: bool | None, sbatch: str, array_parallelism: int | None,
+             one_job_per_task: bool, sbatch_phase: tuple[str, ...], follow: bool | None, requeue: bool | None,
+             allow_sqlite: bool, outage_wait: float | None, processes: JobProcesses, verbose: bool) -> int:
     """Start workers on a backend and show progress until the experiment is finished.
 
     \b
@@ -286,12 +289,12 @@ class _terminate_as_interrupt:
     def __enter__(self) -> None:
         import signal
 
-        def interrupt(_signum, _frame):
+        def interrupt(_signum: int, _frame: object) -> NoReturn:
             raise KeyboardInterrupt
 
         self.saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         import signal
 
         for sig, handler in self.saved.items():
@@ -370,7 +373,8 @@ def _follow(store: Store, launch: Launch, show: bool, watch: str, run: Callable[
 @click.option("--threads-per-job", type=click.IntRange(1), default=None, metavar="T",
               help="BLAS/OpenMP threads of the job (OMP_NUM_THREADS, MKL, OpenBLAS, ...). Default: the libraries' own.")
 @verbose_option
-def run_job(args, database, exproot, timeout, heartbeat, grace, assignment_wait, threads_per_job, verbose) -> int:
+def run_job(args: tuple[str, ...], database: Database, exproot: str, timeout: float | None, heartbeat: float,
+            grace: float, assignment_wait: float, threads_per_job: int | None, verbose: bool) -> int:
     """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
 
     \b
@@ -416,14 +420,14 @@ class _ProgressView:
             self.task = self.progress.add_task("jobs", total=None, detail="")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.progress:
             self.progress.stop()
 
     def elapsed(self) -> float:
         return time.time() - self.start
 
-    def update(self, tally, alive: int) -> None:
+    def update(self, tally: Tally, alive: int) -> None:
         if not self.progress:
             return
         done = tally.finished

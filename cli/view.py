@@ -88,16 +88,18 @@ def help_command(ctx: click.Context, command: tuple[str, ...]) -> None:
       jobman help sqlschedule
       jobman help parameters
     """
-    group = ctx.parent.command if ctx.parent else None
+    parent = ctx.parent
+    assert parent is not None and isinstance(parent.command, click.Group)  # a command of the jobman group
+    group = parent.command
     if not command:
-        click.echo(group.get_help(ctx.parent))
+        click.echo(group.get_help(parent))
         click.echo("\nTopics (jobman help TOPIC): " + ", ".join(TOPICS))
         return
     name = command[0]
     if name in TOPICS:
         click.echo(TOPICS[name])
         return
-    cmd = group.get_command(ctx.parent, name)
+    cmd = group.get_command(parent, name)
     if cmd is None:
         raise UsageError(f"no command or topic named {name!r}; 'jobman help' lists them")
     with click.Context(cmd, info_name=name, parent=ctx.parent) as sub:
