@@ -106,7 +106,7 @@ class Channel:
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self._stop_reason: str | None = None
-        self._state: DD | None = None
+        self._state: dict[str, Any] | None = None
         self._stop_poll: Callable[[], bool] | None = None
         self._last_save_hint = time.time()
         self._param_groups: set[str] | None = None
@@ -157,14 +157,14 @@ class Channel:
     def install_signal_handlers(self) -> None:
         """SIGTERM (and SIGUSR1, sent by Slurm before a time limit) turn should_stop() on."""
 
-        def on_signal(signum, _frame):
+        def on_signal(signum: int, _frame: object) -> None:
             self.request_stop(f"received {signal.Signals(signum).name}")
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGUSR1, on_signal)
 
     # -- state ----------------------------------------------------------
-    def bind(self, state: DD) -> None:
+    def bind(self, state: dict[str, Any]) -> None:
         """Attach the state object that save() checkpoints."""
         self._state = state
 

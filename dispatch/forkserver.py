@@ -351,7 +351,7 @@ def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
             if got is False:
                 return
             link = got[1]
-            pid = _fork_job(ctrl, lambda mask, link=link: _reused_process(targets, link, mask, jobs_per_process))
+            pid = _fork_job(ctrl, functools.partial(_reused_process, targets, link, jobs=jobs_per_process))
             link.close()
             _running_jobs.add(pid)
             try:

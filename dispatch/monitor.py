@@ -155,7 +155,7 @@ class Monitor:
         """Kill what the jobs of workers found gone from this host left in their cgroups."""
         dead = {f.job_id for f in found if f.sign == "process"}
         for job in running:
-            if job.id in dead:
+            if job.id in dead and job.pid is not None:
                 killed = sum(kill_cgroup(folder) for folder in folders_of_dead_worker(job.pid, job.pid_started_at))
                 if killed:
                     notes.append(f"job {job.id}: killed {killed} process(es) it left running in its cgroup")
@@ -203,7 +203,7 @@ class Monitor:
         here = [j for j in running if j.host == self.hostname and j.pid] if self.options.check_pids else []
         if here:
             pids = set(psutil.pids())
-            verdicts: dict[tuple[int, float | None], str | None] = {}  # one look at each worker process
+            verdicts: dict[tuple[int | None, float | None], str | None] = {}  # one look at each worker process
             for job in here:
                 key = (job.pid, job.pid_started_at)
                 if key not in verdicts:
@@ -245,12 +245,12 @@ class Monitor:
             if backend is None:
                 continue  # a backend we cannot ask: the heartbeat still tells
             try:
-                states = backend.allocation_states([j.backend_id for j in group])
+                states = backend.allocation_states([j.backend_id for j in group if j.backend_id])
             except Exception as exc:  # noqa: BLE001 - a backend that cannot answer must not stop the scan
                 errors.append(f"could not ask {name} about {len(group)} job(s): {exc}")
                 continue
             for job in group:
-                state = states.get(job.backend_id)
+                state = states.get(job.backend_id) if job.backend_id else None
                 if state is not None and not state.alive:
                     out.append((job, state.reason or f"its {name} allocation {job.backend_id} ended ({state.state})"))
         return out

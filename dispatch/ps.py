@@ -42,6 +42,7 @@ How it works, and why:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +208,7 @@ class _Table:
             raise PSError(f"{self._name} has rows 0 to {self.rows - 1}: row id {int(bad[0])} is out of range.")
         return ids
 
-    def _pieces(self, rows: np.ndarray | None):
+    def _pieces(self, rows: np.ndarray | None) -> Iterator[tuple[int, slice, tuple[tuple[int, int, Any], Any]]]:
         """Per rank holding some of ``rows`` (sorted, unique; None for all): that rank, which of ``rows``
         (a slice) and the MPI target spec of their places in its window."""
         if rows is None:

@@ -143,17 +143,19 @@ class JobPerTaskDispatcher:
         """Jobs whose Slurm job ended before it claimed them: count the attempt, make them submittable."""
         if queued is None:
             queued = self.store.jobs(status=[Status.QUEUED], with_deps=False)
-        waiting = [j for j in queued if j.awaiting_allocation and j.backend == "slurm"]
+        # (job, its Slurm job): awaiting an allocation, a job has its backend_id
+        waiting = [(j, j.backend_id) for j in queued
+                   if j.awaiting_allocation and j.backend == "slurm" and j.backend_id is not None]
         if not waiting:
             return []
-        states = self.backend.allocation_states([j.backend_id for j in waiting])
+        states = self.backend.allocation_states([backend_id for _, backend_id in waiting])
         released = []
-        for job in waiting:
-            state = states[job.backend_id]
+        for job, backend_id in waiting:
+            state = states[backend_id]
             if state.alive:
                 continue
             why = f"{state.reason.rstrip('.')} before it started job {job.id}"
-            if self.store.release(job.id, job.backend_id, why) is not None:
+            if self.store.release(job.id, backend_id, why) is not None:
                 released.append(job.id)
         return released
 

@@ -94,7 +94,7 @@ class StoppableLoop:
         """How a database outage is waited out (None: the runner's default)."""
         return None
 
-    def _on_signal(self, signum: int, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
 
     def install_signal_handlers(self) -> None:
@@ -110,6 +110,7 @@ class Worker(StoppableLoop):
     """One worker process's loop over one experiment."""
 
     name = "worker"
+    outage: Outage  # always one here: a worker waits out a database outage itself (see _outage)
 
     def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None,
                  server: ForkServer | None = None) -> None:

@@ -103,8 +103,8 @@ def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, 
     status = _trainer_for(first.target)(sub_state, sub_channel)
     if status == INCOMPLETE:
         return None
-    tests = [par.results.get("test_error") for par in ranked if par.job_id in job_ids]
-    tests = [t for t in tests if isinstance(t, (int, float))]
+    found = [par.results.get("test_error") for par in ranked if par.job_id in job_ids]
+    tests = [t for t in found if isinstance(t, (int, float))]
     out = {k: sub_state[k] for k in STANDARD_RESULTS if k in sub_state}
     out.update(best_params={k: v for k, v in dict(winner.params).items()}, best_target=first.target,
                cv_mean=float(winner.mean),

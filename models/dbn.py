@@ -187,7 +187,7 @@ def _pretrained(state: dict, channel: Channel,
     """The job's settings, its data split and its pretrained stack (None when stopped): the first
     phase of ``pretrain`` and of ``train``."""
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
+    channel.bind(state)
     split = make_split(p)
     return p, split, pretrain_stack(split.X_train, p, channel, state, channel.workdir / PRETRAIN_CHECKPOINT, plugins)
 
@@ -237,7 +237,7 @@ def finetune(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> s
     if not channel.parents:
         raise ValueError("dbn:finetune needs a parent: schedule it as the phase after dbn:pretrain")
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
+    channel.bind(state)
     stack = load_stack(channel.parents[0].workdir)
     return finetune_stack(stack, make_split(p), p, channel, state, plugins)
 

@@ -37,7 +37,7 @@ def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
     ``plugins`` adds plugins to the training loop.
     """
     p = settings(job_params(state, channel), DEFAULTS)
-    channel.bind(state)  # type: ignore[arg-type]  # Channel.bind is typed for a DD; any dict will do
+    channel.bind(state)
     split = make_split(p)
     rng = np.random.default_rng(p.seed)
     net = layers.mlp([split.n_features, *int_list(p.nhid), split.n_classes], p.activation, rng)

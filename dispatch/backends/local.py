@@ -85,9 +85,10 @@ class LocalBackend:
         """Workers that exited since the last call: pid, exit code (negative: a signal), last log line."""
         out = []
         for p in self.procs:
-            if p.poll() is not None and p.pid not in self._seen_exits:
+            code = p.poll()
+            if code is not None and p.pid not in self._seen_exits:
                 self._seen_exits.add(p.pid)
-                out.append((str(p.pid), p.returncode, last_line(self.logs[p.pid])))
+                out.append((str(p.pid), code, last_line(self.logs[p.pid])))
         return out
 
     def wait(self, seconds: float) -> None:

@@ -53,7 +53,7 @@ def serve(fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a worker ended: wake the loop through the pipe
     ctrl = socket.socket(fileno=fd)
     while True:
-        ready, _, _ = select.select([ctrl, wake_r], [], [])
+        ready, _, _ = select.select([ctrl.fileno(), wake_r], [], [])
         if wake_r in ready:
             while True:
                 try:
@@ -62,7 +62,7 @@ def serve(fd: int, parent_pid: int) -> None:
                 except BlockingIOError:
                     break
         _send_exits(ctrl)
-        if ctrl not in ready:
+        if ctrl.fileno() not in ready:
             continue
         got = recv_msg(ctrl)
         if got is None:
@@ -185,6 +185,7 @@ class Zygote:
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self._start()
+        assert self.ctrl is not None  # _start made it
         send_msg(self.ctrl, {**request, "log": log_path, "env": env})
         while True:
             message = self._next(None)
