@@ -67,10 +67,11 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
     env.filters.update(FILTERS)
     env.globals.update(urlencode=urlencode, allow_actions=allow_actions, form_secret=settings.form_secret,
                        database=mask_password(settings.db.target.display), status_order=names_of(DISPLAY_ORDER))
-    macros = env.get_template("_macros.html").module  # shared by whole pages and the parts a live update asks for
+    # shared by whole pages and the parts a live update asks for; a template's macros are attributes made at run time
+    macros: Any = env.get_template("_macros.html").module
     env.globals.update(bar=macros.bar, status=macros.status)
 
-    def render(page_name: str, request: Request, status_code: int = 200, **context: Any) -> HTMLResponse:
+    def render(page_name: str, request: Request, status_code: int = 200, **context: Any) -> Response:
         part = request.query_params.get("part")
         if part and page_name == "error":  # a live update's error: the sentence alone
             part = "content"

@@ -60,8 +60,9 @@ class Axis:
         return out
 
 
-def scatter(points: Sequence[tuple[Any, float, str]], xlabel: str, ylabel: str, *, best: str | None = None) -> Markup:
-    """One point per (x, y, title); the point titled ``best`` is ringed."""
+def scatter(points: Sequence[tuple[Any, float | None, str]], xlabel: str, ylabel: str, *,
+            best: str | None = None) -> Markup:
+    """One point per (x, y, title); the point titled ``best`` is ringed, a point without a y is left out."""
     pts = [p for p in points if is_number(p[1])]
     if not pts:
         return Markup('<p class="empty">nothing to plot yet</p>')
@@ -99,8 +100,9 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: s
     return _svg(body, f"{ylabel} against {xlabel}")
 
 
-def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float, str]], metric: str) -> Markup:
-    """Parallel coordinates: one line per configuration across its parameters and the metric (last axis).
+def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | None, str]], metric: str) -> Markup:
+    """Parallel coordinates: one line per configuration across its parameters and the metric (last axis);
+    a configuration without the metric is left out.
 
     Lines are coloured by the metric, darkest for the lowest value.
     """

@@ -150,7 +150,9 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
 
 
 def best_of(rep: report.Report | None) -> dict[str, Any] | None:
-    winner = rep and (rep.best or next(iter(rep.best_by_outer.values()), None))
+    if rep is None:
+        return None
+    winner = rep.best or next(iter(rep.best_by_outer.values()), None)
     if not winner or winner.mean is None:
         return None
     return {"metric": rep.metric, "mode": rep.mode, "value": winner.mean, "std": winner.std,
