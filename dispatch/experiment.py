@@ -7,12 +7,13 @@ share this module so a function behaves the same everywhere.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import os
 import sys
 import traceback
-from collections.abc import Mapping  # not typing's: its isinstance is several times slower
+from collections.abc import Iterable, Mapping  # not typing's: its isinstance is several times slower
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -122,6 +123,22 @@ def takes_state_and_channel(fn: Callable[..., Any]) -> bool:
     return names[:2] == ["state", "channel"]
 
 
+def unaccepted(fn: Callable[..., Any], names: Iterable[str]) -> str | None:
+    """The sentence refusing the first parameter ``fn`` cannot take (no such keyword, no ``**kwargs``),
+    or None when it takes them all. ``fn(state, channel)`` takes any state, so any parameter."""
+    sig = _signature(fn)
+    if sig is None or takes_state_and_channel(fn) or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in dict.fromkeys(n.split(".", 1)[0] for n in names):  # a dotted parameter is its group's
+        if name in takes or name == RESERVED:
+            continue
+        own = f"{getattr(fn, '__name__', 'the target')}() takes {', '.join(takes) if takes else 'no parameters'}"
+        close = difflib.get_close_matches(name, takes, n=1)
+        return f"{name}: {own}" + (f"; did you mean {close[0]}?" if close else "")
+    return None
+
+
 @dataclass
 class CallEnd:
     """How a call of a job's function ended. ``status`` is DONE, INCOMPLETE or FAILED (the first
@@ -145,6 +162,9 @@ def failure_why(error: str | None) -> str:
 def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
     """Run ``fn`` on ``state`` and turn whatever it does into a :class:`CallEnd`."""
     channel.bind(state)
+    refused = unaccepted(fn, channel.params)
+    if refused is not None:  # run with its defaults, the job would answer another question than was asked
+        return CallEnd("FAILED", _safe_results(channel, state), refused)
     try:
         if takes_state_and_channel(fn):
             ret = fn(state, channel)

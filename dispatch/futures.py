@@ -34,7 +34,7 @@ from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 from .calls import json_params, source_version, target_of
 from .channel import DD, Channel
-from .experiment import TargetError, by_value, resolve
+from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
 
 __all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
@@ -194,13 +194,15 @@ class Experiment:
         if cache == "source" and not isinstance(fn, str):
             version = source_version(fn)
         target = target_of(fn, version)
+        points = list(params)
+        _refuse_unaccepted(resolve(target.partition("@")[0]) if isinstance(fn, str) else fn, points)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, list(params), runnable, retry=retry, code=None)
+            return self._submit(target, points, runnable, retry=retry, code=None)
         code = None
         if by_value(target):
             target, code = self._by_value(target, fn)
-        return self._submit(target, list(params), fn, retry=retry, code=code)
+        return self._submit(target, points, fn, retry=retry, code=code)
 
     def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
                 code: bytes | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
@@ -374,9 +376,10 @@ class Experiment:
         if check:
             for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
                 try:
-                    resolve(target)
+                    found = resolve(target)
                 except TargetError as exc:
                     raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
+                _refuse_unaccepted(found, [s.params for s in specs if s.kind == "fn" and s.target == target])
         scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts,
                                         halving=sampled(sweep_space(parsed)))
         targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
@@ -384,6 +387,17 @@ class Experiment:
         if any(not f.done() for f in futures):
             self._follow()
         return futures
+
+
+def _refuse_unaccepted(fn: Callable[..., Any], params: Iterable[Mapping[str, Any]]) -> None:
+    """A UsageError naming the first parameter ``fn`` cannot take: refused before anything is written."""
+    names: dict[str, None] = {}
+    for p in params:
+        if isinstance(p, Mapping):  # anything else is refused by json_params, in its own words
+            names.update(dict.fromkeys(k for k in p if isinstance(k, str)))
+    refused = unaccepted(fn, names)
+    if refused is not None:
+        raise UsageError(refused)
 
 
 def _unique(specs: Sequence[JobSpec]) -> list[JobSpec]:
