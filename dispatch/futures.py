@@ -24,7 +24,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from jobman.jobdb.canonical import dump_json
+from jobman.jobdb.canonical import dump_json, load_results
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.scheduling import pickled_by_value
@@ -337,7 +337,7 @@ class Experiment:
         rows = []
         for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
             rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
-                         **json.loads(params), **(json.loads(results) if results else {})})
+                         **json.loads(params), **(load_results(results) if results else {})})
         if as_frame is False:
             return rows
         try:

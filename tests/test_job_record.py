@@ -106,3 +106,75 @@ def test_call_and_map_refuse_a_parameter_the_function_cannot_take(db_url, kwmod)
     exp.close()
 
 
+
+# -- 2. NaN and the infinities kept ---------------------------------------------------------------
+
+DIVERGED = '''
+    import math
+
+    def diverged(lr):
+        return {"loss": math.inf, "acc": 0.1, "low": -math.inf, "grad": math.nan, "curve": [1.0, math.nan]}
+
+    def logs(state, channel):
+        channel.log(0, loss=1.5)
+        channel.log(1, loss=math.nan, up=math.inf)
+        state.done = True
+'''
+
+
+def test_a_job_returning_nan_and_infinities_is_done_with_every_value_kept(db_url, tmp_path, jobman):
+    import math
+
+    (tmp_path / "divmod.py").write_text(textwrap.dedent(DIVERGED))
+    out = jobman("sqlschedule", db_url, "divmod:diverged", "lr=0.1", cwd=tmp_path)
+    assert out.code == 0, out.err
+    out = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path)
+    [job] = Store.open(db_url).jobs()
+    assert job.status == "DONE", job.error
+    results = job.results or {}
+    assert results["loss"] == math.inf and results["low"] == -math.inf and results["acc"] == 0.1
+    assert math.isnan(results["grad"]) and results["curve"][0] == 1.0 and math.isnan(results["curve"][1])
+    shown = jobman("show", db_url, str(job.id), cwd=tmp_path)
+    assert shown.code == 0, shown.err
+    assert '"grad": NaN' in shown.out and '"loss": Infinity' in shown.out and "$float" not in shown.out
+    listed = jobman("list", db_url, cwd=tmp_path)
+    assert "loss=inf" in listed.out and "grad=nan" in listed.out, listed.out
+    exported = jobman("show", db_url, str(job.id), "--format", "json", cwd=tmp_path)
+    assert '"low": -Infinity' in exported.out and json.loads(exported.out)["results"]["loss"] == math.inf
+    # From Python, the same floats come back.
+    exp = jobman_api_experiment(db_url, tmp_path)
+    [row] = exp.results(as_frame=False)
+    assert row["loss"] == math.inf and math.isnan(row["grad"])
+    exp.close()
+
+
+def jobman_api_experiment(db_url: str, tmp_path: Path) -> jobman.Experiment:
+    return jobman.Experiment(db_url, backend=None, exproot=tmp_path / "runs")
+
+
+def test_a_resumed_job_gets_its_saved_nan_back_and_the_report_never_picks_it(store, db_url):
+    import math
+
+    from test_report import add_jobs, same_report
+
+    add_jobs(store, [({"lr": 0.1}, "DONE", {"valid_error": math.nan}),
+                     ({"lr": 0.2}, "DONE", {"valid_error": 0.3}),
+                     ({"lr": 0.3}, "DONE", {"valid_error": math.inf}),
+                     ({"lr": 0.4}, "DONE", {"valid_error": -math.inf})])
+    # A checkpoint holding NaN comes back as NaN to the attempt that resumes it.
+    from jobman.jobdb.store import WorkerInfo
+    from jobman.jobdb.sweep import JobSpec
+
+    [resumed] = store.schedule([JobSpec(1, "fn", "m:f", {"lr": 0.5}, None)]).job_ids
+    claimed = store.claim(WorkerInfo.here(), None)
+    assert claimed is not None and claimed.job.id == resumed
+    store.save(resumed, claimed.lease, {"epoch": 3, "loss": math.nan, "best": -math.inf})
+    store.finish(resumed, claimed.lease, "INCOMPLETE", results={"epoch": 3, "loss": math.nan, "best": -math.inf},
+                 relaunch=False)
+    again = store.claim(WorkerInfo.here(), None)
+    assert again is not None and again.job.id == resumed
+    assert math.isnan(again.job.results["loss"]) and again.job.results["best"] == -math.inf
+    rep = same_report(store, phase=0)
+    assert rep.best is not None and rep.best.params == {"lr": 0.2}
+    assert [r.params["lr"] for r in rep.rows][0] == 0.2
+    assert all(not r.eligible for r in rep.rows if r.params["lr"] != 0.2)
