@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from jobman.jobdb.nested import RESERVED
 
-from .channel import COMPLETE, INCOMPLETE, DD, Channel, to_jsonable
+from .channel import COMPLETE, INCOMPLETE, DD, Channel, keepable
 
 
 class TargetError(Exception):
@@ -181,13 +181,16 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
 def ending_of(ret: Any, results: dict[str, Any], pruned: bool = False, stop_reason: str | None = None) -> CallEnd:
     """How a call that returned ``ret`` (not a dict: that is merged into the results first) ended,
     given its results and whether the search pruned it."""
-    if pruned and ret in (None, COMPLETE, INCOMPLETE):  # a pruned job is done, not to be resumed
+    # Compared as text only: ``==`` on an array returned by mistake is an array, not a truth value.
+    said = ret if isinstance(ret, str) else None
+    if pruned and (ret is None or said in (COMPLETE, INCOMPLETE)):  # a pruned job is done, not to be resumed
         return CallEnd("DONE", {**results, "pruned": True, "pruned_why": stop_reason})
-    if ret is None or ret == COMPLETE:
+    if ret is None or said == COMPLETE:
         return CallEnd("DONE", results)
-    if ret == INCOMPLETE:
+    if said == INCOMPLETE:
         return CallEnd("INCOMPLETE", results)
-    return CallEnd("FAILED", results, f"the job returned {ret!r}; expected None, a dict, COMPLETE or INCOMPLETE")
+    shown = repr(ret) if isinstance(ret, (str, int, float)) else f"a {type(ret).__name__}"
+    return CallEnd("FAILED", results, f"the job returned {shown}; expected None, a dict, COMPLETE or INCOMPLETE")
 
 
 def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
@@ -201,7 +204,4 @@ def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> 
 
 
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
-    try:
-        return to_jsonable(channel.results_of(state))
-    except (TypeError, ValueError) as exc:
-        return {"_unserialisable_results": str(exc)}
+    return keepable(channel.results_of(state))

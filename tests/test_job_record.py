@@ -178,3 +178,63 @@ def test_a_resumed_job_gets_its_saved_nan_back_and_the_report_never_picks_it(sto
     assert rep.best is not None and rep.best.params == {"lr": 0.2}
     assert [r.params["lr"] for r in rep.rows][0] == 0.2
     assert all(not r.eligible for r in rep.rows if r.params["lr"] != 0.2)
+
+
+# -- 3. one value that cannot be kept never takes the others with it -------------------------------
+
+VALUES = '''
+    import numpy as np
+
+    class Model:
+        pass
+
+    def mixed(lr):
+        return {"model": Model(), "loss": 0.1, "weights": np.arange(3), "handle": open(__file__)}
+
+    def array(lr):
+        return np.zeros(3)
+
+    def replaced(state, channel):
+        state.lr = np.full(2, state.lr)  # a parameter replaced by an array: a result, not a crash
+        state.model = Model()
+        channel.save()
+        state.acc = 0.5
+'''
+
+
+def test_a_value_that_cannot_be_kept_is_named_and_the_others_are_kept(db_url, tmp_path, jobman):
+    (tmp_path / "valmod.py").write_text(textwrap.dedent(VALUES))
+    for target in ("valmod:mixed", "valmod:array", "valmod:replaced"):
+        out = jobman("sqlschedule", db_url, target, "lr=0.1", cwd=tmp_path)
+        assert out.code == 0, out.err
+    out = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path)
+    jobs = {j.target: j for j in Store.open(db_url).jobs()}
+    mixed = jobs["valmod:mixed"]
+    assert mixed.status == "DONE", mixed.error
+    assert mixed.results is not None
+    assert mixed.results["loss"] == 0.1 and mixed.results["weights"] == [0, 1, 2]
+    assert mixed.results["_not_kept"] == {"model": "Model is not JSON-serialisable",
+                                          "handle": "TextIOWrapper is not JSON-serialisable"}
+    array = jobs["valmod:array"]
+    assert array.status == "FAILED"
+    assert array.error == "the job returned a ndarray; expected None, a dict, COMPLETE or INCOMPLETE"
+    replaced = jobs["valmod:replaced"]
+    assert replaced.status == "DONE", replaced.error
+    assert replaced.results == {"lr": [0.1, 0.1], "acc": 0.5, "_not_kept": {"model": "Model is not JSON-serialisable"}}
+    shown = jobman("show", db_url, str(mixed.id), "--format", "json", cwd=tmp_path)
+    assert json.loads(shown.out)["results"]["_not_kept"]["model"] == "Model is not JSON-serialisable"
+
+
+def test_from_python_a_value_that_cannot_be_kept_is_named_and_the_others_are_returned(db_url, tmp_path):
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+
+    class Model:
+        pass
+
+    def train(lr):
+        return {"model": Model(), "loss": lr}
+
+    assert exp.call(train, lr=0.25).result(timeout=60) == {
+        "loss": 0.25, "_not_kept": {"model": "Model is not JSON-serialisable"}}
+    exp.close()
+
