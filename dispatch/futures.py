@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
-import json
 import os
 import shlex
 import sys
@@ -24,7 +23,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from jobman.jobdb.canonical import dump_json, load_results
+from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.scheduling import pickled_by_value
@@ -330,14 +329,13 @@ class Experiment:
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
-        """Every job's id, phase, status, target, parameters and results, one dict per job (by id).
+        """One dict per job (by id): its own columns (id, status, phase, attempt, host, started,
+        finished, seconds, target), then ``params_<name>`` and ``results_<name>``, as Optuna's
+        ``trials_dataframe`` keeps them apart: a result named ``status`` never hides the job's.
 
         A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
         """
-        rows = []
-        for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
-            rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
-                         **json.loads(params), **(load_results(results) if results else {})})
+        rows = [job_row(job) for job in self.store.jobs(phase=phase, with_deps=False)]
         if as_frame is False:
             return rows
         try:
@@ -387,6 +385,15 @@ class Experiment:
         if any(not f.done() for f in futures):
             self._follow()
         return futures
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """A job as a row of :meth:`Experiment.results`: its own columns, then its prefixed parameters and results."""
+    seconds = job.finished_at - job.started_at if job.finished_at and job.started_at else None
+    return {"id": job.id, "status": job.status.value, "phase": job.phase, "attempt": job.attempt, "host": job.host,
+            "started": job.started_at, "finished": job.finished_at, "seconds": seconds, "target": job.target,
+            **{f"params_{k}": v for k, v in job.params.items()},
+            **{f"results_{k}": v for k, v in (job.results or {}).items()}}
 
 
 def _refuse_unaccepted(fn: Callable[..., Any], params: Iterable[Mapping[str, Any]]) -> None:

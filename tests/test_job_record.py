@@ -144,7 +144,7 @@ def test_a_job_returning_nan_and_infinities_is_done_with_every_value_kept(db_url
     # From Python, the same floats come back.
     exp = jobman_api_experiment(db_url, tmp_path)
     [row] = exp.results(as_frame=False)
-    assert row["loss"] == math.inf and math.isnan(row["grad"])
+    assert row["results_loss"] == math.inf and math.isnan(row["results_grad"])
     exp.close()
 
 
@@ -238,3 +238,32 @@ def test_from_python_a_value_that_cannot_be_kept_is_named_and_the_others_are_ret
         "loss": 0.25, "_not_kept": {"model": "Model is not JSON-serialisable"}}
     exp.close()
 
+
+# -- 4. exp.results(): the job's columns apart from its parameters and results ---------------------
+
+def test_results_keeps_job_columns_apart_from_parameters_and_results(db_url, tmp_path):
+    import pandas
+
+    exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
+
+    def clash(status, id):  # noqa: A002  (parameters named as job columns, on purpose)
+        return {"status": "diverged", "phase": "warmup", "seconds": -1, "score": status * 2}
+
+    futures = exp.map(clash, [{"status": 1, "id": "a"}, {"status": 2, "id": "b"}])
+    assert [f.result(timeout=60)["score"] for f in futures] == [2, 4]
+    rows = exp.results(as_frame=False)
+    assert [r["id"] for r in rows] == [f.job_id for f in futures]
+    for row, status in zip(rows, (1, 2)):
+        assert row["status"] == "DONE" and row["phase"] == 0 and row["attempt"] == 1
+        assert row["host"] and row["started"] <= row["finished"]
+        assert row["seconds"] == pytest.approx(row["finished"] - row["started"])
+        assert row["params_status"] == status and row["results_status"] == "diverged"
+        assert row["results_phase"] == "warmup" and row["results_seconds"] == -1
+        assert row["results_score"] == 2 * status
+    assert rows[0]["params_id"] == "a"
+    frame = exp.results()
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame.columns[:9]) == ["id", "status", "phase", "attempt", "host", "started", "finished",
+                                       "seconds", "target"]
+    assert list(frame["status"]) == ["DONE", "DONE"] and list(frame["results_status"]) == ["diverged"] * 2
+    exp.close()
