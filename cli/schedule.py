@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, NoReturn
 
 import click
 
+from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.halving import (
     PRUNE_MIN_FINISHED,
@@ -175,6 +177,8 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
                    err=True)
     tokens = original_forms([PHASE_SEPARATOR if t == _SEP else t for t in sweep])
+    if command is not None:
+        command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
         raise UsageError("--cmd needs a command line, such as 'python train.py'")

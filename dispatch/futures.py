@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from jobman.jobdb.canonical import dump_json
+from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.scheduling import pickled_by_value
@@ -369,6 +370,8 @@ class Experiment:
         ``exp.schedule("mypkg.train:main lr=loguniform(1e-4,1e-1)", samples=32, seed=7)``.
         """
         tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
+        if command is not None:
+            command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
         parsed = parse_sweep(tokens, command=command)
         specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
         if check:

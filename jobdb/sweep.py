@@ -24,7 +24,7 @@ from .errors import SweepError
 from .nested import check_names
 
 PHASE_SEPARATOR = "--"
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$")
