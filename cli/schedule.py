@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, NoReturn
 
 import click
 
+from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.halving import (
     PRUNE_MIN_FINISHED,
@@ -55,15 +57,18 @@ def original_forms(tokens: list[str], *, later_wins: bool = False) -> list[str]:
     return expand_tokens(tokens, evaluate=evaluate, later_wins=later_wins)
 
 
-def check_targets(targets: list[str]) -> None:
-    """Refuse a sweep whose function targets cannot be imported here (``--no-check`` skips this)."""
-    from jobman.dispatch.experiment import TargetError, resolve
+def check_targets(targets: list[tuple[str, list[str]]]) -> None:
+    """Refuse a sweep whose function targets cannot be imported here, or cannot take a parameter
+    the sweep gives them (``--no-check`` skips this)."""
+    from jobman.dispatch.experiment import TargetError, resolve, unaccepted
 
-    for target in dict.fromkeys(targets):
+    for target, names in targets:
         try:
-            resolve(target)
+            refused = unaccepted(resolve(target), names)
         except TargetError as exc:
             raise UsageError(f"{exc} (use --no-check if it only exists where the jobs run)") from None
+        if refused is not None:
+            raise UsageError(refused)
 
 
 def parse_after(selectors: tuple[str, ...]) -> dict:
@@ -172,6 +177,8 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
                    err=True)
     tokens = original_forms([PHASE_SEPARATOR if t == _SEP else t for t in sweep])
+    if command is not None:
+        command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
     parsed = parse_sweep(tokens, command=command)
     if command is not None and not command.strip():
         raise UsageError("--cmd needs a command line, such as 'python train.py'")
@@ -196,7 +203,7 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     # Made as the store reads it: a million-job grid is never held whole.
     specs = Expansion(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
-        check_targets(specs.function_targets())
+        check_targets(specs.function_parameters())
     if dry_run:
         click.echo(f"{len(specs) * repeat} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
         if rules is not None and rules.rungs:

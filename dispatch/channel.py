@@ -179,7 +179,7 @@ class Channel:
                 continue
             items = flatten(value, key + ".").items() if key in groups and isinstance(value, Mapping) else (
                 (key, value),)
-            out.update((k, v) for k, v in items if k not in self.params or self.params[k] != v)
+            out.update((k, v) for k, v in items if k not in self.params or not _unchanged(self.params[k], v))
         return out
 
     def _groups(self) -> set[str]:
@@ -192,7 +192,7 @@ class Channel:
         """Checkpoint the job's state (its results so far) so a relaunch resumes from it."""
         if self._state is None:
             raise RuntimeError("channel.save() called before the channel was bound to a state")
-        self._save(self.results_of(self._state))
+        self._save(keepable(self.results_of(self._state)))
 
     def log(self, step: int, **metrics: float) -> None:
         """Record learning-curve points: ``channel.log(epoch, valid_error=0.03)``.
@@ -307,6 +307,35 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _unchanged(param: Any, value: Any) -> bool:
+    """Whether ``value`` is the parameter as given; an array put in its place is a change, not an error."""
+    try:
+        return bool(param == value)
+    except ValueError:  # NumPy's "truth value of an array is ambiguous"
+        return False
+
+
+NOT_KEPT = "_not_kept"
+
+
+def keepable(results: Mapping[str, Any]) -> dict[str, Any]:
+    """``results`` as JSON values, each kept on its own: one that JSON cannot hold (a model, an open
+    file) is left out and named under ``_not_kept`` with why, never taking the others with it."""
+    try:
+        return to_jsonable(results)
+    except (TypeError, ValueError, RecursionError):
+        pass
+    kept: dict[str, Any] = {}
+    lost: dict[str, str] = {}
+    for key, value in results.items():
+        try:
+            kept[key] = to_jsonable(value)
+        except (TypeError, ValueError, RecursionError) as exc:
+            lost[key] = str(exc)
+    kept[NOT_KEPT] = {**kept.get(NOT_KEPT, {}), **lost} if isinstance(kept.get(NOT_KEPT), dict) else lost
+    return kept
 
 
 def to_jsonable(value: Any) -> Any:

@@ -7,21 +7,19 @@ share this module so a function behaves the same everywhere.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import os
 import sys
 import traceback
-from collections.abc import (
-    Callable,
-    Mapping,  # not typing's: its isinstance is several times slower
-)
+from collections.abc import Callable, Iterable, Mapping  # not typing's: its isinstance is several times slower
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobman.jobdb.nested import RESERVED
 
-from .channel import COMPLETE, DD, INCOMPLETE, Channel, to_jsonable
+from .channel import COMPLETE, DD, INCOMPLETE, Channel, keepable
 
 
 class TargetError(Exception):
@@ -125,6 +123,22 @@ def takes_state_and_channel(fn: Callable[..., Any]) -> bool:
     return names[:2] == ["state", "channel"]
 
 
+def unaccepted(fn: Callable[..., Any], names: Iterable[str]) -> str | None:
+    """The sentence refusing the first parameter ``fn`` cannot take (no such keyword, no ``**kwargs``),
+    or None when it takes them all. ``fn(state, channel)`` takes any state, so any parameter."""
+    sig = _signature(fn)
+    if sig is None or takes_state_and_channel(fn) or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    takes = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in dict.fromkeys(n.split(".", 1)[0] for n in names):  # a dotted parameter is its group's
+        if name in takes or name == RESERVED:
+            continue
+        own = f"{getattr(fn, '__name__', 'the target')}() takes {', '.join(takes) if takes else 'no parameters'}"
+        close = difflib.get_close_matches(name, takes, n=1)
+        return f"{name}: {own}" + (f"; did you mean {close[0]}?" if close else "")
+    return None
+
+
 @dataclass
 class CallEnd:
     """How a call of a job's function ended. ``status`` is DONE, INCOMPLETE or FAILED (the first
@@ -148,6 +162,9 @@ def failure_why(error: str | None) -> str:
 def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
     """Run ``fn`` on ``state`` and turn whatever it does into a :class:`CallEnd`."""
     channel.bind(state)
+    refused = unaccepted(fn, channel.params)
+    if refused is not None:  # run with its defaults, the job would answer another question than was asked
+        return CallEnd("FAILED", _safe_results(channel, state), refused)
     try:
         if takes_state_and_channel(fn):
             ret = fn(state, channel)
@@ -164,13 +181,16 @@ def call(fn: Callable[..., Any], state: DD, channel: Channel) -> CallEnd:
 def ending_of(ret: Any, results: dict[str, Any], pruned: bool = False, stop_reason: str | None = None) -> CallEnd:
     """How a call that returned ``ret`` (not a dict: that is merged into the results first) ended,
     given its results and whether the search pruned it."""
-    if pruned and ret in (None, COMPLETE, INCOMPLETE):  # a pruned job is done, not to be resumed
+    # Compared as text only: ``==`` on an array returned by mistake is an array, not a truth value.
+    said = ret if isinstance(ret, str) else None
+    if pruned and (ret is None or said in (COMPLETE, INCOMPLETE)):  # a pruned job is done, not to be resumed
         return CallEnd("DONE", {**results, "pruned": True, "pruned_why": stop_reason})
-    if ret is None or ret == COMPLETE:
+    if ret is None or said == COMPLETE:
         return CallEnd("DONE", results)
-    if ret == INCOMPLETE:
+    if said == INCOMPLETE:
         return CallEnd("INCOMPLETE", results)
-    return CallEnd("FAILED", results, f"the job returned {ret!r}; expected None, a dict, COMPLETE or INCOMPLETE")
+    shown = repr(ret) if isinstance(ret, (str, int, float)) else f"a {type(ret).__name__}"
+    return CallEnd("FAILED", results, f"the job returned {shown}; expected None, a dict, COMPLETE or INCOMPLETE")
 
 
 def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> Any:
@@ -184,7 +204,4 @@ def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> 
 
 
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
-    try:
-        return to_jsonable(channel.results_of(state))
-    except (TypeError, ValueError) as exc:
-        return {"_unserialisable_results": str(exc)}
+    return keepable(channel.results_of(state))

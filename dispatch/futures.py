@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
-import json
 import os
 import shlex
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jobman.jobdb.canonical import dump_json
+from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.scheduling import pickled_by_value
@@ -35,7 +35,7 @@ from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 from .calls import json_params, source_version, target_of
 from .channel import DD, Channel
-from .experiment import TargetError, by_value, resolve
+from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
 
 __all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
@@ -195,13 +195,15 @@ class Experiment:
         if cache == "source" and not isinstance(fn, str):
             version = source_version(fn)
         target = target_of(fn, version)
+        points = list(params)
+        _refuse_unaccepted(resolve(target.partition("@")[0]) if isinstance(fn, str) else fn, points)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, list(params), runnable, retry=retry, code=None)
+            return self._submit(target, points, runnable, retry=retry, code=None)
         code = None
         if by_value(target):
             target, code = self._by_value(target, fn)
-        return self._submit(target, list(params), fn, retry=retry, code=code)
+        return self._submit(target, points, fn, retry=retry, code=code)
 
     def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
                 code: bytes | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
@@ -329,14 +331,13 @@ class Experiment:
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
-        """Every job's id, phase, status, target, parameters and results, one dict per job (by id).
+        """One dict per job (by id): its own columns (id, status, phase, attempt, host, started,
+        finished, seconds, target), then ``params_<name>`` and ``results_<name>``, as Optuna's
+        ``trials_dataframe`` keeps them apart: a result named ``status`` never hides the job's.
 
         A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
         """
-        rows = []
-        for job_id, job_phase, status, target, params, results in self.store.report_rows(phase):
-            rows.append({"id": job_id, "phase": job_phase, "status": status, "target": target,
-                         **json.loads(params), **(json.loads(results) if results else {})})
+        rows = [job_row(job) for job in self.store.jobs(phase=phase, with_deps=False)]
         if as_frame is False:
             return rows
         try:
@@ -370,14 +371,17 @@ class Experiment:
         ``exp.schedule("mypkg.train:main lr=loguniform(1e-4,1e-1)", samples=32, seed=7)``.
         """
         tokens = shlex.split(sweep) if isinstance(sweep, str) else list(sweep)
+        if command is not None:
+            command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
         parsed = parse_sweep(tokens, command=command)
         specs = expand(parsed, samples=samples, seed=seed, sampler=sampler)
         if check:
             for target in dict.fromkeys(s.target for s in specs if s.kind == "fn"):
                 try:
-                    resolve(target)
+                    found = resolve(target)
                 except TargetError as exc:
                     raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
+                _refuse_unaccepted(found, [s.params for s in specs if s.kind == "fn" and s.target == target])
         scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts,
                                         halving=sampled(sweep_space(parsed)))
         targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
@@ -385,6 +389,26 @@ class Experiment:
         if any(not f.done() for f in futures):
             self._follow()
         return futures
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """A job as a row of :meth:`Experiment.results`: its own columns, then its prefixed parameters and results."""
+    seconds = job.finished_at - job.started_at if job.finished_at and job.started_at else None
+    return {"id": job.id, "status": job.status.value, "phase": job.phase, "attempt": job.attempt, "host": job.host,
+            "started": job.started_at, "finished": job.finished_at, "seconds": seconds, "target": job.target,
+            **{f"params_{k}": v for k, v in job.params.items()},
+            **{f"results_{k}": v for k, v in (job.results or {}).items()}}
+
+
+def _refuse_unaccepted(fn: Callable[..., Any], params: Iterable[Mapping[str, Any]]) -> None:
+    """A UsageError naming the first parameter ``fn`` cannot take: refused before anything is written."""
+    names: dict[str, None] = {}
+    for p in params:
+        if isinstance(p, Mapping):  # anything else is refused by json_params, in its own words
+            names.update(dict.fromkeys(k for k in p if isinstance(k, str)))
+    refused = unaccepted(fn, names)
+    if refused is not None:
+        raise UsageError(refused)
 
 
 def _unique(specs: Sequence[JobSpec]) -> list[JobSpec]:

@@ -72,12 +72,14 @@ def deadline_of(timeout: float | None) -> float | None:
 
 
 def command_argv(command: str, params: dict[str, Any]) -> list[str]:
-    """The argv of a command job: ``{key}`` placeholders filled, else ``--key value`` appended.
+    """The argv of a command job: ``{key}`` placeholders filled, else ``--key value`` appended as
+    argparse reads them: True a bare ``--key`` (``store_true``), False left out, a list as
+    ``--key v1 v2`` (``nargs``).
 
     Values never pass through a shell: each becomes exactly one argument.
     """
     argv = shlex.split(command)
-    as_text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}
+    as_text = {k: _argument(v) for k, v in params.items()}
     if any("{" in tok and "}" in tok for tok in argv):
         out = []
         for tok in argv:
@@ -88,9 +90,20 @@ def command_argv(command: str, params: dict[str, Any]) -> list[str]:
             except (ValueError, IndexError):
                 out.append(tok)
         return out
-    for key, value in as_text.items():
-        argv.extend([f"--{key}", value])
+    for key, value in params.items():
+        if value is False:
+            continue
+        argv.append(f"--{key}")
+        if isinstance(value, list):
+            argv.extend(_argument(v) for v in value)
+        elif value is not True:
+            argv.append(as_text[key])
     return argv
+
+
+def _argument(value: Any) -> str:
+    """One value as one argument: a string as it is, anything else as JSON (``0.1``, ``true``, ``[1, 2]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def run_here(fn: Callable[..., Any], channel: Channel, results: Mapping[str, Any] | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,6 +42,52 @@ def dump_json(value: Any, what: str = "value") -> str:
         raise UsageError(f"the {what} cannot be stored as JSON: {exc}") from None
     check_nul(text, value, what)
     return text
+
+
+# JSON has no NaN or infinity, and PostgreSQL's jsonb refuses Python's NaN and Infinity tokens: a result
+# that is one is stored as this one-key object, which every reader of results turns back into the float.
+NONFINITE = "$float"
+_NONFINITE_TEXT = f'"{NONFINITE}"'
+
+
+def dump_results(value: Any, what: str = "job results") -> str:
+    """:func:`dump_json` of a job's results, NaN and the infinities kept (as ``{"$float": "nan"}``, ...)."""
+    try:
+        return dump_json(value, what)
+    except UsageError:
+        tagged = _tagged(value)
+        if tagged is value:
+            raise
+    return dump_json(tagged, what)
+
+
+def load_results(text: str) -> Any:
+    """Stored results back to Python, NaN and the infinities as floats again."""
+    value = load_json(text)
+    return _untagged(value) if _NONFINITE_TEXT in text else value
+
+
+def _tagged(value: Any) -> Any:
+    """``value`` with each NaN or infinite float replaced by its tag; ``value`` itself if it holds none."""
+    if type(value) is float:
+        return value if math.isfinite(value) else {NONFINITE: repr(value)}
+    if isinstance(value, dict):
+        items = {k: _tagged(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if isinstance(value, (list, tuple)):
+        seq = [_tagged(v) for v in value]
+        return value if all(a is b for a, b in zip(seq, value)) else seq
+    return value
+
+
+def _untagged(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and value.get(NONFINITE) in ("nan", "inf", "-inf"):
+            return float(value[NONFINITE])
+        return {k: _untagged(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untagged(v) for v in value]
+    return value
 
 
 def found_by_json_path(key: str, dialect: str) -> bool:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .canonical import load_results
 from .errors import UsageError
 from .schema import experiment as t_exp
 from .schema import job as t_job
@@ -188,7 +189,7 @@ def _page_select() -> sa.Select:
 
 def _line(r: Any) -> JobLine:
     return JobLine(r.id, r.phase, r.status, r.attempt, r.max_attempts, r.priority, r.host, json.loads(r.params),
-                   json.loads(r.results) if r.results else None, r.started_at, r.finished_at, r.error)
+                   load_results(r.results) if r.results else None, r.started_at, r.finished_at, r.error)
 
 
 def phase_links(store: Store) -> list[tuple[int, int, int]]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import load_json
+from .canonical import load_json, load_results
 from .status import Status
 
 
@@ -58,7 +58,7 @@ class Job:
             id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
             params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
             attempt=m["attempt"], max_attempts=m["max_attempts"], lease=m["lease"],
-            results=json.loads(m["results"]) if m["results"] else None, host=m["host"], pid=m["pid"],
+            results=load_results(m["results"]) if m["results"] else None, host=m["host"], pid=m["pid"],
             pid_started_at=m["pid_started_at"], backend=m["backend"], backend_id=m["backend_id"],
             log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
             started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
@@ -72,7 +72,7 @@ class Job:
         the values it set itself (the claiming worker, ``now``)."""
         m = dict(zip(CLAIMED_COLUMNS, row))
         params, results = m.pop("params"), m.pop("results")
-        return cls(**m, params=load_json(params), results=load_json(results) if results else None,
+        return cls(**m, params=load_json(params), results=load_results(results) if results else None,
                    status=Status.RUNNING, host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at,
                    backend=worker.backend, backend_id=worker.backend_id, log_path=worker.log_path, started_at=now,
                    heartbeat_at=now, finished_at=None, error=None, exit_code=None, depends_on=deps)

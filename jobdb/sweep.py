@@ -24,7 +24,7 @@ from .errors import SweepError
 from .nested import check_names
 
 PHASE_SEPARATOR = "--"
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _INT = re.compile(r"^[+-]?\d+$")
 _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_.]*)?$")
@@ -470,9 +470,16 @@ class Expansion:
         return Expansion(self.sweep, samples=self.samples, seed=self.seed, sampler=self.sampler,
                          phase_offset=offset)
 
-    def function_targets(self) -> list[str]:
-        """The function each phase of kind "fn" runs, in its one spelling."""
-        return [target for kind, target, _ in self._phases if kind == "fn"]
+    def function_parameters(self) -> list[tuple[str, list[str]]]:
+        """The function each phase of kind "fn" runs, with the names of the parameters its jobs get:
+        the phase's own and those inherited from the phases before."""
+        out: list[tuple[str, list[str]]] = []
+        names: dict[str, None] = {}
+        for (kind, target, _), phase in zip(self._phases, self.sweep.phases):
+            names.update(dict.fromkeys(a.key for a in phase.assignments))
+            if kind == "fn":
+                out.append((target, list(names)))
+        return out
 
     @property
     def parents(self) -> bool:

@@ -34,7 +34,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import graph
-from .canonical import dump_json
+from .canonical import dump_results
 from .errors import LeaseLost, NoSuchJob, StateTooLarge, UsageError
 from .graph import Log
 from .hot import HotStatements, claim_args, claim_values, owned
@@ -160,7 +160,7 @@ def refuse_logged(conn: Connection, log: Log, job_id: int, lease: int, what: str
 
 def checkpoint_blob(job_id: int, results: dict[str, Any]) -> str:
     """A checkpoint as stored JSON; one too large to keep is refused."""
-    blob = dump_json(results, "job state")
+    blob = dump_results(results, "job state")
     if len(blob) > MAX_STATE_BYTES:
         raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
                             "limit: keep large arrays in files in the job's workdir")
@@ -171,7 +171,7 @@ def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
                 why: str | None) -> tuple[str | None, str, str | None, str | None]:
     """The results as stored JSON; results too large to keep make the run FAILED with why. The error
     and why texts as they can be stored: a NUL character (which PostgreSQL refuses) spelled \\x00."""
-    blob = dump_json(results, "job results") if results is not None else None
+    blob = dump_results(results, "job results") if results is not None else None
     error, why = _no_nul(error), _no_nul(why)
     if blob is not None and len(blob) > MAX_STATE_BYTES:
         error = (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "

@@ -27,7 +27,7 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import expand, parse_sweep
 
-TARGET = "jobman.jobdb.status:parse_status"  # importable and callable: passes the target check
+TARGET = "jobman.examples.def_addition:addition_example"  # importable, takes any state: passes the check
 SECRET = "s3cretpw"
 
 

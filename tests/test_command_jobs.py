@@ -122,7 +122,7 @@ def test_a_hostile_parameter_reaches_the_program_unaltered(jobman, db_url, store
         job = store.job(job_id)
         assert job.status is Status.DONE, job.error
         # one argument per value, in the stored (sorted) order of the parameters
-        assert job.results["argv"] == ["--flag", "true", "--msg", text, "--n", n]
+        assert job.results["argv"] == ["--flag", "--msg", text, "--n", n]
         assert job.results["cwd"] == job.workdir
         assert job.results["env"] == {"JOBMAN_JOB_ID": str(job_id), "JOBMAN_ATTEMPT": "1",
                                       "JOBMAN_WORKDIR": job.workdir}
@@ -184,3 +184,35 @@ def test_commands_that_cannot_start_or_die_are_recorded(jobman, db_url, store, p
     assert jobs[killed].status is Status.CRASHED and "SIGKILL" in jobs[killed].error
     assert jobs[garbled].status is Status.FAILED and "JOBMAN_RESULTS" in jobs[garbled].error
     assert not store.jobs(status=[Status.RUNNING])
+
+
+TRAIN_CLI = '''
+    import argparse, json, os
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--use-bn", action="store_true")
+    parser.add_argument("--augment", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8])
+    args = parser.parse_args()
+    with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
+        json.dump({"lr": args.lr, "use_bn": args.use_bn, "augment": args.augment, "sizes": args.sizes,
+                   "cwd": os.getcwd()}, fh)
+'''
+
+
+def test_a_command_runs_as_written_against_a_real_argparse_script(jobman, db_url, store, tmp_path):
+    """The README's form: a script beside the user, relative; flags, lists and names with '-'."""
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "train_cli.py").write_text(textwrap.dedent(TRAIN_CLI))
+    r = jobman("sqlschedule", db_url, "--cmd", f"{shlex.quote(sys.executable)} train_cli.py", "lr={{0.1,0.2}}",
+               "use-bn=True", "augment=False", "sizes=[32,64]", cwd=here)
+    assert r.code == 0, r.err
+    run_worker(jobman, db_url, tmp_path / "runs")
+    jobs = store.jobs()
+    assert len(jobs) == 2
+    for job, lr in zip(jobs, (0.1, 0.2)):
+        assert job.status is Status.DONE, job.error
+        assert str(here / "train_cli.py") in job.target  # found from where it was scheduled
+        assert job.results == {"lr": lr, "use_bn": True, "augment": False, "sizes": [32, 64], "cwd": job.workdir}

@@ -390,7 +390,7 @@ def test_schedule_takes_the_sweep_grammar_with_phases_and_best_is_the_reports_ch
     assert best.params == {"a": 1, "b": 10} and best.n == 2 and best.mean == 0.25
     rows = exp.results(as_frame=False, phase=1)
     assert len(rows) == 8 and {r["status"] for r in rows} == {"DONE"}
-    assert exp.schedule("phased:first a={{1,2}}") and exp.results(as_frame=False, phase=0)[0]["base"] == 10
+    assert exp.schedule("phased:first a={{1,2}}") and exp.results(as_frame=False, phase=0)[0]["results_base"] == 10
     with pytest.raises(jobman.errors.SweepError):
         exp.schedule("phased:first a={{1,2")
     exp.close()
@@ -406,7 +406,8 @@ def test_results_is_a_dataframe_when_pandas_is_installed(db_url, tmp_path):
     assert [f.result(timeout=60) for f in exp.map(double, jobman.grid(x=[1, 2, 3]))] == [{"y": 2}, {"y": 4}, {"y": 6}]
     frame = exp.results()
     assert isinstance(frame, pandas.DataFrame)
-    assert sorted(zip(frame["x"], frame["y"], frame["status"])) == [(1, 2, "DONE"), (2, 4, "DONE"), (3, 6, "DONE")]
+    rows = sorted(zip(frame["params_x"], frame["results_y"], frame["status"]))
+    assert rows == [(1, 2, "DONE"), (2, 4, "DONE"), (3, 6, "DONE")]
     assert exp.results(as_frame=False) == frame.to_dict("records")
     exp.close()
 

@@ -156,7 +156,7 @@ def refused(tokens, **kw) -> str:
     (["f", "lr={{,0.1}}"], 2, 6, "empty value"),
     (["f", "a=1", "lr={{1,{{2}}}}"], 3, 8, "nested"),
     (["f", "1lr=3"], 2, 1, "not a valid parameter name"),
-    (["f", "l-r=3"], 2, 1, "not a valid parameter name"),
+    (["f", "l$r=3"], 2, 1, "not a valid parameter name"),
     (["f", "=3"], 2, 1, "not a valid parameter name"),
     (["f", "k=[1,2"], 2, 3, "'['"),
     (["f", "k=1]"], 2, 4, "unexpected"),

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..canonical import load_results
 from ..errors import UsageError
 from ..selection import (
     Condition,
@@ -146,7 +147,7 @@ class _Records:
         recs.ids, recs.phases, recs.statuses, recs.targets = ids, phases, statuses, targets
         # One decode of a JSON array of them all: far cheaper than one json.loads per job.
         recs.params = json.loads("[" + ",".join(params) + "]")
-        recs.results = json.loads("[" + ",".join(r or "null" for r in results) + "]")
+        recs.results = load_results("[" + ",".join(r or "null" for r in results) + "]")
         return recs
 
     @classmethod
