@@ -44,7 +44,9 @@ def make_engine(target: DbTarget) -> Engine:
     """An engine for ``target``, with the per-database settings jobman relies on."""
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
-    connect_args: dict = {"connect_timeout": 10, "application_name": "jobman"}
+    # No server-side prepared statements (psycopg prepares a query run five times): they live in one
+    # server session, which a PgBouncer in transaction pooling mode does not keep between transactions.
+    connect_args: dict = {"connect_timeout": 10, "application_name": "jobman", "prepare_threshold": None}
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
     engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,

@@ -93,6 +93,7 @@ def traced(exp) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in line.split()[:2]) for line in exp.trace.read_text().splitlines()]
 
 
+@pytest.mark.pgbouncer
 def test_dispatch_runs_a_two_phase_sweep_with_every_job_done_exactly_once(jobman, db_url, store, exp):
     schedule(store, f"{MODULE}:pretrain", "lr={{0.1,0.2,0.3}}", "--", f"{MODULE}:finetune", "epochs={{1,2,3}}")
     r = jobman(*dispatch_args(db_url, exp), env=exp.env, timeout=180)
