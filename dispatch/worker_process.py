@@ -51,8 +51,8 @@ def run_worker(target: DbTarget, settings: WorkerSettings,
     one_blas_thread()
     server = ForkServer(limits.jobs_per_process)
     server.warm()  # the jobs' server starts while the database is opened, not after
-    store = Store(target, create=False)  # a worker never makes a database: a wrong path is named
     log_to_stderr(LOG_FORMAT, settings.verbose)
+    store = Store(target, create=False, worker=True)  # a worker never makes a database: a wrong path is named
     worker = Worker(store, options, server=server)
     if processes.gpus:
         worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)

@@ -36,21 +36,29 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 # A write lock found held is tried again this soon, before SQLite's own waits (see begin_immediate).
 SQLITE_LOCK_RETRY_S = 100e-6
 SQLITE_CACHE_KIB = 64 * 1024
+WORKER_APPLICATION = "jobman-worker"  # a worker's connections, as pg_stat_activity names them
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "fuse.sshfs", "9p",
                        "ceph", "fuse.glusterfs", "afs", "beegfs"}
 
 
-def make_engine(target: DbTarget) -> Engine:
-    """An engine for ``target``, with the per-database settings jobman relies on."""
+def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
+    """An engine for ``target``, with the per-database settings jobman relies on.
+
+    A ``worker``'s PostgreSQL engine pools nothing: the worker keeps the one connection it writes on
+    itself (see ``txn.Transactions``), and one it closes is closed on the server, whose connections
+    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server.
+    """
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
     # No server-side prepared statements (psycopg prepares a query run five times): they live in one
     # server session, which a PgBouncer in transaction pooling mode does not keep between transactions.
-    connect_args: dict = {"connect_timeout": 10, "application_name": "jobman", "prepare_threshold": None}
+    connect_args: dict = {"connect_timeout": 10, "application_name": WORKER_APPLICATION if worker else "jobman",
+                          "prepare_threshold": None}
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
-    engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
-                              connect_args=connect_args)
+    pooling: dict[str, Any] = ({"poolclass": sa.pool.NullPool} if worker
+                               else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4})
+    engine = sa.create_engine(target.sqlalchemy_url, connect_args=connect_args, **pooling)
 
     @event.listens_for(engine, "connect")
     def _json_as_text(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects

@@ -44,15 +44,18 @@ class Store:
     """One experiment of one database, spoken to in domain verbs."""
 
     def __init__(self, target: DbTarget, engine: Engine | None = None, *, check_schema: bool = True,
-                 create: bool = True) -> None:
+                 create: bool = True, worker: bool = False) -> None:
         self.target = target
         path = target.sqlite_path
         if not create and path and path != ":memory:" and not os.path.exists(path):
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
-        self.engine = engine or _engine.make_engine(target)
+        self.engine = engine or _engine.make_engine(target, worker=worker)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
-        self._tx = self.transactions = Transactions(target, self.engine, self.hot)
+        # A worker on PostgreSQL holds one connection at most, and none while a job runs on (keep_connection).
+        self._tx = self.transactions = Transactions(target, self.engine, self.hot,
+                                                    one_connection=worker and self.engine.dialect.name == "postgresql")
+        self.keep_connection = self._tx.keep_connection
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once
