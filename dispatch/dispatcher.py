@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, ServerFull
 from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
 from jobman.jobdb.store import Store
 
@@ -18,6 +18,7 @@ from .interrupted import mark_interrupted
 from .outage import Outage
 
 logger = logging.getLogger("jobman.dispatch")
+CONNECTION_CHECK_S = 2.0  # how often a full PostgreSQL server is looked for, until it is found once
 
 
 @dataclass
@@ -99,6 +100,8 @@ class Dispatcher:
         self._hold_until = 0.0  # no new worker before this (time.monotonic), after failed ones
         self._last_scan = 0.0
         self._scan_error: str | None = None
+        self._said_full = False  # the server refusing connections is said once
+        self._last_connection_check = 0.0
 
     def run(self) -> Tally:
         """Until the experiment is finished; on any other way out (Ctrl-C, giving up) the workers are
@@ -131,10 +134,32 @@ class Dispatcher:
         return alive
 
     def scan_when_due(self) -> None:
-        """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher."""
+        """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher, and at the
+        connections the server has left."""
         if self.watcher is not None and time.time() - self._last_scan >= self.options.scan_interval:
             self._scan(self.watcher)
             self._last_scan = time.time()
+        if time.time() - self._last_connection_check >= CONNECTION_CHECK_S:
+            self._last_connection_check = time.time()
+            self.check_connections()
+
+    def check_connections(self) -> None:
+        """Say once, in one sentence, that the PostgreSQL server refuses connections, and what to do."""
+        if self._said_full:
+            return
+        try:
+            use = self.store.connection_use()
+        except ServerFull:
+            use = None
+        except DatabaseError:  # unreachable, or not allowed to read it: the outage lines say the rest
+            return
+        if use is not None and not use.full:
+            return
+        held = (f"all {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} of them by jobman"
+                if use is not None else "it has no free slot")
+        self.log(f"the PostgreSQL server refuses connections ({held}): run fewer workers, put a PgBouncer in "
+                 "front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
+        self._said_full = True
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:
         """After its workers were stopped: any job still RUNNING under one of them (a worker that could

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from jobman.jobdb.errors import JobmanError
+from jobman.jobdb.errors import JobmanError, ServerFull
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .forkhandle import ForkServer
@@ -181,7 +181,12 @@ class Worker(StoppableLoop):
             return False
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
-        left = self.outage.call(self.store.outstanding, "looking for jobs left")
+        try:
+            left = self.outage.call(self.store.outstanding, "looking for jobs left",
+                                    waits=lambda exc: not isinstance(exc, ServerFull))
+        except ServerFull:  # nothing to claim, and the server has no slot to spare: leave it one more
+            self.log("nothing ready to claim and the database server is full: this worker exits")
+            return False
         return left["QUEUED"] > 0 or left["RUNNING"] > 0
 
 

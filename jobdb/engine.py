@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from . import sqlite_memory
-from .errors import DatabaseError, DatabaseUnavailable, SchemaError, UsageError
+from .errors import DatabaseError, DatabaseUnavailable, SchemaError, ServerFull, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
@@ -378,7 +378,7 @@ class translated_errors:
 
     def __exit__(self, kind: type | None, exc: BaseException | None, _tb: object) -> None:
         if isinstance(exc, sa.exc.DBAPIError):
-            kind = DatabaseUnavailable if is_outage(exc) else DatabaseError
+            kind = ServerFull if is_server_full(exc) else DatabaseUnavailable if is_outage(exc) else DatabaseError
             raise kind(describe_db_error(exc, self.target)) from exc
         if isinstance(exc, OverflowError):  # SQLite's driver refuses an integer past 64 bits first
             raise UsageError(f"a number is too large for {self.target.display}: {exc}") from exc
@@ -393,6 +393,21 @@ _OUTAGE = ("connection refused", "server closed the connection", "terminating co
            "network is unreachable", "no route to host", "cannot connect now")
 _NOT_OUTAGE = ("password", "does not exist", "no pg_hba.conf entry", "could not translate host name",
                "name or service not known")
+
+
+# A server (or PgBouncer) with every connection slot taken: SQLSTATE 53300, which psycopg gives only in words
+# when it is refused at connect time.
+_FULL = ("too many clients", "remaining connection slots are reserved", "no more connections allowed",
+         "too many connections for role", "too many connections for database")
+
+
+def is_server_full(exc: BaseException) -> bool:
+    """Whether a driver error is the server refusing a connection for want of a free slot."""
+    orig = getattr(exc, "orig", exc)
+    if getattr(orig, "sqlstate", None) == "53300":
+        return True
+    low = str(orig or "").lower()
+    return any(t in low for t in _FULL)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -447,6 +462,8 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
         return f"cannot connect to {where}: that role (user) does not exist"
     if "does not exist" in low and "database" in low:
         return f"cannot connect to {where}: that database does not exist"
+    if is_server_full(exc):
+        return f"{where} refused a connection: the server has no free connection slot ({mask_password(text)})"
     if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \
             or "could not translate host name" in low or "name or service not known" in low:
         return f"cannot connect to {where}: the server is unreachable ({mask_password(text)})"

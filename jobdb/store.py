@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import browse, graph, scheduling, transitions
+from . import browse, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
 from .clock import ServerClock
+from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
 from .hot import HotStatements
 from .priority import check_priority
@@ -411,6 +412,12 @@ class Store:
     def counts(self) -> dict[tuple[int, str], int]:
         """Number of jobs per (phase, status)."""
         return self._read(lambda conn: browse.counts(conn, self._exp(conn)))
+
+    def connection_use(self) -> ConnectionUse | None:
+        """How the PostgreSQL server's connection slots are taken, and how many by jobman (None on SQLite)."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        return self._read(connections.connection_use)
 
     def outstanding(self) -> dict[str, int]:
         """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""
