@@ -155,10 +155,10 @@ class Dispatcher:
             return
         if use is not None and not use.full:
             return
-        held = (f"all {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} of them by jobman"
-                if use is not None else "it has no free slot")
-        self.log(f"the PostgreSQL server refuses connections ({held}): run fewer workers, put a PgBouncer in "
-                 "front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
+        held = (f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
+                f"by jobman, which leaves {use.spare} free for others" if use is not None else "it refused one")
+        self.log(f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
+                 "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
         self._said_full = True
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:

@@ -21,6 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from . import sqlite_memory
+from .connections import WORKER_APPLICATION, refuse_past_the_spare
 from .errors import DatabaseError, DatabaseUnavailable, SchemaError, ServerFull, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
@@ -36,7 +37,6 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 # A write lock found held is tried again this soon, before SQLite's own waits (see begin_immediate).
 SQLITE_LOCK_RETRY_S = 100e-6
 SQLITE_CACHE_KIB = 64 * 1024
-WORKER_APPLICATION = "jobman-worker"  # a worker's connections, as pg_stat_activity names them
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "fuse.sshfs", "9p",
                        "ceph", "fuse.glusterfs", "afs", "beegfs"}
 
@@ -46,7 +46,8 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
 
     A ``worker``'s PostgreSQL engine pools nothing: the worker keeps the one connection it writes on
     itself (see ``txn.Transactions``), and one it closes is closed on the server, whose connections
-    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server.
+    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server,
+    and one that would leave the server fewer free slots than jobman spares is refused (``connections``).
     """
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
@@ -64,6 +65,11 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
     def _json_as_text(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
+
+    if worker:  # the many: they leave a lab's server its spare connections
+        @event.listens_for(engine, "connect")
+        def _leave_spare(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
+            refuse_past_the_spare(dbapi_conn, target.display)
 
     # The pool logs through a Logger, or through SQLAlchemy's wrapper of one when echo is set per engine.
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))  # type: ignore[arg-type]
