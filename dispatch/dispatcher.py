@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, ServerFull
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
 from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
 from .interrupted import mark_interrupted
-from .outage import Outage
+from .outage import Outage, no_connection_to_spare
 
 logger = logging.getLogger("jobman.dispatch")
 CONNECTION_CHECK_S = 2.0  # how often a full PostgreSQL server is looked for, until it is found once
@@ -147,18 +147,10 @@ class Dispatcher:
         """Say once, in one sentence, that the PostgreSQL server refuses connections, and what to do."""
         if self._said_full:
             return
-        try:
-            use = self.store.connection_use()
-        except ServerFull:
-            use = None
-        except DatabaseError:  # unreachable, or not allowed to read it: the outage lines say the rest
+        sentence = no_connection_to_spare(self.store)
+        if sentence is None:
             return
-        if use is not None and not use.full:
-            return
-        held = (f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
-                f"by jobman, which leaves {use.spare} free for others" if use is not None else "it refused one")
-        self.log(f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
-                 "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
+        self.log(sentence)
         self._said_full = True
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-from jobman.jobdb.errors import DatabaseUnavailable
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, ServerFull
+
+if TYPE_CHECKING:
+    from jobman.jobdb.store import Store
 
 T = TypeVar("T")
 
@@ -65,3 +68,20 @@ class Outage:
             if began is not None:
                 self.log(f"the database is back after {time.monotonic() - began:.0f} s; {doing} again")
             return result
+
+
+def no_connection_to_spare(store: Store) -> str | None:
+    """One sentence when the PostgreSQL server has no connection to spare for jobman's workers (how
+    many jobman holds, and what to do), else None; a server that cannot be asked is the outage's business."""
+    try:
+        use = store.connection_use()
+        if use is None or not use.full:  # SQLite, or room left
+            return None
+    except ServerFull:
+        use = None
+    except DatabaseError:
+        return None
+    held = (f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
+            f"by jobman, which leaves {use.spare} free for others" if use is not None else "it refused one")
+    return (f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
+            "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
