@@ -142,6 +142,9 @@ class Worker(StoppableLoop):
                 if claimed is None:
                     claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job")
                 if claimed is None:
+                    # Waiting for others' jobs to unlock more, a worker holds no connection: those others
+                    # need one to record their jobs, and a full server would otherwise never free one.
+                    self.store.keep_connection(False)
                     if not self._should_wait(idle_since):
                         break
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
@@ -151,6 +154,7 @@ class Worker(StoppableLoop):
                     time.sleep(pause * random.uniform(0.7, 1.3))
                     continue
                 idle_polls = 0
+                self.store.keep_connection(True)
                 job = claimed.job
                 self.log(f"running job {job.id} (attempt {job.attempt}) {job.target}")
                 more = self.options.max_jobs is None or summary.ran + 1 < self.options.max_jobs

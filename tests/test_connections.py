@@ -119,3 +119,25 @@ def test_a_worker_running_tiny_jobs_back_to_back_keeps_one_connection(setup):
     counts = [n for _t, n in counter.samples]
     assert max(counts) == 1, f"worker connections seen: {sorted(set(counts))}"
     assert {j.status for j in store.jobs()} == {Status.DONE}
+
+
+def test_a_worker_waiting_for_another_workers_job_holds_no_connection(setup):
+    url, store, env, tmp_path = setup
+    marker = tmp_path / "started"
+    store.schedule([JobSpec(phase=0, kind="fn", target="conn_exp:sleep", params={"seconds": 7, "marker": str(marker)},
+                            parent=None),
+                    JobSpec(phase=1, kind="fn", target="conn_exp:sleep", params={"seconds": 0.01, "after": 1},
+                            parent=0)])
+    with ConnectionCounter(url) as counter:
+        procs = [worker(url, env, tmp_path, "--heartbeat", "30") for _ in range(2)]
+        deadline = time.time() + 60
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), "the job never started"
+        started = time.monotonic()
+        for proc in procs:
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+    during = counter.between(started + 3, started + 6)  # one worker's job runs on, the other waits for it
+    assert during and sum(n == 0 for n in during) >= 0.9 * len(during), f"connections held while waiting: {during}"
+    assert {j.status for j in store.jobs()} == {Status.DONE}
