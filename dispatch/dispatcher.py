@@ -16,9 +16,10 @@ from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
 from .interrupted import mark_interrupted
-from .outage import Outage
+from .outage import Outage, no_connection_to_spare
 
 logger = logging.getLogger("jobman.dispatch")
+CONNECTION_CHECK_S = 2.0  # how often a full PostgreSQL server is looked for, until it is found once
 
 
 @dataclass
@@ -100,6 +101,8 @@ class Dispatcher:
         self._hold_until = 0.0  # no new worker before this (time.monotonic), after failed ones
         self._last_scan = 0.0
         self._scan_error: str | None = None
+        self._said_full = False  # the server refusing connections is said once
+        self._last_connection_check = 0.0
 
     def run(self) -> Tally:
         """Until the experiment is finished; on any other way out (Ctrl-C, giving up) the workers are
@@ -132,10 +135,24 @@ class Dispatcher:
         return alive
 
     def scan_when_due(self) -> None:
-        """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher."""
+        """Look for crashed jobs every ``scan_interval`` seconds, if there is a watcher, and at the
+        connections the server has left."""
         if self.watcher is not None and time.time() - self._last_scan >= self.options.scan_interval:
             self._scan(self.watcher)
             self._last_scan = time.time()
+        if time.time() - self._last_connection_check >= CONNECTION_CHECK_S:
+            self._last_connection_check = time.time()
+            self.check_connections()
+
+    def check_connections(self) -> None:
+        """Say once, in one sentence, that the PostgreSQL server refuses connections, and what to do."""
+        if self._said_full:
+            return
+        sentence = no_connection_to_spare(self.store)
+        if sentence is None:
+            return
+        self.log(sentence)
+        self._said_full = True
 
     def _put_back_jobs_of_stopped_workers(self, exc: BaseException) -> None:
         """After its workers were stopped: any job still RUNNING under one of them (a worker that could

@@ -38,6 +38,7 @@ from jobman.jobdb.store import RunningJob, Store
 from .backends.base import Backend
 from .cgroup import folders_of_dead_worker, kill_cgroup
 from .interrupted import clear_interruption, interruption
+from .outage import no_connection_to_spare
 
 logger = logging.getLogger("jobman.monitor")
 
@@ -119,6 +120,7 @@ class Monitor:
         self.options = options or MonitorOptions()
         self.backends: dict[str, Backend] = dict(backends or {})
         self.hostname = hostname or socket.gethostname()
+        self._said_full = False  # a server with no connection to spare is said once
 
     def scan(self) -> ScanReport:
         """One pass: find the dead among RUNNING jobs, declare them CRASHED, relaunch what may be."""
@@ -147,6 +149,11 @@ class Monitor:
                                             why="relaunched by the monitor: it has attempts left",
                                             dry_run=opts.dry_run)
             report.relaunched = sorted(set(report.relaunched) | set(again))
+        if not self._said_full:
+            full = no_connection_to_spare(self.store)
+            if full is not None:
+                report.notes.append(full)
+                self._said_full = True
         report.elapsed = time.time() - start
         logger.debug("scan: %s", report.line())
         return report

@@ -1,7 +1,8 @@
 """Riding out a database outage: a server restart or failover is waited for, not reported as a failure.
 
 A call that meets :class:`DatabaseUnavailable` (connection refused, the server
-terminated the connection, it is starting up) is tried again with backoff for up
+terminated the connection, it is starting up, every connection slot it has is
+taken) is tried again with jittered backoff for up
 to ``patience`` seconds, with one line when the outage begins and one when it
 ends. Any other database error (a read-only file, a full disk, a refused
 password) is not an outage and goes up at once.
@@ -10,11 +11,15 @@ password) is not an outage and goes up at once.
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from jobman.jobdb.errors import DatabaseUnavailable
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, ServerFull
+
+if TYPE_CHECKING:
+    from jobman.jobdb.store import Store
 
 T = TypeVar("T")
 
@@ -39,23 +44,45 @@ class Outage:
         self.patience = default_patience() if patience is None else patience
         self.stopping = stopping  # asked to stop: an outage is not waited out any longer
 
-    def call(self, fn: Callable[[], T], doing: str) -> T:
-        """``fn()``, tried again while the database is unreachable; ``doing`` names it in the log."""
+    def call(self, fn: Callable[[], T], doing: str,
+             waits: Callable[[DatabaseUnavailable], bool] = lambda _exc: True) -> T:
+        """``fn()``, tried again while the database is unreachable in a way ``waits`` accepts (any, by
+        default); ``doing`` names it in the log."""
         began: float | None = None
         delay = FIRST_DELAY
         while True:
             try:
                 result = fn()
             except DatabaseUnavailable as exc:
+                if not waits(exc):
+                    raise
                 now = time.monotonic()
                 if began is None:
                     began = now
                     self.log(f"{exc}; {doing}: trying again for up to {self.patience:g} s")
                 if now - began >= self.patience or self.stopping():
                     raise DatabaseUnavailable(f"{exc}; gave up {doing} after {now - began:.0f} s") from None
-                time.sleep(min(delay, began + self.patience - now))
+                # Jittered: the workers a full server refused together do not all come back at once.
+                time.sleep(min(delay * random.uniform(0.5, 1.5), began + self.patience - now))
                 delay = min(delay * 2, MAX_DELAY)
                 continue
             if began is not None:
                 self.log(f"the database is back after {time.monotonic() - began:.0f} s; {doing} again")
             return result
+
+
+def no_connection_to_spare(store: Store) -> str | None:
+    """One sentence when the PostgreSQL server has no connection to spare for jobman's workers (how
+    many jobman holds, and what to do), else None; a server that cannot be asked is the outage's business."""
+    try:
+        use = store.connection_use()
+        if use is None or not use.full:  # SQLite, or room left
+            return None
+    except ServerFull:
+        use = None
+    except DatabaseError:
+        return None
+    held = (f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
+            f"by jobman, which leaves {use.spare} free for others" if use is not None else "it refused one")
+    return (f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
+            "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")

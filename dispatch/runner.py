@@ -53,6 +53,10 @@ if TYPE_CHECKING:  # annotations only: the runner itself needs no database code
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
+# A job that runs longer than this leaves its worker holding no database connection until it ends
+# (heartbeats and saves open one and close it): a lab's server is shared by every worker. Jobs shorter
+# than this, back to back, keep the one connection, and a long job costs one connect at its end.
+HOLD_CONNECTION_S = 2.0
 
 
 @dataclass
@@ -553,30 +557,37 @@ class Runner:
         term_at: float | None = None
         killed = False
         beat_failing = False
-        while not child.reap():
-            now = time.time()
-            wake = [next_beat, now + 0.5]
-            if deadline is not None and reason is None:
-                wake.append(deadline)
-            if term_at is not None and not killed:
-                wake.append(term_at + self.limits.grace)
-            child.pump(min(wake) - now)
-            now = time.time()
-            if now >= next_beat:
-                next_beat = now + self.limits.heartbeat_interval
-                cancelled, beat_failing = self._beat(child, job, lease, beat_failing)
-                if cancelled and reason is None:
-                    reason = "cancel"
-            if reason is None and deadline is not None and now >= deadline:
-                reason = "timeout"
-            if reason is None and self.stopping():
-                reason = "stopping"
-            if reason is not None and term_at is None:
-                term_at = now
-                child.send(signal.SIGTERM)
-            if term_at is not None and not killed and now >= term_at + self.limits.grace:
-                child.send(signal.SIGKILL)
-                killed = True
+        release_at: float | None = time.time() + HOLD_CONNECTION_S
+        try:
+            while not child.reap():
+                now = time.time()
+                if release_at is not None and now >= release_at:
+                    release_at = None
+                    self.store.keep_connection(False)
+                wake = [next_beat, now + 0.5]
+                if deadline is not None and reason is None:
+                    wake.append(deadline)
+                if term_at is not None and not killed:
+                    wake.append(term_at + self.limits.grace)
+                child.pump(min(wake) - now)
+                now = time.time()
+                if now >= next_beat:
+                    next_beat = now + self.limits.heartbeat_interval
+                    cancelled, beat_failing = self._beat(child, job, lease, beat_failing)
+                    if cancelled and reason is None:
+                        reason = "cancel"
+                if reason is None and deadline is not None and now >= deadline:
+                    reason = "timeout"
+                if reason is None and self.stopping():
+                    reason = "stopping"
+                if reason is not None and term_at is None:
+                    term_at = now
+                    child.send(signal.SIGTERM)
+                if term_at is not None and not killed and now >= term_at + self.limits.grace:
+                    child.send(signal.SIGKILL)
+                    killed = True
+        finally:  # the job's end is recorded, and the next one claimed, on a connection kept again
+            self.store.keep_connection(True)
         if reason is None and deadline is not None and time.time() >= deadline:
             reason = "timeout"  # the job saw its wall-time limit (should_stop) before we did
         return reason

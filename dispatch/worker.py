@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobman.jobdb.errors import JobmanError
+from jobman.jobdb.errors import JobmanError, ServerFull
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .forkhandle import ForkServer
@@ -143,6 +143,9 @@ class Worker(StoppableLoop):
                 if claimed is None:
                     claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job")
                 if claimed is None:
+                    # Waiting for others' jobs to unlock more, a worker holds no connection: those others
+                    # need one to record their jobs, and a full server would otherwise never free one.
+                    self.store.keep_connection(False)
                     if not self._should_wait(idle_since):
                         break
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
@@ -152,6 +155,7 @@ class Worker(StoppableLoop):
                     time.sleep(pause * random.uniform(0.7, 1.3))
                     continue
                 idle_polls = 0
+                self.store.keep_connection(True)
                 job = claimed.job
                 self.log(f"running job {job.id} (attempt {job.attempt}) {job.target}")
                 more = self.options.max_jobs is None or summary.ran + 1 < self.options.max_jobs
@@ -182,7 +186,12 @@ class Worker(StoppableLoop):
             return False
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
-        left = self.outage.call(self.store.outstanding, "looking for jobs left")
+        try:
+            left = self.outage.call(self.store.outstanding, "looking for jobs left",
+                                    waits=lambda exc: not isinstance(exc, ServerFull))
+        except ServerFull:  # nothing to claim, and the server has no slot to spare: leave it one more
+            self.log("nothing ready to claim and the database server is full: this worker exits")
+            return False
         return left["QUEUED"] > 0 or left["RUNNING"] > 0
 
 

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobman.jobdb.errors import JobmanError
+from jobman.jobdb.errors import JobmanError, ServerFull
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, mask_password, parse_db
 
 from .forkhandle import ForkServer
 from .machine import GpuPool
+from .outage import Outage
 from .runner import RunLimits
 from .worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread
 from .worker_settings import WorkerSettings
@@ -52,8 +53,12 @@ def run_worker(target: DbTarget, settings: WorkerSettings,
     one_blas_thread()
     server = ForkServer(limits.jobs_per_process)
     server.warm()  # the jobs' server starts while the database is opened, not after
-    store = Store(target, create=False)  # a worker never makes a database: a wrong path is named
     log_to_stderr(LOG_FORMAT, settings.verbose)
+    # A worker never makes a database: a wrong path is named. A server away at the start is an error at
+    # once, but one whose connection slots are all taken is waited for, as it would be later.
+    store = Outage(logging.getLogger("jobman.worker").info, settings.outage_wait).call(
+        lambda: Store(target, create=False, worker=True), "opening the database",
+        waits=lambda exc: isinstance(exc, ServerFull))
     worker = Worker(store, options, server=server)
     if processes.gpus:
         worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)

@@ -21,7 +21,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from . import sqlite_memory
-from .errors import DatabaseError, DatabaseUnavailable, SchemaError, UsageError
+from .connections import WORKER_APPLICATION, refuse_past_the_spare
+from .errors import DatabaseError, DatabaseUnavailable, SchemaError, ServerFull, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
@@ -40,20 +41,35 @@ NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs",
                        "ceph", "fuse.glusterfs", "afs", "beegfs"}
 
 
-def make_engine(target: DbTarget) -> Engine:
-    """An engine for ``target``, with the per-database settings jobman relies on."""
+def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
+    """An engine for ``target``, with the per-database settings jobman relies on.
+
+    A ``worker``'s PostgreSQL engine pools nothing: the worker keeps the one connection it writes on
+    itself (see ``txn.Transactions``), and one it closes is closed on the server, whose connections
+    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server,
+    and one that would leave the server fewer free slots than jobman spares is refused (``connections``).
+    """
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
-    connect_args: dict = {"connect_timeout": 10, "application_name": "jobman"}
+    # No server-side prepared statements (psycopg prepares a query run five times): they live in one
+    # server session, which a PgBouncer in transaction pooling mode does not keep between transactions.
+    connect_args: dict = {"connect_timeout": 10, "application_name": WORKER_APPLICATION if worker else "jobman",
+                          "prepare_threshold": None}
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
-    engine = sa.create_engine(target.sqlalchemy_url, pool_pre_ping=True, pool_size=2, max_overflow=4,
-                              connect_args=connect_args)
+    pooling: dict[str, Any] = ({"poolclass": sa.pool.NullPool} if worker
+                               else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4})
+    engine = sa.create_engine(target.sqlalchemy_url, connect_args=connect_args, **pooling)
 
     @event.listens_for(engine, "connect")
     def _json_as_text(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
+
+    if worker:  # the many: they leave a lab's server its spare connections
+        @event.listens_for(engine, "connect")
+        def _leave_spare(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
+            refuse_past_the_spare(dbapi_conn, target.display)
 
     # The pool logs through a Logger, or through SQLAlchemy's wrapper of one when echo is set per engine.
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))  # type: ignore[arg-type]
@@ -368,7 +384,7 @@ class translated_errors:
 
     def __exit__(self, kind: type | None, exc: BaseException | None, _tb: object) -> None:
         if isinstance(exc, sa.exc.DBAPIError):
-            kind = DatabaseUnavailable if is_outage(exc) else DatabaseError
+            kind = ServerFull if is_server_full(exc) else DatabaseUnavailable if is_outage(exc) else DatabaseError
             raise kind(describe_db_error(exc, self.target)) from exc
         if isinstance(exc, OverflowError):  # SQLite's driver refuses an integer past 64 bits first
             raise UsageError(f"a number is too large for {self.target.display}: {exc}") from exc
@@ -383,6 +399,21 @@ _OUTAGE = ("connection refused", "server closed the connection", "terminating co
            "network is unreachable", "no route to host", "cannot connect now")
 _NOT_OUTAGE = ("password", "does not exist", "no pg_hba.conf entry", "could not translate host name",
                "name or service not known")
+
+
+# A server (or PgBouncer) with every connection slot taken: SQLSTATE 53300, which psycopg gives only in words
+# when it is refused at connect time.
+_FULL = ("too many clients", "remaining connection slots are reserved", "no more connections allowed",
+         "too many connections for role", "too many connections for database")
+
+
+def is_server_full(exc: BaseException) -> bool:
+    """Whether a driver error is the server refusing a connection for want of a free slot."""
+    orig = getattr(exc, "orig", exc)
+    if getattr(orig, "sqlstate", None) == "53300":
+        return True
+    low = str(orig or "").lower()
+    return any(t in low for t in _FULL)
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -437,6 +468,8 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
         return f"cannot connect to {where}: that role (user) does not exist"
     if "does not exist" in low and "database" in low:
         return f"cannot connect to {where}: that database does not exist"
+    if is_server_full(exc):
+        return f"{where} refused a connection: the server has no free connection slot ({mask_password(text)})"
     if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \
             or "could not translate host name" in low or "name or service not known" in low:
         return f"cannot connect to {where}: the server is unreachable ({mask_password(text)})"

@@ -30,6 +30,10 @@ class DatabaseUnavailable(DatabaseError):
     """The database server cannot be reached right now (down, restarting, or the network is)."""
 
 
+class ServerFull(DatabaseUnavailable):
+    """The database server refused a connection: every connection slot it has is taken."""
+
+
 class SchemaError(DatabaseError):
     """The database schema is not the one this jobman expects."""
 

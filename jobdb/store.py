@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import browse, graph, scheduling, transitions
+from . import browse, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
 from .clock import ServerClock
+from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
 from .hot import HotStatements
 from .priority import check_priority
@@ -44,15 +45,18 @@ class Store:
     """One experiment of one database, spoken to in domain verbs."""
 
     def __init__(self, target: DbTarget, engine: Engine | None = None, *, check_schema: bool = True,
-                 create: bool = True) -> None:
+                 create: bool = True, worker: bool = False) -> None:
         self.target = target
         path = target.sqlite_path
         if not create and path and path != ":memory:" and not os.path.exists(path):
             raise DatabaseError(f"there is no jobman database at {path}: schedule a sweep first")
-        self.engine = engine or _engine.make_engine(target)
+        self.engine = engine or _engine.make_engine(target, worker=worker)
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
-        self._tx = self.transactions = Transactions(target, self.engine, self.hot)
+        # A worker on PostgreSQL holds one connection at most, and none while a job runs on (keep_connection).
+        self._tx = self.transactions = Transactions(target, self.engine, self.hot,
+                                                    one_connection=worker and self.engine.dialect.name == "postgresql")
+        self.keep_connection = self._tx.keep_connection
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once
@@ -408,6 +412,12 @@ class Store:
     def counts(self) -> dict[tuple[int, str], int]:
         """Number of jobs per (phase, status)."""
         return self._read(lambda conn: browse.counts(conn, self._exp(conn)))
+
+    def connection_use(self) -> ConnectionUse | None:
+        """How the PostgreSQL server's connection slots are taken, and how many by jobman (None on SQLite)."""
+        if self.engine.dialect.name != "postgresql":
+            return None
+        return self._read(connections.connection_use)
 
     def outstanding(self) -> dict[str, int]:
         """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""

@@ -123,7 +123,7 @@ class Recorder:
 class Transactions:
     """Write and read transactions on one database, and the event log written inside them."""
 
-    def __init__(self, target: DbTarget, engine: Engine, hot: HotStatements) -> None:
+    def __init__(self, target: DbTarget, engine: Engine, hot: HotStatements, *, one_connection: bool = False) -> None:
         self.target = target
         self.engine = engine
         self.hot = hot
@@ -131,6 +131,22 @@ class Transactions:
         self._conn: Connection | None = None
         self._conn_pid = 0
         self._experiment_id: int | None = None
+        # A worker's: reads share the kept write connection, and while ``_borrowing`` (its job has run a
+        # while) each transaction closes the connection it opened, so the worker holds none in between.
+        self.one_connection = one_connection
+        self._borrowing = False
+        self._writing = False
+
+    def keep_connection(self, keep: bool) -> None:
+        """Keep the connection between transactions (jobs follow each other), or not (a job runs on):
+        then the kept one is closed now, and each transaction opens one and closes it."""
+        self._borrowing = self.one_connection and not keep
+        if self._borrowing:
+            self.drop_writer()
+
+    def holds_connection(self) -> bool:
+        """Whether a connection is kept between transactions."""
+        return self._conn is not None and self._conn_pid == os.getpid()
 
     def experiment(self, conn: Connection, create: bool = False) -> int:
         """The id of the target's experiment (made first with ``create``), read once per store."""
@@ -165,6 +181,7 @@ class Transactions:
                 try:
                     with _engine.translated_errors(self.target):
                         conn = self.writer()
+                        self._writing = True
                         try:
                             return _engine.in_write_transaction(conn, fn)
                         except sa.exc.DBAPIError as exc:
@@ -172,6 +189,10 @@ class Transactions:
                             if attempt < retries and _is_transient(exc):
                                 raise _Retry() from exc
                             raise
+                        finally:
+                            self._writing = False
+                            if self._borrowing:
+                                self.drop_writer()
                 except _Retry:
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
@@ -181,8 +202,24 @@ class Transactions:
 
     def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in one read transaction: every read of the store, the dashboard and the report."""
+        if self.one_connection and not self._writing:
+            return self._read_on_writer(fn)
         with self.connected() as conn, conn.begin():
             return fn(conn)
+
+    def _read_on_writer(self, fn: Callable[[Connection], T]) -> T:
+        """A read on the kept connection (a worker holds one only): ended at once, so the next write begins anew."""
+        with _engine.translated_errors(self.target):
+            conn = self.writer()
+            try:
+                with conn.begin():
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                self.drop_writer(invalidate=exc.connection_invalidated or _engine.is_outage(exc))
+                raise
+            finally:
+                if self._borrowing:
+                    self.drop_writer()
 
     @contextlib.contextmanager
     def connected(self) -> Iterator[Connection]:

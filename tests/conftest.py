@@ -109,6 +109,21 @@ def own_pg_database() -> str:
 
 
 @pytest.fixture(scope="session")
+def pgbouncer(pg_database: str) -> str:
+    """A real PgBouncer in transaction pooling mode in front of the test PostgreSQL, for the test session:
+    the URL of the session's database through it."""
+    from pgbouncer import PgBouncerError, pgbouncer_fixture, through_pgbouncer
+
+    try:
+        started = pgbouncer_fixture(PG_ADMIN_URL)
+        address = next(started)
+    except PgBouncerError as exc:
+        need_service(str(exc))
+    yield through_pgbouncer(pg_database, address)
+    next(started, None)
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster():
     """A real one-node Slurm, started once per test session (installed with apt-get if missing)."""
     from slurm_cluster import slurm_cluster_fixture
@@ -116,8 +131,10 @@ def slurm_cluster():
     yield from slurm_cluster_fixture()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
 def engine_name(request) -> str:
+    """The store a test runs on; "pgbouncer" (PostgreSQL through a PgBouncer in transaction pooling mode)
+    only for the core cases marked ``pgbouncer``."""
     return request.param
 
 
@@ -128,10 +145,15 @@ def jobs_per_process(request) -> int:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Process reuse is tried on SQLite only: how jobs are run does not change with the store."""
+    """Process reuse is tried on SQLite only: how jobs are run does not change with the store. PgBouncer is
+    tried on the core cases (marked ``pgbouncer``) only."""
     def reused_on_postgresql(item) -> bool:
         params = getattr(item, "callspec", None) and item.callspec.params
-        return bool(params) and params.get("jobs_per_process", 1) > 1 and params.get("engine_name") == "postgresql"
+        if not params:
+            return False
+        if params.get("engine_name") == "pgbouncer" and item.get_closest_marker("pgbouncer") is None:
+            return True  # through PgBouncer: the core cases only
+        return params.get("jobs_per_process", 1) > 1 and params.get("engine_name") in ("postgresql", "pgbouncer")
 
     dropped = [item for item in items if reused_on_postgresql(item)]
     if dropped:
@@ -145,7 +167,7 @@ def db_url(engine_name: str, tmp_path: Path, request) -> str:
     experiment = f"t{next(_counter)}_{uuid.uuid4().hex[:6]}"
     if engine_name == "sqlite":
         return f"sqlite:///{tmp_path / 'jobs.db'}?table={experiment}"
-    base = request.getfixturevalue("pg_database")
+    base = request.getfixturevalue("pgbouncer" if engine_name == "pgbouncer" else "pg_database")
     return f"{base}?table={experiment}"
 
 

@@ -65,6 +65,7 @@ def test_import_jobman_stays_cheap():
     assert out.strip() == "[]"
 
 
+@pytest.mark.pgbouncer
 def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_from_the_cache(db_url, tmp_path):
     proc = run_script(tmp_path, '''
         exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
@@ -192,6 +193,7 @@ def test_cache_source_makes_a_changed_function_a_new_call(db_url, tmp_path):
     exp.close()
 
 
+@pytest.mark.pgbouncer
 def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(db_url, tmp_path):
     exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
     flag = tmp_path / "fixed"
@@ -213,6 +215,7 @@ def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(d
     exp.close()
 
 
+@pytest.mark.pgbouncer
 def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
     """Three processes ready, then let go at once; the one that runs the call holds it running until all
     three have begun it and it has started, so none of them can be answered by a finished job."""

@@ -240,6 +240,7 @@ def assert_nothing_running(store: Store) -> None:
 
 # -- sweeps and the experiment API -------------------------------------------------------------
 
+@pytest.mark.pgbouncer
 def test_two_phase_sweep_children_read_their_parents_results_and_workdirs(jobman, db_url, store, exp):
     r = jobman("sqlschedule", db_url, fn("pretrain"), "lr={{0.1,0.2}}", "--", fn("finetune"), "epochs={{1,2}}",
                env=exp.env)
@@ -378,6 +379,7 @@ def test_the_worker_sleeps_while_a_job_past_its_time_limit_is_given_its_grace(st
     assert "time limit of 0.2 s exceeded" in store.job(job_id).error
 
 
+@pytest.mark.pgbouncer
 def test_a_job_killed_by_a_signal_is_crashed_and_relaunched_within_max_attempts(jobman, db_url, store, exp):
     [phoenix] = schedule(store, ("checkpoint_then_sigkill", {}))
     [doomed] = schedule(store, ("sigkill_always", {}), max_attempts=2)
@@ -450,6 +452,7 @@ def test_incomplete_is_requeued_first_in_line_and_resumes_its_state(jobman, db_u
     assert [(s, v) for _j, s, _n, v in store.metrics([rounds])] == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+@pytest.mark.pgbouncer
 def test_sigterm_puts_the_running_job_back_and_the_worker_exits_cleanly(db_url, store, exp, tmp_path):
     [job_id] = schedule(store, ("until_stopped", {"resumable": True}))
     marker = tmp_path / "started"

@@ -1,0 +1,143 @@
+"""How many PostgreSQL connections a worker holds: one at most, and none while a long job runs.
+
+Counted on the server (``pg_stat_activity``, by the ``jobman-worker`` application name and the
+test's own database) while a real ``jobman worker`` runs real jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import JobSpec
+
+EXPERIMENT = '''
+import time
+
+def sleep(state, channel):
+    if state.get("marker"):
+        open(state["marker"], "w").close()
+    time.sleep(state["seconds"])
+    return {"slept": state["seconds"]}
+'''
+
+
+class ConnectionCounter:
+    """Samples, every 20 ms from another thread, how many worker connections the server has to ``url``'s database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.split("?")[0]
+        self.database = self.url.rsplit("/", 1)[1]
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.is_set():
+                (n,) = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                    "AND application_name = 'jobman-worker'", (self.database,)).fetchone()
+                self.samples.append((time.monotonic(), n))
+                time.sleep(0.02)
+
+    def __enter__(self) -> ConnectionCounter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def between(self, start: float, end: float) -> list[int]:
+        return [n for t, n in self.samples if start <= t <= end]
+
+
+@pytest.fixture
+def setup(own_pg_database: str, tmp_path: Path):
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / "conn_exp.py").write_text(EXPERIMENT)
+    url = f"{own_pg_database}?table=conns"
+    store = Store.open(url)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
+    yield url, store, env, tmp_path
+    store.dispose()
+
+
+def schedule(store: Store, *params: dict) -> list[int]:
+    specs = [JobSpec(phase=0, kind="fn", target="conn_exp:sleep", params=p, parent=None) for p in params]
+    return store.schedule(specs).job_ids
+
+
+def worker(url: str, env: dict, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
+                             str(tmp_path / "runs"), *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_worker_holds_no_connection_while_a_long_job_runs_and_its_heartbeats_still_land(setup):
+    url, store, env, tmp_path = setup
+    marker = tmp_path / "started"
+    [job_id] = schedule(store, {"seconds": 7, "marker": str(marker)})
+    with ConnectionCounter(url) as counter:
+        proc = worker(url, env, tmp_path, "--heartbeat", "1")
+        deadline = time.time() + 60
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), "the job never started"
+        started = time.monotonic()
+        time.sleep(1)
+        beat_before = store.job(job_id).heartbeat_at
+        time.sleep(4)
+        beat_after = store.job(job_id).heartbeat_at
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    during = counter.between(started + 2.5, started + 5)  # past the 2 s a job keeps the connection
+    assert during and max(during) <= 1, "a worker held more than one connection"
+    assert sum(n == 0 for n in during) >= 0.8 * len(during), f"the worker kept a connection while its job ran: {during}"
+    assert beat_after > beat_before, "heartbeats stopped landing once the connection was let go"
+    assert max(n for _t, n in counter.samples) <= 1
+    assert store.job(job_id).status is Status.DONE
+
+
+def test_a_worker_running_tiny_jobs_back_to_back_keeps_one_connection(setup):
+    url, store, env, tmp_path = setup
+    schedule(store, *({"seconds": 0.01, "i": i} for i in range(60)))
+    with ConnectionCounter(url) as counter:
+        proc = worker(url, env, tmp_path)
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    counts = [n for _t, n in counter.samples]
+    assert max(counts) == 1, f"worker connections seen: {sorted(set(counts))}"
+    assert {j.status for j in store.jobs()} == {Status.DONE}
+
+
+def test_a_worker_waiting_for_another_workers_job_holds_no_connection(setup):
+    url, store, env, tmp_path = setup
+    marker = tmp_path / "started"
+    store.schedule([JobSpec(phase=0, kind="fn", target="conn_exp:sleep", params={"seconds": 7, "marker": str(marker)},
+                            parent=None),
+                    JobSpec(phase=1, kind="fn", target="conn_exp:sleep", params={"seconds": 0.01, "after": 1},
+                            parent=0)])
+    with ConnectionCounter(url) as counter:
+        procs = [worker(url, env, tmp_path, "--heartbeat", "30") for _ in range(2)]
+        deadline = time.time() + 60
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        assert marker.exists(), "the job never started"
+        started = time.monotonic()
+        for proc in procs:
+            _out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+    during = counter.between(started + 3, started + 6)  # one worker's job runs on, the other waits for it
+    assert during and sum(n == 0 for n in during) >= 0.9 * len(during), f"connections held while waiting: {during}"
+    assert {j.status for j in store.jobs()} == {Status.DONE}
