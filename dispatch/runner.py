@@ -43,7 +43,7 @@ from .interrupted import mark_interrupted
 from .leftovers import end_job_processes
 from .lifetime import child_pids
 from .machine import GpuPool, gpus_asked
-from .messages import Frames, send_msg
+from .messages import Frames, MalformedMessage, job_request, send_msg
 from .oom import OomWatch
 from .outage import Outage
 
@@ -140,12 +140,13 @@ class JobEnd:
 def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None = None, *,
                  server_gone: bool = False, stopped_for: str | None = None, timeout: float | None = None,
                  command_results: dict[str, Any] | None = None, command_error: str | None = None,
-                 oom_cause: str | None = None, stderr_tail: str = "") -> JobEnd:
+                 oom_cause: str | None = None, stderr_tail: str = "", malformed: str | None = None) -> JobEnd:
     """How a job ended, from what its worker saw: its ``kind`` ("fn" or "cmd"), its process's
     ``os.waitpid`` ``status``, a function's ``report`` (how its call ended), whether the fork server
     died under it, why the worker stopped it if it did ("timeout", "stopping", "cancel"), and,
     read by the caller where they count, a command's results file (or what is wrong with it), the
-    OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail.
+    OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail. A job that
+    sent its worker a ``malformed`` message (what was wrong with it) FAILED, whatever else it sent.
 
     Pure: no clock, no files, no database.
     """
@@ -153,7 +154,10 @@ def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None
     killed_by = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
     results: dict[str, Any] | None = None
     error: str | None = None
-    if kind == "fn" and exit_code == 0 and report is not None:
+    if malformed is not None:  # checked first: nothing else the job sent can be trusted
+        exit_code = None
+        outcome, error = "FAILED", f"the job sent a malformed message: {malformed}"
+    elif kind == "fn" and exit_code == 0 and report is not None:
         exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
         outcome, results, error = report["status"], report["results"], report["error"]
     elif kind == "cmd" and exit_code in (0, EXIT_INCOMPLETE):
@@ -220,6 +224,7 @@ class _Forked(_Child):
         self.report: dict[str, Any] | None = None
         self.status: int | None = None
         self.server_gone = False
+        self.malformed: str | None = None  # what was wrong with a message the job sent, if one was
         self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
@@ -253,15 +258,30 @@ class _Forked(_Child):
         if not data:
             self._hung_up()
             return False
-        for message in self._frames.feed(data):
-            if message.get("op") == "report":
-                self.report = message
-            else:
-                try:
-                    send_msg(sock, self.answer(message))
-                except OSError:  # the job died waiting for the answer
-                    pass
+        try:
+            for message in self._frames.feed(data):
+                if job_request(message)["op"] == "report":
+                    self.report = message
+                else:
+                    try:
+                        send_msg(sock, self.answer(message))
+                    except OSError:  # the job died waiting for the answer
+                        pass
+        except MalformedMessage as exc:
+            self._refuse(str(exc))
+            return False
         return True
+
+    def _refuse(self, why: str) -> None:
+        """The job sent a malformed message: it is ended now (its process too, reused or not, since
+        nothing it sends can be trusted any more) and will be recorded FAILED with ``why``."""
+        if self.malformed is None:
+            self.malformed = why
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._hung_up()
 
     def _hung_up(self) -> None:
         """The job's end of its socket closed."""
@@ -317,6 +337,9 @@ class _InProcess(_Forked):
         self.sock = None
 
     def reap(self) -> bool:
+        if self.malformed is not None and self.status is None:  # wait for the end of the process killed
+            self._read_exit()
+            return self.status is not None
         if self.report is None and self.status is None:
             self._read_exit()
             if self.status is None:
@@ -601,7 +624,8 @@ class Runner:
             oom_cause = child.oom.cause(child.pid)
         end = classify_end(job.kind, child.status, child.report, server_gone=child.server_gone, stopped_for=reason,
                            timeout=self.limits.timeout, command_results=command_results,
-                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail)
+                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail,
+                           malformed=child.malformed)
         return self._finish(job, lease, then, end.outcome, results=end.results, error=end.error,
                             exit_code=end.exit_code, why=end.why)
 

@@ -1,0 +1,139 @@
+"""A job that sends its worker what it should not, through real job processes on real databases:
+each poison ends its own job FAILED with the reason, and the worker goes on with the next job."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import JobSpec
+
+MODULE = "jm_hostile_exp"
+
+POISONS = textwrap.dedent('''
+    """Jobs that write malformed messages on the socket that joins them to their worker."""
+    import json
+    import struct
+    import time
+
+
+    def _raw(channel, body):
+        channel._sock.sendall(struct.pack("!I", len(body)) + body)
+        time.sleep(30)  # the worker ends the job before this does
+
+
+    def _send(channel, obj):
+        _raw(channel, json.dumps(obj).encode())
+
+
+    def bad_json(state, channel):
+        _raw(channel, b"{not json")
+
+
+    def not_utf8(state, channel):
+        _raw(channel, b"\\xff\\xfe")
+
+
+    def not_an_object(state, channel):
+        _send(channel, [1, 2, 3])
+
+
+    def too_deep(state, channel):
+        _raw(channel, b"[" * 100000 + b"]" * 100000)
+
+
+    def save_without_results(state, channel):
+        _send(channel, {"op": "save"})
+
+
+    def save_a_list(state, channel):
+        _send(channel, {"op": "save", "results": [1]})
+
+
+    def log_without_step(state, channel):
+        _send(channel, {"op": "log", "metrics": {"loss": 1.0}})
+
+
+    def log_a_text_metric(state, channel):
+        _send(channel, {"op": "log", "step": 1, "metrics": {"loss": "low"}})
+
+
+    def unknown_request(state, channel):
+        _send(channel, {"op": "drop_tables"})
+
+
+    def unknown_status(state, channel):
+        _send(channel, {"op": "report", "status": "BOGUS", "results": {}, "error": None})
+
+
+    def list_results(state, channel):
+        _send(channel, {"op": "report", "status": "DONE", "results": [1, 2], "error": None})
+
+
+    def oversized_length(state, channel):
+        channel._sock.sendall(struct.pack("!I", 0xFFFFFFF0) + b"{}")
+        time.sleep(30)
+
+
+    def ok(state, channel):
+        channel.save()
+        channel.log(1, loss=0.5)
+        return {"fine": True, "loss": 0.5}
+''')
+
+POISON_WHY = {
+    "bad_json": "not valid JSON",
+    "not_utf8": "not valid JSON",
+    "not_an_object": "a JSON list where an object belongs",
+    "too_deep": "not valid JSON",
+    "save_without_results": "a save with no results",
+    "save_a_list": "a save with a list as results",
+    "log_without_step": "a log whose step is not a 64-bit integer",
+    "log_a_text_metric": "a log whose metric 'loss' is not a finite number",
+    "unknown_request": "the unknown request 'drop_tables'",
+    "unknown_status": "a report with the unknown status 'BOGUS'",
+    "list_results": "a report with a list as results",
+    "oversized_length": "over the limit",
+}
+
+
+@pytest.fixture
+def poisons(tmp_path: Path, jobs_per_process: int) -> dict[str, str]:
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / f"{MODULE}.py").write_text(POISONS)
+    pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": pythonpath, "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
+
+
+def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(jobman, db_url, store: Store,
+                                                                           poisons, tmp_path):
+    # each poison is followed by a healthy job, which must run (in a fresh process when they are reused)
+    order = [n for name in POISON_WHY for n in (name, "ok")]
+    specs = [JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
+             for i, name in enumerate(order)]
+    ids = store.schedule(specs, max_attempts=3).job_ids
+    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), "--heartbeat", "0.2", "--grace", "2",
+                    env=poisons, timeout=300)
+    assert worker.code == 0, worker.err
+    assert "Traceback" not in worker.err
+    assert f"ran {len(order)} job(s)" in worker.err
+    jobs = {j.id: j for j in store.jobs()}
+    for job_id, name in zip(ids, order):
+        job = jobs[job_id]
+        if name == "ok":
+            assert job.status is Status.DONE and job.results == {"fine": True, "loss": 0.5}, (name, job.error)
+            continue
+        assert job.status is Status.FAILED, (name, job.status, job.error)
+        assert job.attempt == 1  # an attempt was spent: the job is not put back for free
+        assert job.error.startswith("the job sent a malformed message: "), (name, job.error)
+        assert POISON_WHY[name] in job.error, (name, job.error)
+        assert any("malformed message" in (e.why or "") for e in store.events(job_id)), name
+    # every reader of the experiment still works
+    assert jobman("list", db_url).code == 0
+    assert jobman("report", db_url, "--metric", "loss").code == 0
