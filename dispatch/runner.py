@@ -23,7 +23,6 @@ import json
 import os
 import select
 import shlex
-import shutil
 import signal
 import socket
 import time
@@ -40,6 +39,7 @@ from .channel import Channel, DirectChannel, job_info, job_state
 from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
 from .forkhandle import ForkServer, ForkServerGone, JobProcess
 from .interrupted import mark_interrupted
+from .jobfiles import copy_tree, read_capped, read_tail
 from .leftovers import end_job_processes
 from .lifetime import child_pids
 from .machine import GpuPool, gpus_asked
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # annotations only: the runner itself needs no database code
 
 EXIT_INCOMPLETE = 75  # a command job exits 75 (EX_TEMPFAIL) to be re-queued and resumed
 STDERR_TAIL = 4000
+RESULTS_LIMIT = 8 * 1024 * 1024  # a command job's $JOBMAN_RESULTS: twice the largest state the database keeps
 
 
 @dataclass
@@ -477,8 +478,8 @@ class Runner:
         if any(workdir.iterdir()):
             return
         source = self.outage.call(lambda: self.store.continues_from(job.id), "reading the job it continues")
-        if source and Path(source).is_dir():
-            shutil.copytree(source, workdir, dirs_exist_ok=True)
+        if source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
+            copy_tree(source, workdir)
 
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
@@ -534,13 +535,13 @@ class Runner:
     def _spawn_command(self, job: Job, parents: list[Job], workdir: Path) -> _ServedCommand:
         state = {**job.params, **(job.results or {})}
         state_path, results_path = workdir / "jobman_state.json", workdir / "jobman_results.json"
+        state_path.unlink(missing_ok=True)  # a FIFO or symlink left there by the job is not written through
         state_path.write_text(json.dumps({"params": job.params, "state": state, "job_id": job.id,
                                           "phase": job.phase, "attempt": job.attempt,
                                           "parents": [{"id": p.id, "workdir": p.workdir or ".",
                                                        "params": p.params, "results": p.results or {}}
                                                       for p in parents]}, indent=1))
-        if results_path.exists():
-            results_path.unlink()
+        results_path.unlink(missing_ok=True)
         env = {**os.environ, **self.job_env, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
                "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
@@ -617,9 +618,9 @@ class Runner:
         command_results = command_error = oom_cause = None
         stderr_tail = ""
         if job.kind == "cmd" and code in (0, EXIT_INCOMPLETE):
-            command_results, command_error = _read_results(workdir / "jobman_results.json")
+            command_results, command_error = _read_results(workdir / "jobman_results.json", workdir)
         elif job.kind == "cmd" and code is not None and not child.server_gone:
-            stderr_tail = _stderr_tail(workdir / "stderr.txt")
+            stderr_tail = _stderr_tail(workdir / "stderr.txt", workdir)
         if killed_by == signal.SIGKILL and reason is None and not child.server_gone:
             oom_cause = child.oom.cause(child.pid)
         end = classify_end(job.kind, child.status, child.report, server_gone=child.server_gone, stopped_for=reason,
@@ -670,11 +671,14 @@ class Runner:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    if not path.exists():
+def _read_results(path: Path, workdir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A command job's results file, read as a file the job controls (bounded, inside its workdir)."""
+    if not os.path.lexists(path):
         return None, None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_capped(path, workdir, RESULTS_LIMIT))
+    except RecursionError:
+        return None, f"$JOBMAN_RESULTS ({path}) is nested too deep"
     except (OSError, ValueError) as exc:
         return None, f"$JOBMAN_RESULTS ({path}) is not valid JSON: {exc}"
     if not isinstance(data, dict):
@@ -682,12 +686,9 @@ def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def _stderr_tail(path: Path) -> str:
+def _stderr_tail(path: Path, workdir: Path) -> str:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - STDERR_TAIL))
-            tail = fh.read().decode(errors="replace").strip()
+        tail = read_tail(path, workdir, STDERR_TAIL).decode(errors="replace").strip()
     except OSError:
         return ""
     return f"\n--- end of stderr ---\n{tail}" if tail else ""
