@@ -40,6 +40,20 @@ def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> Non
         sock.sendall(_HEADER.pack(len(data)) + data)
 
 
+def send_nowait(sock: socket.socket, obj: Any) -> bool:
+    """Send one message whole without waiting; False if the peer's unread messages leave no room
+    for it (the stream is then broken: the caller ends the link)."""
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    data = memoryview(_HEADER.pack(len(body)) + body)
+    while data:
+        try:
+            sent = sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        data = data[sent:]
+    return True
+
+
 def _recv_exactly(sock: socket.socket, size: int, into: bytearray) -> bool:
     while len(into) < size:
         chunk = sock.recv(size - len(into))

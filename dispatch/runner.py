@@ -43,7 +43,7 @@ from .jobfiles import copy_tree, read_capped, read_tail
 from .leftovers import end_job_processes
 from .lifetime import child_pids
 from .machine import GpuPool, gpus_asked
-from .messages import Frames, MalformedMessage, job_request, send_msg
+from .messages import Frames, MalformedMessage, job_request, send_nowait
 from .oom import OomWatch
 from .outage import Outage
 
@@ -147,7 +147,7 @@ def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None
     died under it, why the worker stopped it if it did ("timeout", "stopping", "cancel"), and,
     read by the caller where they count, a command's results file (or what is wrong with it), the
     OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail. A job that
-    sent its worker a ``malformed`` message (what was wrong with it) FAILED, whatever else it sent.
+    broke the protocol with its worker (``malformed``: how, after "the job") FAILED, whatever else it sent.
 
     Pure: no clock, no files, no database.
     """
@@ -157,7 +157,7 @@ def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None
     error: str | None = None
     if malformed is not None:  # checked first: nothing else the job sent can be trusted
         exit_code = None
-        outcome, error = "FAILED", f"the job sent a malformed message: {malformed}"
+        outcome, error = "FAILED", f"the job {malformed}"
     elif kind == "fn" and exit_code == 0 and report is not None:
         exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
         outcome, results, error = report["status"], report["results"], report["error"]
@@ -225,7 +225,7 @@ class _Forked(_Child):
         self.report: dict[str, Any] | None = None
         self.status: int | None = None
         self.server_gone = False
-        self.malformed: str | None = None  # what was wrong with a message the job sent, if one was
+        self.malformed: str | None = None  # how the job broke the protocol with its worker, if it did
         self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
@@ -265,17 +265,20 @@ class _Forked(_Child):
                     self.report = message
                 else:
                     try:
-                        send_msg(sock, self.answer(message))
+                        sent = send_nowait(sock, self.answer(message))
                     except OSError:  # the job died waiting for the answer
-                        pass
+                        sent = True
+                    if not sent:  # a job waits for each answer: one that piles them up does not read them
+                        self._refuse("stopped reading its worker's replies")
+                        return False
         except MalformedMessage as exc:
-            self._refuse(str(exc))
+            self._refuse(f"sent a malformed message: {exc}")
             return False
         return True
 
     def _refuse(self, why: str) -> None:
-        """The job sent a malformed message: it is ended now (its process too, reused or not, since
-        nothing it sends can be trusted any more) and will be recorded FAILED with ``why``."""
+        """The job broke the protocol (``why``, after "the job"): it is ended now (its process too,
+        reused or not, since nothing it sends can be trusted any more) and will be recorded FAILED."""
         if self.malformed is None:
             self.malformed = why
         try:

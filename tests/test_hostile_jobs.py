@@ -1,5 +1,6 @@
-"""A job that sends its worker what it should not, through real job processes on real databases:
-each poison ends its own job FAILED with the reason, and the worker goes on with the next job."""
+"""A job that sends its worker what it should not, or stops reading its answers, through real job
+processes on real databases: each poison ends its own job FAILED with the reason, and the worker goes
+on with the next job."""
 
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ POISONS = textwrap.dedent('''
         time.sleep(30)
 
 
+    def never_reads(state, channel):
+        """Checkpoints on and on without ever reading the worker's answers."""
+        body = json.dumps({"op": "save", "results": {"n": 1}}).encode()
+        message = struct.pack("!I", len(body)) + body
+        for _ in range(1_000_000):
+            channel._sock.sendall(message)
+        time.sleep(30)
+
+
     def ok(state, channel):
         channel.save()
         channel.log(1, loss=0.5)
@@ -100,6 +110,8 @@ POISON_WHY = {
     "list_results": "a report with a list as results",
     "oversized_length": "over the limit",
 }
+BROKE_PROTOCOL = {**{name: "the job sent a malformed message: " for name in POISON_WHY},
+                  "never_reads": "the job stopped reading its worker's replies"}
 
 
 @pytest.fixture
@@ -114,7 +126,7 @@ def poisons(tmp_path: Path, jobs_per_process: int) -> dict[str, str]:
 def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(jobman, db_url, store: Store,
                                                                            poisons, tmp_path):
     # each poison is followed by a healthy job, which must run (in a fresh process when they are reused)
-    order = [n for name in POISON_WHY for n in (name, "ok")]
+    order = [n for name in BROKE_PROTOCOL for n in (name, "ok")]
     specs = [JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
              for i, name in enumerate(order)]
     ids = store.schedule(specs, max_attempts=3).job_ids
@@ -131,9 +143,10 @@ def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(jobma
             continue
         assert job.status is Status.FAILED, (name, job.status, job.error)
         assert job.attempt == 1  # an attempt was spent: the job is not put back for free
-        assert job.error.startswith("the job sent a malformed message: "), (name, job.error)
-        assert POISON_WHY[name] in job.error, (name, job.error)
-        assert any("malformed message" in (e.why or "") for e in store.events(job_id)), name
+        assert job.error.startswith(BROKE_PROTOCOL[name]), (name, job.error)
+        assert POISON_WHY.get(name, "") in job.error, (name, job.error)
+        assert any(BROKE_PROTOCOL[name].strip(": ") in (e.why or "") for e in store.events(job_id)), name
     # every reader of the experiment still works
     assert jobman("list", db_url).code == 0
     assert jobman("report", db_url, "--metric", "loss").code == 0
+
