@@ -150,3 +150,61 @@ def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(jobma
     assert jobman("list", db_url).code == 0
     assert jobman("report", db_url, "--metric", "loss").code == 0
 
+
+THREADS_AND_FORKS = textwrap.dedent('''
+    """A job that checkpoints from several threads at once, and one whose forked child tries to."""
+    import os
+    import threading
+
+
+    def from_threads(state, channel):
+        def work(k):
+            for i in range(50):
+                state[f"t{k}"] = i
+                channel.save()
+                channel.log(i, **{f"loss{k}": float(i)})
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return {f"t{k}": state[f"t{k}"] for k in range(8)}
+
+
+    def from_a_child(state, channel):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                channel.save()
+                note = "saved"
+            except Exception as exc:
+                note = f"{type(exc).__name__}: {exc}"
+            with open(os.environ["JM_NOTE"], "w") as fh:
+                fh.write(note)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        channel.save()
+        return {"parent": "went on"}
+''')
+
+
+def test_the_channel_is_safe_from_threads_and_refuses_a_forked_child_in_one_sentence(jobman, db_url, store: Store,
+                                                                                    tmp_path, jobs_per_process):
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / "jm_threads_exp.py").write_text(THREADS_AND_FORKS)
+    note = tmp_path / "note.txt"
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p),
+           "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process), "JM_NOTE": str(note)}
+    threads, child = store.schedule([JobSpec(0, "fn", f"jm_threads_exp:{name}", {}, None)
+                                     for name in ("from_threads", "from_a_child")]).job_ids
+    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), "--heartbeat", "0.2", "--timeout", "60",
+                    env=env, timeout=120)
+    assert worker.code == 0, worker.err
+    jobs = {j.id: j for j in store.jobs()}
+    assert jobs[threads].status is Status.DONE, jobs[threads].error
+    assert jobs[threads].results == {f"t{k}": 49 for k in range(8)}
+    assert len([m for m in store.metrics([threads])]) == 8 * 50
+    assert jobs[child].status is Status.DONE, jobs[child].error
+    assert note.read_text().startswith("JobmanError: the channel of job ")
+    assert "not in a process it forked" in note.read_text()
