@@ -14,6 +14,7 @@ from typing import Any
 
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.errors import UsageError
+from jobman.jobdb.shape import MAX_DEPTH
 from jobman.jobdb.sweep import Assignment, Phase, Sweep, canonical_target, expand
 
 from .experiment import TargetError, resolve
@@ -32,7 +33,7 @@ def json_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _json_value(value: Any, name: str) -> Any:
+def _json_value(value: Any, name: str, depth: int = 1) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -43,12 +44,15 @@ def _json_value(value: Any, name: str) -> Any:
         return float(value)
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         return _json_value(value.item(), name)  # a NumPy scalar
+    if isinstance(value, (list, tuple, Mapping)) and depth > MAX_DEPTH:  # before recursing any deeper
+        top = name.split("[", 1)[0].split(".", 1)[0]
+        raise UsageError(f"parameter {top!r} cannot be stored: nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, (list, tuple)):
-        return [_json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        return [_json_value(v, f"{name}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise UsageError(f"parameter {name!r} is a dict whose keys are not all strings")
-        return {k: _json_value(v, f"{name}.{k}") for k, v in value.items()}
+        return {k: _json_value(v, f"{name}.{k}", depth + 1) for k, v in value.items()}
     hint = " (pass arr.tolist())" if type(value).__module__ == "numpy" else ""
     raise UsageError(f"parameter {name!r} is a {type(value).__name__}, not a JSON value "
                      f"(a number, string, bool, None, list or dict){hint}")

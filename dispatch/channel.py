@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 from collections.abc import (
     Callable,
@@ -260,10 +261,18 @@ class WorkerChannel(Channel):
     def __init__(self, *args: Any, sock: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sock = sock
+        self._asking = threading.Lock()  # one question and its answer at a time, whichever thread asks
+        self._pid = os.getpid()
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        send_msg(self._sock, request)
-        reply = recv_msg(self._sock)
+        if os.getpid() != self._pid:  # a forked child shares the socket: its answers would go astray
+            from jobman.jobdb import errors
+
+            raise errors.JobmanError(f"the channel of job {self.job_id} works only in the job's own process, "
+                                     "not in a process it forked: save and log from the job's process")
+        with self._asking:
+            send_msg(self._sock, request)
+            reply = recv_msg(self._sock)
         if reply is None:
             raise RuntimeError("the job's worker went away")
         answer = reply[0]

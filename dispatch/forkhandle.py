@@ -4,6 +4,7 @@ and the job processes that run several jobs in turn, as the worker sees them."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 
 from .experiment import TargetError
 from .lifetime import hang_up
-from .messages import recv_msg, send_msg
+from .messages import MalformedMessage, recv_msg, send_msg
 
 
 class ForkServerGone(Exception):
@@ -34,6 +35,13 @@ class JobProcess:
     @property
     def usable(self) -> bool:
         return self.link is not None and self.left > 0
+
+    def kill(self) -> None:
+        """End it now (it sent what it should not); its fork server reports its exit."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def close(self) -> None:
         """Hang up: an idle job process exits at the end of its link."""
@@ -141,11 +149,17 @@ class ForkServer:
                 reply = recv_msg(to_job)
             except OSError:
                 reply = None
+            except MalformedMessage:  # left by a job it ran before (a thread of it): not to be trusted
+                reply = None
+                process.kill()
+            if reply is not None and reply[0].get("op") == "error":
+                raise TargetError(str(reply[0].get("error")))
+            if reply is not None and reply[0].get("op") != "started":
+                process.kill()  # it says what it should not: not to be trusted with another job
+                reply = None
             if reply is None:  # it died between two jobs (killed, out of memory): a fresh one takes this job
                 process.close()
                 continue
-            if reply[0].get("op") == "error":
-                raise TargetError(reply[0]["error"])
             process.left -= 1
             return process
         raise ForkServerGone("the worker's job process exited before starting its job")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .jobfiles import read_tail
+
 PREFIX = ".jobman-interrupted-"
 
 
@@ -29,7 +31,7 @@ def mark_interrupted(workdir: str | os.PathLike | None, lease: int, why: str) ->
     if path is None:
         return False
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError:
         return False
     try:
@@ -47,7 +49,8 @@ def interruption(workdir: str | os.PathLike | None, lease: int) -> str | None:
     if path is None:
         return None
     try:
-        return path.read_text(errors="replace").strip()
+        # the job could have made it a symlink, a FIFO or a huge file: a bounded read inside its workdir
+        return read_tail(path, path.parent, 1000).decode(errors="replace").strip()
     except OSError:
         return None
 

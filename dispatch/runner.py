@@ -24,7 +24,6 @@ import json
 import os
 import select
 import shlex
-import shutil
 import signal
 import socket
 import time
@@ -41,10 +40,11 @@ from .channel import Channel, DirectChannel, job_info, job_state
 from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
 from .forkhandle import ForkServer, ForkServerGone, JobProcess
 from .interrupted import mark_interrupted
+from .jobfiles import copy_tree, read_capped, read_tail
 from .leftovers import end_job_processes
 from .lifetime import child_pids
 from .machine import GpuPool, gpus_asked
-from .messages import Frames, send_msg
+from .messages import Frames, MalformedMessage, job_request, send_nowait
 from .oom import OomWatch
 from .outage import Outage
 
@@ -57,6 +57,7 @@ STDERR_TAIL = 4000
 # (heartbeats and saves open one and close it): a lab's server is shared by every worker. Jobs shorter
 # than this, back to back, keep the one connection, and a long job costs one connect at its end.
 HOLD_CONNECTION_S = 2.0
+RESULTS_LIMIT = 8 * 1024 * 1024  # a command job's $JOBMAN_RESULTS: twice the largest state the database keeps
 
 
 @dataclass
@@ -158,12 +159,13 @@ class JobEnd:
 def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None = None, *,
                  server_gone: bool = False, stopped_for: str | None = None, timeout: float | None = None,
                  command_results: dict[str, Any] | None = None, command_error: str | None = None,
-                 oom_cause: str | None = None, stderr_tail: str = "") -> JobEnd:
+                 oom_cause: str | None = None, stderr_tail: str = "", malformed: str | None = None) -> JobEnd:
     """How a job ended, from what its worker saw: its ``kind`` ("fn" or "cmd"), its process's
     ``os.waitpid`` ``status``, a function's ``report`` (how its call ended), whether the fork server
     died under it, why the worker stopped it if it did ("timeout", "stopping", "cancel"), and,
     read by the caller where they count, a command's results file (or what is wrong with it), the
-    OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail.
+    OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail. A job that
+    broke the protocol with its worker (``malformed``: how, after "the job") FAILED, whatever else it sent.
 
     Pure: no clock, no files, no database.
     """
@@ -171,7 +173,10 @@ def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None
     killed_by = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None
     results: dict[str, Any] | None = None
     error: str | None = None
-    if kind == "fn" and exit_code == 0 and report is not None:
+    if malformed is not None:  # checked first: nothing else the job sent can be trusted
+        exit_code = None
+        outcome, error = "FAILED", f"the job {malformed}"
+    elif kind == "fn" and exit_code == 0 and report is not None:
         exit_code = None  # a function that reported its outcome exits 0 whatever it was: that says nothing
         outcome, results, error = report["status"], report["results"], report["error"]
     elif kind == "cmd" and exit_code in (0, EXIT_INCOMPLETE):
@@ -238,6 +243,7 @@ class _Forked(_Child):
         self.report: dict[str, Any] | None = None
         self.status: int | None = None
         self.server_gone = False
+        self.malformed: str | None = None  # how the job broke the protocol with its worker, if it did
         self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
@@ -271,15 +277,33 @@ class _Forked(_Child):
         if not data:
             self._hung_up()
             return False
-        for message in self._frames.feed(data):
-            if message.get("op") == "report":
-                self.report = message
-            else:
-                try:
-                    send_msg(sock, self.answer(message))
-                except OSError:  # the job died waiting for the answer
-                    pass
+        try:
+            for message in self._frames.feed(data):
+                if job_request(message)["op"] == "report":
+                    self.report = message
+                else:
+                    try:
+                        sent = send_nowait(sock, self.answer(message))
+                    except OSError:  # the job died waiting for the answer
+                        sent = True
+                    if not sent:  # a job waits for each answer: one that piles them up does not read them
+                        self._refuse("stopped reading its worker's replies")
+                        return False
+        except MalformedMessage as exc:
+            self._refuse(f"sent a malformed message: {exc}")
+            return False
         return True
+
+    def _refuse(self, why: str) -> None:
+        """The job broke the protocol (``why``, after "the job"): it is ended now (its process too,
+        reused or not, since nothing it sends can be trusted any more) and will be recorded FAILED."""
+        if self.malformed is None:
+            self.malformed = why
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._hung_up()
 
     def _hung_up(self) -> None:
         """The job's end of its socket closed."""
@@ -335,6 +359,9 @@ class _InProcess(_Forked):
         self.sock = None
 
     def reap(self) -> bool:
+        if self.malformed is not None and self.status is None:  # wait for the end of the process killed
+            self._read_exit()
+            return self.status is not None
         if self.report is None and self.status is None:
             self._read_exit()
             if self.status is None:
@@ -472,8 +499,8 @@ class Runner:
         if any(workdir.iterdir()):
             return
         source = self.outage.call(lambda: self.store.continues_from(job.id), "reading the job it continues")
-        if source and Path(source).is_dir():
-            shutil.copytree(source, workdir, dirs_exist_ok=True)
+        if source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
+            copy_tree(source, workdir)
 
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
@@ -529,13 +556,13 @@ class Runner:
     def _spawn_command(self, job: Job, parents: list[Job], workdir: Path) -> _ServedCommand:
         state = {**job.params, **(job.results or {})}
         state_path, results_path = workdir / "jobman_state.json", workdir / "jobman_results.json"
+        state_path.unlink(missing_ok=True)  # a FIFO or symlink left there by the job is not written through
         state_path.write_text(json.dumps({"params": job.params, "state": state, "job_id": job.id,
                                           "phase": job.phase, "attempt": job.attempt,
                                           "parents": [{"id": p.id, "workdir": p.workdir or ".",
                                                        "params": p.params, "results": p.results or {}}
                                                       for p in parents]}, indent=1))
-        if results_path.exists():
-            results_path.unlink()
+        results_path.unlink(missing_ok=True)
         env = {**os.environ, **self.job_env, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
                "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
                "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
@@ -619,14 +646,15 @@ class Runner:
         command_results = command_error = oom_cause = None
         stderr_tail = ""
         if job.kind == "cmd" and code in (0, EXIT_INCOMPLETE):
-            command_results, command_error = _read_results(workdir / "jobman_results.json")
+            command_results, command_error = _read_results(workdir / "jobman_results.json", workdir)
         elif job.kind == "cmd" and code is not None and not child.server_gone:
-            stderr_tail = _stderr_tail(workdir / "stderr.txt")
+            stderr_tail = _stderr_tail(workdir / "stderr.txt", workdir)
         if killed_by == signal.SIGKILL and reason is None and not child.server_gone:
             oom_cause = child.oom.cause(child.pid)
         end = classify_end(job.kind, child.status, child.report, server_gone=child.server_gone, stopped_for=reason,
                            timeout=self.limits.timeout, command_results=command_results,
-                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail)
+                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail,
+                           malformed=child.malformed)
         return self._finish(job, lease, then, end.outcome, results=end.results, error=end.error,
                             exit_code=end.exit_code, why=end.why)
 
@@ -671,11 +699,14 @@ class Runner:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    if not path.exists():
+def _read_results(path: Path, workdir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A command job's results file, read as a file the job controls (bounded, inside its workdir)."""
+    if not os.path.lexists(path):
         return None, None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_capped(path, workdir, RESULTS_LIMIT))
+    except RecursionError:
+        return None, f"$JOBMAN_RESULTS ({path}) is nested too deep"
     except (OSError, ValueError) as exc:
         return None, f"$JOBMAN_RESULTS ({path}) is not valid JSON: {exc}"
     if not isinstance(data, dict):
@@ -683,12 +714,9 @@ def _read_results(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
-def _stderr_tail(path: Path) -> str:
+def _stderr_tail(path: Path, workdir: Path) -> str:
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - STDERR_TAIL))
-            tail = fh.read().decode(errors="replace").strip()
+        tail = read_tail(path, workdir, STDERR_TAIL).decode(errors="replace").strip()
     except OSError:
         return ""
     return f"\n--- end of stderr ---\n{tail}" if tail else ""

@@ -32,6 +32,7 @@ from .records import ScheduleResult
 from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
+from .shape import check_shape, json_within_limits
 from .status import Status
 from .sweep import JobSpec, canonical_target
 from .txn import bulk_insert, chunks
@@ -78,6 +79,9 @@ def ready_chunk(index: int, batch: Sequence[JobSpec], duplicate: bool) -> ReadyC
         if s.parent is not None and not 0 <= s.parent < i:
             raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
                              "a parent must come before its children")
+    for i, s in enumerate(batch, index):  # before flattening, which would follow a deep nest
+        if s.params_json is None or not json_within_limits(s.params_json):
+            check_shape(s.params, f"the parameters of job {i} of the sweep")
     specs = list(canonical_targets(canonical_specs(batch)))
     # First: says which value is not JSON. A sweep's expansion has encoded its grid already.
     encoded = [s.params_json if s.params_json is not None else dump_json(s.params, "parameters") for s in specs]

@@ -22,6 +22,7 @@ from .canonical import encode_value
 from .distributions import Distribution
 from .errors import SweepError
 from .nested import check_names
+from .shape import MAX_DEPTH
 
 PHASE_SEPARATOR = "--"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -165,6 +166,8 @@ def parse_value(text: str, offset: int = 0) -> Any:  # noqa: C901
             raise ValueError(f"the number is too large to store@{lead}")
         return number
     if s.startswith("[") and s.endswith("]"):
+        if _bracket_depth(s) > MAX_DEPTH:  # refused before the recursion below could follow it
+            raise ValueError(f"the list is nested more than {MAX_DEPTH} levels deep@{lead}")
         inner = s[1:-1]
         if not inner.strip():
             return []
@@ -191,6 +194,18 @@ def parse_value(text: str, offset: int = 0) -> Any:  # noqa: C901
         if ch in "\"'":
             raise ValueError(f"stray quote {ch}@{lead + i}")
     return s
+
+
+def _bracket_depth(text: str) -> int:
+    """How deep the brackets of ``text`` nest (quotes not told apart: an upper bound)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == "]":
+            depth -= 1
+    return deepest
 
 
 def _distribution(call: re.Match, lead: int) -> Distribution:

@@ -43,6 +43,7 @@ from .schema import job as t_job
 from .schema import job_dep as t_dep
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
+from .shape import shape_problem
 from .status import BLOCKING, PENDING, REQUEUED, Outcome, Status, names_of
 from .txn import chunks, in_list_size
 
@@ -160,6 +161,9 @@ def refuse_logged(conn: Connection, log: Log, job_id: int, lease: int, what: str
 
 def checkpoint_blob(job_id: int, results: dict[str, Any]) -> str:
     """A checkpoint as stored JSON; one too large to keep is refused."""
+    problem = shape_problem(results)
+    if problem is not None:
+        raise StateTooLarge(f"job {job_id}'s state cannot be stored: {problem}")
     blob = dump_results(results, "job state")
     if len(blob) > MAX_STATE_BYTES:
         raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
@@ -171,6 +175,10 @@ def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
                 why: str | None) -> tuple[str | None, str, str | None, str | None]:
     """The results as stored JSON; results too large to keep make the run FAILED with why. The error
     and why texts as they can be stored: a NUL character (which PostgreSQL refuses) spelled \\x00."""
+    problem = shape_problem(results)
+    if problem is not None:  # results no reader could walk: the run's bad return
+        error = "\n".join(e for e in (error, f"the job's results cannot be stored: {problem}") if e)
+        results, outcome, why = None, Outcome.FAILED.value, f"the job's results cannot be stored: {problem}"
     blob = dump_results(results, "job results") if results is not None else None
     error, why = _no_nul(error), _no_nul(why)
     if blob is not None and len(blob) > MAX_STATE_BYTES:

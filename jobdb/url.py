@@ -51,10 +51,18 @@ class DbTarget:
         return f"{base}?{urlencode(query)}"
 
 
+# A URL's password: what follows "user:" up to the last "@" that a host and then the end of the
+# authority follow, so that a raw "@", "#", "?" or space in the password is masked with the rest of it.
+_USERINFO_PASSWORD = re.compile(
+    r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/\n]*)(@[^\s@/?#]*(?=[/?#\s'\"]|$))", re.I | re.M)
+# A password given as a query parameter (libpq and psycopg take ?password=), plain or percent-encoded.
+_QUERY_PASSWORD = re.compile(r"((?:[?&;]|%26|%3F)(?:password|pass|pwd)(?:=|%3D))([^&\s'\"]*)", re.I)
+
+
 def mask_password(text: str) -> str:
-    """Replace the password of every URL in ``text`` by ``***``: all of it up to the host, even
-    with an unencoded ``@`` in it."""
-    return re.sub(r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/?#\s]*)(@)", r"\1***\3", text, flags=re.I)
+    """Replace every database password in ``text`` by ``***``: the password of a URL (all of it up to
+    the host, even with a raw ``@``, ``#`` or space in it) and a ``password=`` query parameter."""
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***\3", text))
 
 
 _DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")

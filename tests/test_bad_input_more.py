@@ -32,10 +32,10 @@ from test_migrations import fresh_url  # noqa: F401 - a fixture: an empty databa
 
 from jobman.cli.main import main
 from jobman.jobdb import engine as db_engine
-from jobman.jobdb.errors import DatabaseError, UsageError
+from jobman.jobdb.errors import DatabaseError, StateTooLarge, UsageError
 from jobman.jobdb.schema import VERSION_TABLE
 from jobman.jobdb.status import Status
-from jobman.jobdb.store import MAX_STATE_BYTES, Store
+from jobman.jobdb.store import MAX_STATE_BYTES, Store, WorkerInfo
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 SECRET = "s3cretpw"  # what one_sentence() checks never shows
@@ -238,6 +238,70 @@ def test_parameters_that_are_not_json_are_refused_and_nothing_is_written(store, 
     with pytest.raises(UsageError, match=f"the parameters cannot be stored as JSON: .*{words}"):
         store.schedule(specs)
     assert _job_rows(store) == before
+
+
+def _nested(depth: int, make) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = make(value)
+    return value
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"a": _nested(1000, lambda v: {"k": v})}, "nested more than 32 levels deep"),
+    ({"a": _nested(1000, lambda v: [v])}, "nested more than 32 levels deep"),
+    ({"a": _nested(40, lambda v: [v, 2])}, "nested more than 32 levels deep"),
+    ({"x" * 5000: 1}, "a name of 5000 characters"),
+])
+def test_parameters_too_deep_or_with_too_long_a_name_are_refused_and_nothing_is_written(store, params, words):
+    store.schedule([JobSpec(0, "fn", TARGET, {"ok": 1}, None)])
+    before = _job_rows(store)
+    specs = [JobSpec(0, "fn", TARGET, {"ok": 2}, None), JobSpec(0, "fn", TARGET, params, None)]
+    with pytest.raises(UsageError, match=f"the parameters of job 1 of the sweep cannot be stored: {words}"):
+        store.schedule(specs)
+    assert _job_rows(store) == before
+    assert _nested(32, lambda v: [v])  # the limit itself is kept
+    store.schedule([JobSpec(0, "fn", TARGET, {"deep": _nested(31, lambda v: [v])}, None)])
+
+
+def _a_job(a: object) -> dict:
+    return {}
+
+
+def test_a_call_from_python_nested_too_deep_is_refused_and_nothing_is_written(store, db_url):
+    import jobman
+
+    before = _job_rows(store)  # the PostgreSQL database is shared with other experiments
+    exp = jobman.Experiment(db_url)
+    try:
+        for deep in (_nested(1000, lambda v: [v]), _nested(1000, lambda v: {"k": v})):
+            with pytest.raises(UsageError, match="parameter 'a' cannot be stored: nested more than 32 levels deep"):
+                exp.map(_a_job, [{"a": 1}, {"a": deep}])
+    finally:
+        exp.close()
+    assert _job_rows(store) == before
+
+
+def test_a_list_nested_too_deep_on_the_command_line_is_one_sentence_and_writes_nothing(tmp_path):
+    never = tmp_path / "never.db"
+    deep = "[" * 1000 + "1" + "]" * 1000
+    message = one_sentence(run_jobman("sqlschedule", f"sqlite:///{never}?table=x", TARGET, f"a={deep}"))
+    assert "nested more than 32 levels deep" in message, message
+    assert not never.exists()
+
+
+def test_results_or_a_state_nested_too_deep_are_refused_and_every_reader_copes(store, db_url):
+    [job_id] = store.schedule([JobSpec(0, "fn", TARGET, {"n": 1}, None)]).job_ids
+    claimed = store.claim(WorkerInfo.here(backend="local", backend_id="1"))
+    assert claimed is not None
+    with pytest.raises(StateTooLarge, match="state cannot be stored: nested more than 32 levels deep"):
+        store.save(job_id, claimed.lease, {"deep": _nested(1000, lambda v: [v])})
+    store.finish(job_id, claimed.lease, "DONE", results={"deep": _nested(1000, lambda v: {"k": v})})
+    job = store.job(job_id)
+    assert job.status is Status.FAILED and "results cannot be stored: nested more than 32" in job.error
+    for argv in (["list", db_url], ["show", db_url, str(job_id)], ["sqlstatus", db_url]):
+        r = run_jobman(*argv)
+        assert r.code == 0 and "Traceback" not in r.err, (argv, r.err)
 
 
 def test_a_number_too_large_to_store_is_refused_at_its_position(tmp_path):

@@ -220,8 +220,50 @@ def test_mask_password_masks_every_url_form():
         ("postgresql://:only-pw@host/db", "postgresql://:***@host/db"),
         ("postgresql://me:p@ss@host/db", "postgresql://me:***@host/db"),  # an unencoded '@'
         ("postgres://u:a@b@c@h:5/db?table=t and sqlite:///x@y.db", "postgres://u:***@h:5/db?table=t and sqlite:///x@y.db"),
+        ("postgresql://me:pa#ss@host/db", "postgresql://me:***@host/db"),  # a raw '#'
+        ("postgresql://me:pa ss@host/db?table=t", "postgresql://me:***@host/db?table=t"),  # a raw space
+        ("'postgresql://me:a@b#c d@host:5432/db'", "'postgresql://me:***@host:5432/db'"),
+        ("postgresql://me@host/db?password=pw&table=t", "postgresql://me@host/db?password=***&table=t"),
+        ("postgresql://me@host/db?table=t&password=p%23w%40x", "postgresql://me@host/db?table=t&password=***"),
+        ("postgresql://me@host/db?PassWord=pw", "postgresql://me@host/db?PassWord=***"),
+        ("postgresql://me@host/db?table=t%26password%3Dpw", "postgresql://me@host/db?table=t%26password%3D***"),
+        ("postgresql://me:pw@host/db\nwrite to x@y.org", "postgresql://me:***@host/db\nwrite to x@y.org"),
     ]:
-        assert mask_password(text) == masked
+        assert mask_password(text) == masked, text
+
+
+@pytest.mark.parametrize("spelling", ["query", "query-encoded", "raw-hash", "raw-space", "raw-at"])
+def test_a_password_in_any_spelling_of_the_url_is_masked_in_output_errors_and_pages(pg_database, spelling):
+    """Against the test server (which trusts its clients, so any password connects): the password
+    never shows, whether the command works or fails on the URL."""
+    secret = "Zq" + uuid.uuid4().hex[:10]
+    base, name = pg_database.rsplit("/", 1)
+    scheme, _, hostpart = base.partition("://")
+    user, _, host = hostpart.rpartition("@")
+    url = {"query": f"{pg_database}?password={secret}&table=masked",
+           "query-encoded": f"{pg_database}?table=masked&password={secret}%23x%40y",
+           "raw-hash": f"{scheme}://{user}:{secret}#x@{host}/{name}?table=masked",
+           "raw-space": f"{scheme}://{user}:{secret} x@{host}/{name}?table=masked",
+           "raw-at": f"{scheme}://{user}:{secret}@x@{host}/{name}?table=masked"}[spelling]
+    shown = []
+    for argv in (["sqlschedule", url, "--no-check", "p.m:f", "a={{1,2}}"], ["list", url], ["sqlstatus", url],
+                 ["--debug", "list", url], ["db", "experiments", url]):
+        r = run_jobman(*argv)
+        shown.append(r.out + r.err)
+        assert "Traceback" not in r.err or argv[0] == "--debug", (argv, r.err)
+    assert secret not in "\n".join(shown)
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from jobman.web.app import create_app
+
+    try:
+        app = create_app(url, token="t" * 20)
+    except Exception as exc:  # noqa: BLE001 - refusing the URL is fine, as long as it says nothing secret
+        assert secret not in str(exc)
+        return
+    page = TestClient(app, base_url="http://127.0.0.1:8787", headers={"Authorization": "token " + "t" * 20}).get("/")
+    assert secret not in page.text
 
 
 # -- SQL is only built with bound parameters -------------------------------------------------------

@@ -7,6 +7,7 @@ PostgreSQL, filled through the store's verbs; ``jobman serve`` itself runs as a 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -182,6 +183,34 @@ def test_a_request_for_another_host_name_is_refused(filled):
     c = client(db_url)
     assert c.get("/", headers={"Host": "attacker.example:8787"}).status_code == 403
     assert c.get("/", headers={"Host": "localhost:8787"}).status_code == 200
+
+
+def test_a_name_that_is_not_this_servers_is_refused_on_every_bind_address(filled):
+    store, db_url, roles = filled
+    # DNS rebinding: evil.example made to resolve to the served address must not reach the dashboard,
+    # also on another loopback address without a token, and on every address with one
+    open_loopback = client(db_url, token=None, host="127.0.0.2")
+    for name in ("evil.example", "evil.example:8787", "127.0.0.2.evil.example", "localhost.evil.example"):
+        assert open_loopback.get("/", headers={"Host": name}).status_code == 403, name
+    for name in ("127.0.0.2:8787", "127.0.0.1:8787", "localhost:8787", "[::1]:8787"):
+        assert open_loopback.get("/", headers={"Host": name}).status_code == 200, name
+    everywhere = client(db_url, host="0.0.0.0")
+    assert everywhere.get("/", headers={"Host": "evil.example:8787"}).status_code == 403
+    assert everywhere.get("/", headers={"Host": "192.0.2.7:8787"}).status_code == 200
+    assert everywhere.get("/", headers={"Host": f"{socket.gethostname()}:8787"}).status_code == 200
+    one_address = client(db_url, host="192.0.2.7")
+    assert one_address.get("/", headers={"Host": "192.0.2.7:8787"}).status_code == 200
+    assert one_address.get("/", headers={"Host": "192.0.2.8:8787"}).status_code == 403
+
+
+def test_the_token_link_redirects_on_this_server_only(filled):
+    store, db_url, roles = filled
+    c = client(db_url, authorized=False)
+    for path in ("//evil.example/", "/\\evil.example/", "///evil.example"):
+        r = c.get(f"{BASE}{path}?token={TOKEN}")
+        assert r.status_code == 303, path
+        location = r.headers["location"]
+        assert location.startswith("/") and not location.startswith(("//", "/\\")), (path, location)
 
 
 def test_actions_are_refused_without_allow_actions_from_another_site_or_without_the_token(filled):

@@ -1,8 +1,8 @@
 """The ASGI application of ``jobman serve``: routes, the token, and the guard on actions.
 
 Every request needs the token printed at start (a ``?token=`` link sets a same-site cookie,
-as Jupyter does); a request whose Host is not the address served is refused, so a page
-elsewhere cannot reach the dashboard through a rebound name. Actions are POSTs that carry
+as Jupyter does); a request whose Host is not an address or name of this server (``web.hosts``)
+is refused, so a page elsewhere cannot reach the dashboard through a rebound name. Actions are POSTs that carry
 the token in the form, are refused from another origin, and exist only with ``allow_actions``.
 """
 
@@ -32,9 +32,9 @@ from jobman.jobdb.url import mask_password
 
 from . import actions, pages
 from .format import FILTERS
+from .hosts import host_allowed, host_name
 
 HERE = Path(__file__).parent
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class Settings:
@@ -168,7 +168,8 @@ class Guard:
         given = request.query_params.get("token")
         if given is not None and request.method == "GET":  # the printed link: keep the token in a cookie
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = request.url.path + ("?" + urlencode(rest) if rest else "")
+            # the path made relative to this server: "//elsewhere" would send the browser off-site
+            target = "/" + request.url.path.lstrip("/\\") + ("?" + urlencode(rest) if rest else "")
             response = RedirectResponse(target, status_code=303)
             response.set_cookie(self.settings.cookie, given, httponly=True, samesite="strict")
             await response(scope, receive, send)
@@ -177,10 +178,10 @@ class Guard:
 
     def refusal(self, request: Request) -> Response | None:
         s = self.settings
-        host = _hostname(request.headers.get("host", ""))
-        if s.host in LOOPBACK and host not in LOOPBACK:
-            return PlainTextResponse(f"this server answers to {s.host} only, not to {host or 'no host'}",
-                                     status_code=403)
+        header = request.headers.get("host", "")
+        if not host_allowed(header, s.host):
+            return PlainTextResponse(f"this server answers to {s.host} (or a loopback address) only, "
+                                     f"not to {host_name(header)[:100] or 'no host'}", status_code=403)
         if s.token is None:
             return None
         offered = (request.query_params.get("token") or request.cookies.get(s.cookie)
@@ -191,12 +192,6 @@ class Guard:
         if not hmac.compare_digest(offered.encode(), s.token.encode()):
             return PlainTextResponse("wrong token: open the link `jobman serve` printed", status_code=403)
         return None
-
-
-def _hostname(header: str) -> str:
-    if header.startswith("["):
-        return header.split("]", 1)[0] + "]"
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _header_token(value: str) -> str | None:

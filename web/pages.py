@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
+from jobman.dispatch.jobfiles import read_tail
 from jobman.jobdb import dashboard, report, selection
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import Status, parse_status
@@ -287,21 +288,32 @@ def default_curve_ids(store: Store) -> list[int]:
 
 def job_view(store: Store, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
+    workdir = own_workdir(job.workdir, job_id, store.experiment)
     return {"job": job, "events": store.events(job_id), "parents": store.parents(job_id),
-            "children": store.children(job_id), "files": workdir_files(job.workdir),
-            "tails": tails(job.workdir, job.log_path), **curves(store, [job_id])}
+            "children": store.children(job_id), "files": workdir_files(workdir),
+            "tails": tails(workdir, job.log_path), **curves(store, [job_id])}
 
 
-def workdir_files(workdir: str | None) -> list[tuple[str, int]]:
-    """(name, bytes) of the files a job left in its working directory, if this host can see it."""
-    if not workdir or not os.path.isdir(workdir):
+def own_workdir(workdir: str | None, job_id: int, experiment: str) -> Path | None:
+    """The job's workdir as stored, if it is where jobman makes one (RUNS/EXPERIMENT/ID): a value
+    changed in the database must not turn the dashboard into a reader of any folder."""
+    if not workdir:
+        return None
+    path = Path(os.path.abspath(workdir))
+    return path if path.name == str(job_id) and path.parent.name == experiment else None
+
+
+def workdir_files(workdir: Path | None) -> list[tuple[str, int]]:
+    """(name, bytes) of the files a job left in its working directory, if this host can see it.
+    Symlinks are listed as themselves (never followed), so no file outside shows through them."""
+    if workdir is None or not workdir.is_dir():
         return []
     out = []
     for root, _, files in os.walk(workdir):
         for name in files:
             path = Path(root) / name
             try:
-                out.append((str(path.relative_to(workdir)), path.stat().st_size))
+                out.append((str(path.relative_to(workdir)), path.lstat().st_size))
             except OSError:
                 continue
             if len(out) >= 200:
@@ -309,22 +321,19 @@ def workdir_files(workdir: str | None) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def tails(workdir: str | None, log_path: str | None) -> list[tuple[str, str]]:
-    """The last few kilobytes of a job's stdout, stderr and backend log."""
-    paths = []
-    if workdir:
-        paths += [Path(workdir) / "stdout.txt", Path(workdir) / "stderr.txt"]
+def tails(workdir: Path | None, log_path: str | None) -> list[tuple[str, str]]:
+    """The last few kilobytes of a job's stdout and stderr (regular files inside its workdir only),
+    and of its backend's log (inside the run folder the workdir belongs to)."""
+    if workdir is None:
+        return []
+    paths = [(workdir / "stdout.txt", workdir), (workdir / "stderr.txt", workdir)]
     if log_path:
-        paths.append(Path(log_path))
+        paths.append((Path(log_path), workdir.parent))
     out = []
-    for path in paths:
+    for path, root in paths:
         try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(size - TAIL_BYTES, 0))
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
+            text = read_tail(path, root, TAIL_BYTES).decode("utf-8", "replace")
+        except OSError:  # missing, or not to be shown (a FIFO, a device, a symlink leading out)
             continue
         if text.strip():
             out.append((path.name, text))
