@@ -34,11 +34,18 @@ _LAZY = {
     "resolve": "jobman.tools",
     "defaults_merge": "jobman.tools",
     "sample": "jobman.dispatch.calls",
-    **{name: "jobman.jobdb.distributions" for name in (
-        "uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")},
+    **{
+        name: "jobman.jobdb.distributions"
+        for name in ("uniform", "loguniform", "quniform", "qloguniform", "randint", "normal", "qnormal", "choice")
+    },
 }
-_MODULES = {"errors": "jobman.jobdb.errors", "sql": "jobman.sql", "tools": "jobman.tools",
-            "experiments": "jobman.experiments", "ps": "jobman.ps"}
+_MODULES = {
+    "errors": "jobman.jobdb.errors",
+    "sql": "jobman.sql",
+    "tools": "jobman.tools",
+    "experiments": "jobman.experiments",
+    "ps": "jobman.ps",
+}
 
 __all__ = [*_LAZY, *_MODULES, "__version__"]
 

@@ -12,5 +12,14 @@ from jobman.dispatch.ps import (
     worker_id,
 )
 
-__all__ = ["init", "barrier", "shutdown", "num_workers", "worker_id", "is_master_worker", "ArrayTableHandler",
-           "MatrixTableHandler", "PSError"]
+__all__ = [
+    "init",
+    "barrier",
+    "shutdown",
+    "num_workers",
+    "worker_id",
+    "is_master_worker",
+    "ArrayTableHandler",
+    "MatrixTableHandler",
+    "PSError",
+]

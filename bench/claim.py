@@ -22,8 +22,9 @@ from common import Figure, fresh_pg_database, grid, say
 from jobman.jobdb.store import Store, WorkerInfo
 from jobman.jobdb.sweep import expand, parse_sweep
 
-PICK = ("SELECT id FROM job WHERE experiment_id = {p} AND status = 'QUEUED' "
-        "ORDER BY priority DESC, queue_order, id LIMIT 1")
+PICK = (
+    "SELECT id FROM job WHERE experiment_id = {p} AND status = 'QUEUED' ORDER BY priority DESC, queue_order, id LIMIT 1"
+)
 
 
 def jobman_loop(url: str, out: mp.Queue) -> None:
@@ -59,8 +60,10 @@ def bare_loop(url: str, out: mp.Queue) -> None:
         import psycopg
 
         with psycopg.connect(url.split("?")[0], autocommit=False) as con:
-            claim = (f"UPDATE job SET status='RUNNING', lease=lease+1 WHERE id = ({PICK.format(p='%s')} "
-                     "FOR UPDATE SKIP LOCKED) RETURNING id")
+            claim = (
+                f"UPDATE job SET status='RUNNING', lease=lease+1 WHERE id = ({PICK.format(p='%s')} "
+                "FOR UPDATE SKIP LOCKED) RETURNING id"
+            )
             while True:
                 row = con.execute(claim, (1,)).fetchone()
                 con.commit()
@@ -120,10 +123,19 @@ def run(jobs: int, procs_list: list[int], repeat: int) -> list[Figure]:
                         drop_b()
                 ok = ours >= 0.5 * base and dup == 0 and lost == 0
                 best = f", best of {runs}" if runs > 1 else ""
-                figures.append(say(Figure(
-                    f"claim+finish {jobs:,} jobs, {procs} process(es), {engine}{best}", ours, "jobs/s", base,
-                    ">= 50% of bare loop, 0 duplicates, 0 lost", ok,
-                    f"duplicates {dup}, lost {lost} (bare: {bdup}, {blost})")))
+                figures.append(
+                    say(
+                        Figure(
+                            f"claim+finish {jobs:,} jobs, {procs} process(es), {engine}{best}",
+                            ours,
+                            "jobs/s",
+                            base,
+                            ">= 50% of bare loop, 0 duplicates, 0 lost",
+                            ok,
+                            f"duplicates {dup}, lost {lost} (bare: {bdup}, {blost})",
+                        )
+                    )
+                )
     return figures
 
 

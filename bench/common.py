@@ -70,8 +70,12 @@ def machine() -> dict[str, str]:
     except Exception:  # noqa: BLE001
         pg_driver = "-"
     try:
-        server = subprocess.run(["psql", "-tA", PG_URL, "-c", "show server_version"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "-"
+        server = (
+            subprocess.run(
+                ["psql", "-tA", PG_URL, "-c", "show server_version"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "-"
+        )
     except (OSError, subprocess.SubprocessError):
         server = "-"
     import sqlite3

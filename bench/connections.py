@@ -34,14 +34,14 @@ from jobman.jobdb.store import Store  # noqa: E402
 from jobman.jobdb.sweep import JobSpec  # noqa: E402
 
 ADMIN = os.environ.get("JOBMAN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-MODULE = '''
+MODULE = """
 import os, time
 
 def nap(state, channel):
     time.sleep(state["seconds"])
     with open(os.environ["JM_ENDS"], "a") as fh:
         fh.write(f"{time.time()}\\n")
-'''
+"""
 
 
 class Sampler:
@@ -59,8 +59,10 @@ class Sampler:
         with psycopg.connect(ADMIN, autocommit=True) as conn:
             last_rss = 0.0
             while not self._stop.is_set():
-                (n,) = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                                    "AND backend_type = 'client backend'", (self.database,)).fetchone()
+                (n,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'",
+                    (self.database,),
+                ).fetchone()
                 self.peak_connections = max(self.peak_connections, n)
                 if time.monotonic() - last_rss > 1:
                     last_rss = time.monotonic()
@@ -94,19 +96,30 @@ def one_run(workers: int, jobs: int, seconds: float, bouncer: str | None, tmp: P
     try:
         url = f"{ADMIN.rsplit('/', 1)[0]}/{name}?table=bench"
         store = Store.open(url)
-        store.schedule([JobSpec(phase=0, kind="fn", target="jm_bench_conn:nap", params={"seconds": seconds, "i": i},
-                                parent=None) for i in range(jobs)])
+        store.schedule(
+            [
+                JobSpec(
+                    phase=0, kind="fn", target="jm_bench_conn:nap", params={"seconds": seconds, "i": i}, parent=None
+                )
+                for i in range(jobs)
+            ]
+        )
         store.dispose()
         ends = tmp / f"ends-{name}.txt"
         ends.touch()
-        env = {**os.environ, "JM_ENDS": str(ends), "PYTHONPATH": os.pathsep.join(
-            p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p)}
+        env = {
+            **os.environ,
+            "JM_ENDS": str(ends),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(tmp), os.environ.get("PYTHONPATH")) if p),
+        }
         run_url = through_pgbouncer(url, bouncer) if bouncer else url
         argv = [sys.executable, "-m", "jobman.cli.main", "worker", run_url, "--exproot", str(tmp / "runs")]
         with Sampler(name) as sampler:
             began = time.time()
-            procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for _ in range(workers)]
+            procs = [
+                subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for _ in range(workers)
+            ]
             sampler.procs = procs
             exits: list[float] = []
             waiting = list(procs)
@@ -118,9 +131,14 @@ def one_run(workers: int, jobs: int, seconds: float, bouncer: str | None, tmp: P
                 time.sleep(0.05)
         times = sorted(float(x) for x in ends.read_text().split())
         failed = sum(p.returncode != 0 for p in procs)
-        return {"done": len(times), "jobs_per_s": len(times) / (times[-1] - began) if times else 0.0,
-                "peak_connections": sampler.peak_connections, "peak_rss_gib": sampler.peak_rss / 2**30,
-                "outlived_s": max(exits) - times[-1] if times else float("nan"), "failed_workers": failed}
+        return {
+            "done": len(times),
+            "jobs_per_s": len(times) / (times[-1] - began) if times else 0.0,
+            "peak_connections": sampler.peak_connections,
+            "peak_rss_gib": sampler.peak_rss / 2**30,
+            "outlived_s": max(exits) - times[-1] if times else float("nan"),
+            "failed_workers": failed,
+        }
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -140,13 +158,18 @@ def main() -> None:
         (tmp / "jm_bench_conn.py").write_text(MODULE)
         bouncer, directory = start_pgbouncer(ADMIN, pool_size=10) if "pgbouncer" in ways else (None, None)
         try:
-            print(f"{'way':<10} {'workers':>7} {'done':>5} {'jobs/s':>7} {'peak conn':>9} {'peak GiB':>8} "
-                  f"{'outlived s':>10} {'failed':>6}")
+            print(
+                f"{'way':<10} {'workers':>7} {'done':>5} {'jobs/s':>7} {'peak conn':>9} {'peak GiB':>8} "
+                f"{'outlived s':>10} {'failed':>6}"
+            )
             for n in args.workers:
                 for way in ways:
                     r = one_run(n, args.jobs, args.seconds, bouncer if way == "pgbouncer" else None, tmp)
-                    print(f"{way:<10} {n:>7} {r['done']:>5} {r['jobs_per_s']:>7.1f} {r['peak_connections']:>9} "
-                          f"{r['peak_rss_gib']:>8.2f} {r['outlived_s']:>10.1f} {r['failed_workers']:>6}", flush=True)
+                    print(
+                        f"{way:<10} {n:>7} {r['done']:>5} {r['jobs_per_s']:>7.1f} {r['peak_connections']:>9} "
+                        f"{r['peak_rss_gib']:>8.2f} {r['outlived_s']:>10.1f} {r['failed_workers']:>6}",
+                        flush=True,
+                    )
         finally:
             if directory is not None:
                 stop_pgbouncer(directory)

@@ -39,11 +39,13 @@ TARGET_RATIO = 20.0
 
 def prepare(tmp: Path, jobs: int, name: str) -> tuple[str, dict[str, str]]:
     """A SQLite database with ``jobs`` no-op jobs, and the environment that finds their module."""
-    (tmp / f"{MODULE}.py").write_text(textwrap.dedent('''
+    (tmp / f"{MODULE}.py").write_text(
+        textwrap.dedent('''
         def noop(i):
             """Nothing at all: what is measured is the cost of starting and recording a call."""
             return None
-    '''))
+    ''')
+    )
     url = f"sqlite:///{tmp / name}.db?table=noop"
     store = Store.open(url)
     store.schedule([JobSpec(0, "fn", f"{MODULE}:noop", {"i": i}, None) for i in range(jobs)])
@@ -62,8 +64,19 @@ def timed_dispatch(tmp: Path, jobs: int, name: str, *extra: str) -> tuple[str, f
     """``jobman dispatch -j 2`` of ``jobs`` no-op jobs made by :func:`prepare`: the database URL,
     and the wall and CPU seconds it took (every process counted: dispatcher, workers, jobs)."""
     url, env = prepare(tmp, jobs, name)
-    argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", url, "-j", "2", "--no-progress",
-            "--exproot", str(tmp / f"runs-{name}"), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "jobman.cli.main",
+        "dispatch",
+        url,
+        "-j",
+        "2",
+        "--no-progress",
+        "--exproot",
+        str(tmp / f"runs-{name}"),
+        *extra,
+    ]
     cpu = children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -94,8 +107,13 @@ def run_processes(tmp: Path, jobs: int) -> tuple[float, float]:
     code = f"import {MODULE} as m; m.noop({{}})"
     cpu = children_cpu()
     start = time.perf_counter()
-    proc = subprocess.run(["xargs", "-P", "2", "-I{}", sys.executable, "-c", code],
-                          input="".join(f"{i}\n" for i in range(jobs)), env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["xargs", "-P", "2", "-I{}", sys.executable, "-c", code],
+        input="".join(f"{i}\n" for i in range(jobs)),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     cpu = children_cpu() - cpu
     if proc.returncode != 0:
@@ -132,11 +150,14 @@ def profile(tmp: Path, jobs: int) -> list[Row]:
 
         setattr(owner, name, wrapper)
 
-    for name, label in (("claim", "store.claim (write txn)"), ("parents", "store.parents (read txn)"),
-                        ("finish", "store.finish (write txn)"),
-                        ("finish_and_claim", "store.finish_and_claim (write txn: record, claim the next)"),
-                        ("heartbeat", "store.heartbeat"),
-                        ("outstanding", "store.outstanding")):
+    for name, label in (
+        ("claim", "store.claim (write txn)"),
+        ("parents", "store.parents (read txn)"),
+        ("finish", "store.finish (write txn)"),
+        ("finish_and_claim", "store.finish_and_claim (write txn: record, claim the next)"),
+        ("heartbeat", "store.heartbeat"),
+        ("outstanding", "store.outstanding"),
+    ):
         timed(store, name, label)
     timed(Runner, "_start_function", "start (request to the fork server, the job's pid back)")
     timed(Runner, "_supervise", "waiting for the job process (worker side)")
@@ -151,10 +172,16 @@ def profile(tmp: Path, jobs: int) -> list[Row]:
     assert summary.ran == jobs, summary.line()
     for d in (wall, cpu):
         d["_record (decode the report; the store apart)"] -= (
-            d["store.finish (write txn)"] + d["store.finish_and_claim (write txn: record, claim the next)"])
+            d["store.finish (write txn)"] + d["store.finish_and_claim (write txn: record, claim the next)"]
+        )
     rows: list[Row] = [(label, 1000 * wall[label] / jobs, 1000 * cpu[label] / jobs) for label in wall]
-    rows.append(("everything else in the worker loop", 1000 * (total - sum(wall.values())) / jobs,
-                 1000 * (total_cpu - sum(cpu.values())) / jobs))
+    rows.append(
+        (
+            "everything else in the worker loop",
+            1000 * (total - sum(wall.values())) / jobs,
+            1000 * (total_cpu - sum(cpu.values())) / jobs,
+        )
+    )
     rows.sort(key=lambda r: -r[1])
     rows.append(("the fork server and its job processes (CPU from rusage)", 0.0, 1000 * jobs_cpu / jobs))
     rows.append(("total per job, one worker", 1000 * total / jobs, 1000 * (total_cpu + jobs_cpu) / jobs))
@@ -184,17 +211,40 @@ def main(argv: list[str] | None = None) -> int:
         px_seconds, px_cpu = run_processes(tmp, jobs)
         jm_rate, px_rate = jobs / jm_seconds, jobs / px_seconds
         figures = [
-            say(Figure(f"jobman dispatch -j 2, {jobs:,} no-op jobs, wall", jm_rate, "jobs/s", px_rate,
-                       f">= {TARGET_RATIO:g}x one process per call (xargs -P 2)", jm_rate >= TARGET_RATIO * px_rate,
-                       f"({jm_seconds:.2f} s against {px_seconds:.2f} s)")),
-            say(Figure("jobman, steady rate between the first and last job", steady, "jobs/s", px_rate,
-                       "start-up left out", None,
-                       f"(~{2000 / steady:.1f} ms of one worker per job)")),
+            say(
+                Figure(
+                    f"jobman dispatch -j 2, {jobs:,} no-op jobs, wall",
+                    jm_rate,
+                    "jobs/s",
+                    px_rate,
+                    f">= {TARGET_RATIO:g}x one process per call (xargs -P 2)",
+                    jm_rate >= TARGET_RATIO * px_rate,
+                    f"({jm_seconds:.2f} s against {px_seconds:.2f} s)",
+                )
+            ),
+            say(
+                Figure(
+                    "jobman, steady rate between the first and last job",
+                    steady,
+                    "jobs/s",
+                    px_rate,
+                    "start-up left out",
+                    None,
+                    f"(~{2000 / steady:.1f} ms of one worker per job)",
+                )
+            ),
             # CPU per job hardly depends on what else the machine runs, unlike wall time
-            say(Figure("CPU per job, every process counted", 1000 * jm_cpu / jobs, "ms", 1000 * px_cpu / jobs,
-                       "lower is better; start-up included", None,
-                       f"(jobs per CPU-second: {jobs / jm_cpu:.0f} against {jobs / px_cpu:.0f}, "
-                       f"{px_cpu / jm_cpu:.1f}x)")),
+            say(
+                Figure(
+                    "CPU per job, every process counted",
+                    1000 * jm_cpu / jobs,
+                    "ms",
+                    1000 * px_cpu / jobs,
+                    "lower is better; start-up included",
+                    None,
+                    f"(jobs per CPU-second: {jobs / jm_cpu:.0f} against {jobs / px_cpu:.0f}, {px_cpu / jm_cpu:.1f}x)",
+                )
+            ),
         ]
         rows = profile(tmp, jobs) if args.profile else []
         load_after = os.getloadavg()[0]
@@ -207,16 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     for label, w, c in rows:
         print(f"  {label:<48} {ms(w):>8} {ms(c):>8}")
     m = machine()
-    lines = [f"## {m['date']}" + (f": {args.note}" if args.note else ""),
-             "",
-             f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, SQLAlchemy {m['sqlalchemy']}; "
-             f"load average {load_before:.1f} before, {load_after:.1f} after.",
-             ""]
+    lines = [
+        f"## {m['date']}" + (f": {args.note}" if args.note else ""),
+        "",
+        f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, SQLAlchemy {m['sqlalchemy']}; "
+        f"load average {load_before:.1f} before, {load_after:.1f} after.",
+        "",
+    ]
     lines += [f"- {f.line()}" for f in figures]
     lines.append(f"- ratio: {figures[0].ratio:.2f}x (target {TARGET_RATIO:g}x)")
     if rows:
-        lines += ["", "Where a job's time goes (one worker in the benchmark's process), ms per job:", "",
-                  "| step | wall | CPU |", "| --- | ---: | ---: |"]
+        lines += [
+            "",
+            "Where a job's time goes (one worker in the benchmark's process), ms per job:",
+            "",
+            "| step | wall | CPU |",
+            "| --- | ---: | ---: |",
+        ]
         lines += [f"| {label} | {ms(w)} | {ms(c)} |" for label, w, c in rows]
     if not args.no_write:
         write_results(lines)

@@ -39,8 +39,9 @@ def monitor_scan(url: str, jobs: int, running: int) -> float:
 def cascade(url: str, width: int) -> tuple[float, int]:
     """A root, ``width`` children, ``width`` grandchildren each: all DONE, then the root is reset."""
     store = Store.open(url)
-    result = store.schedule(expand(parse_sweep(["bench:noop", "root=1", "--", f"c={grid(width)}", "--",
-                                                f"g={grid(width)}"])))
+    result = store.schedule(
+        expand(parse_sweep(["bench:noop", "root=1", "--", f"c={grid(width)}", "--", f"g={grid(width)}"]))
+    )
     store.set_status(result.job_ids, Status.DONE)
     root = min(result.job_ids)
     with Timer() as t:
@@ -62,11 +63,31 @@ def run(quick: bool) -> list[Figure]:
                 url_m, url_c, drops = f"{m}?table=m", f"{c}?table=c", [dm, dc]
             try:
                 seconds = monitor_scan(url_m, jobs, running)
-                figures.append(say(Figure(f"monitor scan, {jobs:,} jobs of which {running:,} RUNNING, {engine}",
-                                          seconds, "s", None, "< 1 s", seconds < 1)))
+                figures.append(
+                    say(
+                        Figure(
+                            f"monitor scan, {jobs:,} jobs of which {running:,} RUNNING, {engine}",
+                            seconds,
+                            "s",
+                            None,
+                            "< 1 s",
+                            seconds < 1,
+                        )
+                    )
+                )
                 seconds, n = cascade(url_c, width)
-                figures.append(say(Figure(f"reset --cascade of a root with {n:,} DONE descendants, {engine}",
-                                          seconds, "s", None, "< 2 s, one transaction", seconds < 2)))
+                figures.append(
+                    say(
+                        Figure(
+                            f"reset --cascade of a root with {n:,} DONE descendants, {engine}",
+                            seconds,
+                            "s",
+                            None,
+                            "< 2 s, one transaction",
+                            seconds < 2,
+                        )
+                    )
+                )
             finally:
                 for drop in drops:
                     drop()

@@ -36,7 +36,7 @@ from jobman.jobdb.store import Store
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS-dispatch.md"
 
-FORKS = textwrap.dedent('''
+FORKS = textwrap.dedent("""
     import os, sys, time
     import jobman.dispatch.forkserver  # what a fork server holds: the experiment API
     n = int(sys.argv[1])
@@ -45,15 +45,15 @@ FORKS = textwrap.dedent('''
         if pid == 0:
             os._exit(0)
         os.waitpid(pid, 0)
-''')
+""")
 
-OPTUNA_WORKER = textwrap.dedent('''
+OPTUNA_WORKER = textwrap.dedent("""
     import sys
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="bench", storage=sys.argv[1])
     study.optimize(lambda trial: trial.suggest_float("x", -1, 1) ** 2, n_trials=int(sys.argv[2]))
-''')
+""")
 
 
 def dispatch(tmp: Path, jobs: int, name: str, *extra: str) -> tuple[float, float]:
@@ -102,8 +102,10 @@ def optuna_run(tmp: Path, trials: int) -> float | None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna.create_study(study_name="bench", storage=storage)
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", OPTUNA_WORKER, storage, str(trials // 2 + (i < trials % 2))])
-             for i in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", OPTUNA_WORKER, storage, str(trials // 2 + (i < trials % 2))])
+        for i in range(2)
+    ]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("an Optuna process failed")
     seconds = time.perf_counter() - start
@@ -129,51 +131,103 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()[0]
         fresh_s, fresh_cpu = dispatch(tmp, few, "fresh")
         fork_cpu = bare_forks(few)
-        figures.append(say(Figure(
-            f"default mode (fresh fork per job), CPU per job, {few:,} jobs", 1000 * fresh_cpu / few, "ms",
-            1000 * fork_cpu / few, "<= 2x a bare fork-and-exit", fresh_cpu <= 2 * fork_cpu,
-            "(every process counted, start-up included; lower is better)")))
+        figures.append(
+            say(
+                Figure(
+                    f"default mode (fresh fork per job), CPU per job, {few:,} jobs",
+                    1000 * fresh_cpu / few,
+                    "ms",
+                    1000 * fork_cpu / few,
+                    "<= 2x a bare fork-and-exit",
+                    fresh_cpu <= 2 * fork_cpu,
+                    "(every process counted, start-up included; lower is better)",
+                )
+            )
+        )
         files_cpu = workdir_files(tmp, few)
-        print(f"  of which the file system's part: a workdir and its two output files, "
-              f"{1000 * files_cpu / few:.2f} ms of CPU per job here")
+        print(
+            f"  of which the file system's part: a workdir and its two output files, "
+            f"{1000 * files_cpu / few:.2f} ms of CPU per job here"
+        )
         reused_s, reused_cpu = dispatch(tmp, many, "reused", "--jobs-per-process", "1000")
         px_s, px_cpu = run_processes(tmp, few)
         px_rate = few / px_s
-        figures.append(say(Figure(
-            f"--jobs-per-process 1000, {many:,} no-op jobs, wall", many / reused_s, "jobs/s", px_rate,
-            ">= 20x one process per call (xargs -P 2)", many / reused_s >= 20 * px_rate,
-            f"({reused_s:.2f} s, start-up included; CPU per job {1000 * reused_cpu / many:.2f} ms "
-            f"against {1000 * px_cpu / few:.2f} ms)")))
+        figures.append(
+            say(
+                Figure(
+                    f"--jobs-per-process 1000, {many:,} no-op jobs, wall",
+                    many / reused_s,
+                    "jobs/s",
+                    px_rate,
+                    ">= 20x one process per call (xargs -P 2)",
+                    many / reused_s >= 20 * px_rate,
+                    f"({reused_s:.2f} s, start-up included; CPU per job {1000 * reused_cpu / many:.2f} ms "
+                    f"against {1000 * px_cpu / few:.2f} ms)",
+                )
+            )
+        )
         opt_s = optuna_run(tmp, trials)
         if opt_s is not None:
             reuse_s, _ = dispatch(tmp, trials, "vs-optuna-reused", "--jobs-per-process", "1000")
             default_s, _ = dispatch(tmp, trials, "vs-optuna-fresh")
-            figures.append(say(Figure(
-                f"{trials:,} evaluations, 2 processes, --jobs-per-process 1000, wall", trials / reuse_s, "evals/s",
-                trials / opt_s, ">= 50x Optuna (RDB storage on SQLite)", trials / reuse_s >= 50 * trials / opt_s,
-                f"({reuse_s:.2f} s against {opt_s:.2f} s)")))
-            figures.append(say(Figure(
-                f"{trials:,} evaluations, 2 processes, a fresh process per job, wall", trials / default_s,
-                "evals/s", trials / opt_s, "Optuna (RDB storage on SQLite)", None,
-                f"({default_s:.2f} s against {opt_s:.2f} s)")))
+            figures.append(
+                say(
+                    Figure(
+                        f"{trials:,} evaluations, 2 processes, --jobs-per-process 1000, wall",
+                        trials / reuse_s,
+                        "evals/s",
+                        trials / opt_s,
+                        ">= 50x Optuna (RDB storage on SQLite)",
+                        trials / reuse_s >= 50 * trials / opt_s,
+                        f"({reuse_s:.2f} s against {opt_s:.2f} s)",
+                    )
+                )
+            )
+            figures.append(
+                say(
+                    Figure(
+                        f"{trials:,} evaluations, 2 processes, a fresh process per job, wall",
+                        trials / default_s,
+                        "evals/s",
+                        trials / opt_s,
+                        "Optuna (RDB storage on SQLite)",
+                        None,
+                        f"({default_s:.2f} s against {opt_s:.2f} s)",
+                    )
+                )
+            )
             start_s, _ = dispatch(tmp, 2, "start-up", "--jobs-per-process", "1000")
-            figures.append(say(Figure(
-                "start-up: the same dispatch of 2 no-op jobs, wall", start_s, "s", None,
-                f"what is left of {opt_s / 50:.2f} s (Optuna's time / 50) for the {trials:,} evaluations "
-                f"themselves: {opt_s / 50 - start_s:.2f} s", None)))
+            figures.append(
+                say(
+                    Figure(
+                        "start-up: the same dispatch of 2 no-op jobs, wall",
+                        start_s,
+                        "s",
+                        None,
+                        f"what is left of {opt_s / 50:.2f} s (Optuna's time / 50) for the {trials:,} evaluations "
+                        f"themselves: {opt_s / 50 - start_s:.2f} s",
+                        None,
+                    )
+                )
+            )
         else:
             print("Optuna is not installed (pip install '.[bench]'): its comparison is left out")
         load_after = os.getloadavg()[0]
 
     m = machine()
-    lines = [f"## {m['date']}: job processes (`bench/job_processes.py{' --quick' if args.quick else ''}`)", "",
-             f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, SQLAlchemy {m['sqlalchemy']}; "
-             f"load average {load_before:.1f} before, {load_after:.1f} after (a machine shared with other work); "
-             f"databases and workdirs in {Path(tmp_name).parent}.",
-             ""]
+    lines = [
+        f"## {m['date']}: job processes (`bench/job_processes.py{' --quick' if args.quick else ''}`)",
+        "",
+        f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, SQLAlchemy {m['sqlalchemy']}; "
+        f"load average {load_before:.1f} before, {load_after:.1f} after (a machine shared with other work); "
+        f"databases and workdirs in {Path(tmp_name).parent}.",
+        "",
+    ]
     lines += [f"- {f.line()}" for f in figures]
-    lines.append(f"- what every job costs the file system here (its workdir, stdout.txt and stderr.txt made, "
-                 f"nothing written): {1000 * files_cpu / few:.2f} ms of CPU per job")
+    lines.append(
+        f"- what every job costs the file system here (its workdir, stdout.txt and stderr.txt made, "
+        f"nothing written): {1000 * files_cpu / few:.2f} ms of CPU per job"
+    )
     if not args.no_write:
         old = RESULTS.read_text()
         RESULTS.write_text(old.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")

@@ -122,8 +122,11 @@ def progress(comm, ps) -> dict[str, dict]:
                 seen = int(table.get()[-1])  # the last value lives on rank 1
                 latencies.append(time.perf_counter() - start)
             found["busy" if busy else "idle"] = {
-                "pairs": len(latencies), "slowest_ms": 1000 * max(latencies),
-                "median_ms": 1000 * float(np.median(latencies)), "all_seen": seen - before == len(latencies)}
+                "pairs": len(latencies),
+                "slowest_ms": 1000 * max(latencies),
+                "median_ms": 1000 * float(np.median(latencies)),
+                "all_seen": seen - before == len(latencies),
+            }
         elif busy:
             x, end = np.random.default_rng(0).random((100, 100)), time.perf_counter() + BUSY_SECONDS + 0.2
             while time.perf_counter() < end:
@@ -150,12 +153,13 @@ def anatomy(comm) -> dict[str, float]:
         for owner in (comm.rank, other):
             win.Put(mine, owner, target=span)
 
-    rounds = {"Barrier": lambda: comm.Barrier(),
-              "Put, Flush_all, Barrier": lambda: (put(), win.Flush_all(), comm.Barrier()),
-              "Accumulate, Flush_all": lambda: (accumulate(), win.Flush_all()),
-              "Accumulate, Flush_all, Barrier": lambda: (accumulate(), win.Flush_all(), comm.Barrier()),
-              "Accumulate, Flush_all, Allreduce of 1 int": lambda: (accumulate(), win.Flush_all(),
-                                                                      comm.Allreduce(one, got))}
+    rounds = {
+        "Barrier": lambda: comm.Barrier(),
+        "Put, Flush_all, Barrier": lambda: (put(), win.Flush_all(), comm.Barrier()),
+        "Accumulate, Flush_all": lambda: (accumulate(), win.Flush_all()),
+        "Accumulate, Flush_all, Barrier": lambda: (accumulate(), win.Flush_all(), comm.Barrier()),
+        "Accumulate, Flush_all, Allreduce of 1 int": lambda: (accumulate(), win.Flush_all(), comm.Allreduce(one, got)),
+    }
 
     def repeat(body):
         return lambda k: [body() for _ in range(k)]
@@ -174,8 +178,11 @@ def rank_main() -> None:
 
     ps.init()
     comm = MPI.COMM_WORLD
-    figures = {"sizes": {size: rates(comm, ps, size) for size in SIZES}, "progress": progress(comm, ps),
-               "anatomy": anatomy(comm)}
+    figures = {
+        "sizes": {size: rates(comm, ps, size) for size in SIZES},
+        "progress": progress(comm, ps),
+        "anatomy": anatomy(comm),
+    }
     ps.shutdown()
     if comm.rank == 0:
         figures["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
@@ -189,50 +196,83 @@ def launch(extra_env: dict[str, str]) -> dict:
     """Run this file on 2 ranks with the mpiexec beside this Python; the figures rank 0 printed."""
     mpiexec = Path(sys.executable).parent / "mpiexec"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **extra_env}
-    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "mpi4py", __file__, "--rank"],
-                          env=env, capture_output=True, text=True, timeout=1800, check=True)
+    done = subprocess.run(
+        [str(mpiexec), "-n", "2", sys.executable, "-m", "mpi4py", __file__, "--rank"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
     return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
 
 
-SETTINGS = {"MPICH's defaults": {}, "MPIR_CVAR_POLLS_BEFORE_YIELD=0": {"MPIR_CVAR_POLLS_BEFORE_YIELD": "0"},
-            "MPIR_CVAR_ASYNC_PROGRESS=1": {"MPIR_CVAR_ASYNC_PROGRESS": "1"}}
+SETTINGS = {
+    "MPICH's defaults": {},
+    "MPIR_CVAR_POLLS_BEFORE_YIELD=0": {"MPIR_CVAR_POLLS_BEFORE_YIELD": "0"},
+    "MPIR_CVAR_ASYNC_PROGRESS=1": {"MPIR_CVAR_ASYNC_PROGRESS": "1"},
+}
 
 
 def report(runs: dict[str, dict], command: str) -> str:
     """The figures as markdown: rates per size and MPICH setting, then the adds and gets to a busy rank."""
-    lines = ["| MPICH setting | floats | Allreduce /s (floor) | ps step /s (add, barrier, get)"
-             " | step time / Allreduce time | add /s | get /s | raw Win.Get /s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| MPICH setting | floats | Allreduce /s (floor) | ps step /s (add, barrier, get)"
+        " | step time / Allreduce time | add /s | get /s | raw Win.Get /s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     verdicts = []
     for setting, figures in runs.items():
         for size, f in figures["sizes"].items():
             ratio = f["allreduce"] / f["step"]
-            lines.append(f"| {setting} | {int(size):,} | {f['allreduce']:,.0f} | {f['step']:,.0f} | {ratio:.2f}x |"
-                         f" {f['add']:,.0f} | {f['get']:,.0f} | {f['raw_get']:,.0f} |")
-            verdicts.append(f"- {setting}, {int(size):,} floats: a step within 2x of Allreduce:"
-                            f" {'yes' if ratio <= 2 else 'NO'} ({ratio:.2f}x); adds alone"
-                            f" {f['add'] / f['allreduce']:.2f}x and gets alone {f['get'] / f['allreduce']:.2f}x"
-                            " the Allreduce rate")
-    lines += ["", *verdicts, "", "An add then a get by rank 0 of a 1,000-number table half held by rank 1, for"
-              f" {BUSY_SECONDS:.0f} s, while rank 1 waits in a barrier (idle) or computes without calling MPI (busy);"
-              " the get is ordered after the add, so each pair waits for its add to land:",
-              "", "| MPICH setting | rank 1 | add+get pairs | median ms | slowest ms | each get saw every add |",
-              "|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {setting} | {int(size):,} | {f['allreduce']:,.0f} | {f['step']:,.0f} | {ratio:.2f}x |"
+                f" {f['add']:,.0f} | {f['get']:,.0f} | {f['raw_get']:,.0f} |"
+            )
+            verdicts.append(
+                f"- {setting}, {int(size):,} floats: a step within 2x of Allreduce:"
+                f" {'yes' if ratio <= 2 else 'NO'} ({ratio:.2f}x); adds alone"
+                f" {f['add'] / f['allreduce']:.2f}x and gets alone {f['get'] / f['allreduce']:.2f}x"
+                " the Allreduce rate"
+            )
+    lines += [
+        "",
+        *verdicts,
+        "",
+        "An add then a get by rank 0 of a 1,000-number table half held by rank 1, for"
+        f" {BUSY_SECONDS:.0f} s, while rank 1 waits in a barrier (idle) or computes without calling MPI (busy);"
+        " the get is ordered after the add, so each pair waits for its add to land:",
+        "",
+        "| MPICH setting | rank 1 | add+get pairs | median ms | slowest ms | each get saw every add |",
+        "|---|---|---|---|---|---|",
+    ]
     for setting, figures in runs.items():
         for state, p in figures["progress"].items():
-            lines.append(f"| {setting} | {state} | {p['pairs']:,} | {p['median_ms']:.3f} | {p['slowest_ms']:.1f} |"
-                         f" {'yes' if p['all_seen'] else 'NO'} |")
-    lines += ["", "Where a small step's time goes: microseconds per round of bare mpi4py, 2 ranks, 500 floats to"
-              " each (no jobman):", "", "| round | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+            lines.append(
+                f"| {setting} | {state} | {p['pairs']:,} | {p['median_ms']:.3f} | {p['slowest_ms']:.1f} |"
+                f" {'yes' if p['all_seen'] else 'NO'} |"
+            )
+    lines += [
+        "",
+        "Where a small step's time goes: microseconds per round of bare mpi4py, 2 ranks, 500 floats to"
+        " each (no jobman):",
+        "",
+        "| round | " + " | ".join(runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
     for name in next(iter(runs.values()))["anatomy"]:
         lines.append(f"| {name} | " + " | ".join(f"{f['anatomy'][name]:,.1f}" for f in runs.values()) + " |")
     first = next(iter(runs.values()))
     load = os.getloadavg()[0]
-    lines += ["", f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.processor() or 'x86_64'},"
-              f" {os.cpu_count()} CPUs shared with other work (load average {load:.1f} at the end);"
-              f" {first['mpi']}, mpi4py {first['mpi4py']}, Python {platform.python_version()},"
-              f" NumPy {np.__version__}. Rates are per rank, best of {ROUNDS} rounds of about {SECONDS} s,"
-              " taken in turns.",
-              f"Command: `{command}`"]
+    lines += [
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {platform.processor() or 'x86_64'},"
+        f" {os.cpu_count()} CPUs shared with other work (load average {load:.1f} at the end);"
+        f" {first['mpi']}, mpi4py {first['mpi4py']}, Python {platform.python_version()},"
+        f" NumPy {np.__version__}. Rates are per rank, best of {ROUNDS} rounds of about {SECONDS} s,"
+        " taken in turns.",
+        f"Command: `{command}`",
+    ]
     return "\n".join(lines) + "\n"
 
 

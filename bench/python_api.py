@@ -53,11 +53,28 @@ def measure(url: str, engine: str, jobs: int, calls: int, workdir: Path) -> list
     exp.close()
     us = 1e6
     return [
-        say(Figure(f"cache hit, exp.call(fn, x=i).result() of a DONE call among {jobs:,}, {engine}", hit * us, "µs",
-                   plain * us, "< 1 ms on SQLite", hit < 1e-3 if engine == "SQLite" else None,
-                   f"(CPU {hit_cpu * us:,.0f} µs; baseline: the plain call fn(x=i))")),
-        say(Figure(f"inline, exp.call(fn, x=new).result() (schedule, claim, run, finish), {engine}", inline * us,
-                   "µs", plain * us, "", None, f"(CPU {inline_cpu * us:,.0f} µs; baseline: the plain call fn(x=i))")),
+        say(
+            Figure(
+                f"cache hit, exp.call(fn, x=i).result() of a DONE call among {jobs:,}, {engine}",
+                hit * us,
+                "µs",
+                plain * us,
+                "< 1 ms on SQLite",
+                hit < 1e-3 if engine == "SQLite" else None,
+                f"(CPU {hit_cpu * us:,.0f} µs; baseline: the plain call fn(x=i))",
+            )
+        ),
+        say(
+            Figure(
+                f"inline, exp.call(fn, x=new).result() (schedule, claim, run, finish), {engine}",
+                inline * us,
+                "µs",
+                plain * us,
+                "",
+                None,
+                f"(CPU {inline_cpu * us:,.0f} µs; baseline: the plain call fn(x=i))",
+            )
+        ),
     ]
 
 

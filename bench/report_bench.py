@@ -40,16 +40,27 @@ def make_jobs(store: Store, n_jobs: int, seed: int = 0) -> None:
     acts = ["tanh", "relu", "sigmoid", "elu"]
     specs = []
     for c in range(n_jobs // FOLDS):
-        params = {"lr": 10 ** -(1 + c % 5), "nhid": 2 ** (5 + (c // 5) % 5), "l2": round(1e-5 * (c // 25 + 1), 8),
-                  "act": acts[c % 4], "nb_cross_fold": FOLDS, "epochs": 20}
+        params = {
+            "lr": 10 ** -(1 + c % 5),
+            "nhid": 2 ** (5 + (c // 5) % 5),
+            "l2": round(1e-5 * (c // 25 + 1), 8),
+            "act": acts[c % 4],
+            "nb_cross_fold": FOLDS,
+            "epochs": 20,
+        }
         for fold in range(FOLDS):
             specs.append(JobSpec(0, "fn", "bench.model:train", {**params, "id_cross_fold": fold}, None))
     ids = store.schedule(specs).job_ids
     now = time.time()
-    rows = [{"jid": i, "res": json.dumps({"valid_error": rng.uniform(0.01, 0.2), "train_error": rng.uniform(0, 0.1)})}
-            for i in ids]
-    update = (sa.update(t_job).where(t_job.c.id == sa.bindparam("jid"))
-              .values(status=Status.DONE.value, results=sa.bindparam("res"), attempt=1, finished_at=now))
+    rows = [
+        {"jid": i, "res": json.dumps({"valid_error": rng.uniform(0.01, 0.2), "train_error": rng.uniform(0, 0.1)})}
+        for i in ids
+    ]
+    update = (
+        sa.update(t_job)
+        .where(t_job.c.id == sa.bindparam("jid"))
+        .values(status=Status.DONE.value, results=sa.bindparam("res"), attempt=1, finished_at=now)
+    )
     with store.engine.begin() as conn:
         conn.execute(update, rows)
 
@@ -78,8 +89,10 @@ def main() -> None:
                 report = run_report(store, metric="valid_error", fmt=fmt, stream=sink)
                 wall.append(time.perf_counter() - t0)
                 cpu.append(time.process_time() - c0)
-            print(f"  jobman report --format {fmt:<5} {min(wall):6.2f} s  (this process's CPU: {min(cpu):.2f} s; "
-                  f"{len(report.rows):,} configurations of {report.jobs:,} jobs, {len(sink.getvalue()):,} bytes)")
+            print(
+                f"  jobman report --format {fmt:<5} {min(wall):6.2f} s  (this process's CPU: {min(cpu):.2f} s; "
+                f"{len(report.rows):,} configurations of {report.jobs:,} jobs, {len(sink.getvalue()):,} bytes)"
+            )
         print(report.summary_lines()[0])
         store.dispose()
 

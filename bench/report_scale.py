@@ -57,23 +57,39 @@ def make(url: str, name: str, configs: int, folds: int, seed: int = 0) -> float:
 
     def specs():
         for c in range(configs):
-            params = {"lr": round(rng.uniform(1e-5, 0.3), 5), "nhid": 2 ** (5 + c % 5), "act": acts[c % 4],
-                      "l2": round(1e-5 * (c // 20 + 1), 8), "epochs": 20}
+            params = {
+                "lr": round(rng.uniform(1e-5, 0.3), 5),
+                "nhid": 2 ** (5 + c % 5),
+                "act": acts[c % 4],
+                "l2": round(1e-5 * (c // 20 + 1), 8),
+                "epochs": 20,
+            }
             if folds > 1:
                 for fold in range(folds):
-                    yield JobSpec(0, "fn", "bench.model:train", {**params, "nb_cross_fold": folds,
-                                                                  "id_cross_fold": fold}, None)
+                    yield JobSpec(
+                        0, "fn", "bench.model:train", {**params, "nb_cross_fold": folds, "id_cross_fold": fold}, None
+                    )
             else:
                 yield JobSpec(0, "fn", "bench.model:train", params, None)
 
     ids = store.schedule(list(specs())).job_ids
-    update = (sa.update(t_job).where(t_job.c.id == sa.bindparam("jid"))
-              .values(status=Status.DONE.value, results=sa.bindparam("res"), attempt=1, finished_at=time.time()))
+    update = (
+        sa.update(t_job)
+        .where(t_job.c.id == sa.bindparam("jid"))
+        .values(status=Status.DONE.value, results=sa.bindparam("res"), attempt=1, finished_at=time.time())
+    )
     with store.engine.begin() as conn:
         for k in range(0, len(ids), 100_000):
-            conn.execute(update, [{"jid": i, "res": json.dumps({"train_error": rng.uniform(0, 0.1),
-                                                                "valid_error": rng.uniform(0.01, 0.2)})}
-                                  for i in ids[k:k + 100_000]])
+            conn.execute(
+                update,
+                [
+                    {
+                        "jid": i,
+                        "res": json.dumps({"train_error": rng.uniform(0, 0.1), "valid_error": rng.uniform(0.01, 0.2)}),
+                    }
+                    for i in ids[k : k + 100_000]
+                ],
+            )
     if store.engine.dialect.name == "postgresql":
         # What autovacuum does within a minute of such a change (it is off on some servers, this
         # machine's among them): the dead row versions the update left are let go, the planner's
@@ -89,8 +105,7 @@ def timed(argv: list[str]) -> tuple[float, float, int]:
     process: the peak of a child forked from this one would count this one's memory at the fork."""
     with tempfile.TemporaryFile() as out, tempfile.NamedTemporaryFile("r") as peak:
         t0 = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv], stdout=out,
-                              stderr=subprocess.PIPE)
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, *argv], stdout=out, stderr=subprocess.PIPE)
         seconds = time.perf_counter() - t0
         if proc.returncode:
             raise SystemExit(f"{' '.join(argv[:4])} failed: {proc.stderr.decode()[-500:]}")
@@ -101,32 +116,50 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
 
 
-def bench(engine: str, url: str, jobs: int, baseline: bool, skip_flat_table: bool = False,
-          made: bool = False) -> list[Figure]:
+def bench(
+    engine: str, url: str, jobs: int, baseline: bool, skip_flat_table: bool = False, made: bool = False
+) -> list[Figure]:
     figures = []
     shapes = [("flat", jobs, 1), ("folds", jobs // 5, 5)]
     for name, configs, folds in shapes if not made else ():
         seconds = make(url, name, configs, folds)
-        print(f"{engine}: made {configs * folds:,} DONE jobs ({configs:,} configurations × {folds}) "
-              f"in {seconds:.0f} s", flush=True)
+        print(
+            f"{engine}: made {configs * folds:,} DONE jobs ({configs:,} configurations × {folds}) in {seconds:.0f} s",
+            flush=True,
+        )
     base = None
     if baseline:
         t, mib, _ = timed([sys.executable, "-c", BASELINE, url, "folds"])
         base = (t, mib)
-        say(Figure(f"{engine} in-Python path, {jobs:,} jobs in {jobs // 5:,} × 5, table", t, "s",
-                   note=f"peak {mib:,.0f} MiB; {load()}"))
+        say(
+            Figure(
+                f"{engine} in-Python path, {jobs:,} jobs in {jobs // 5:,} × 5, table",
+                t,
+                "s",
+                note=f"peak {mib:,.0f} MiB; {load()}",
+            )
+        )
     for name, configs, folds in shapes:
         for fmt in ("table", "json"):
             if skip_flat_table and name == "flat" and fmt == "table":
                 continue
-            t, mib, size = timed([sys.executable, "-m", "jobman.cli.main", "report", url, "--table", name,
-                                  "--format", fmt])
+            t, mib, size = timed(
+                [sys.executable, "-m", "jobman.cli.main", "report", url, "--table", name, "--format", fmt]
+            )
             what = f"{engine} report, {configs * folds:,} jobs in {configs:,}" + (f" × {folds}" if folds > 1 else "")
-            figures.append(say(Figure(f"{what}, {fmt}", t, "s",
-                                      baseline=base[0] if base and name == "folds" and fmt == "table" else None,
-                                      target=f"< {SECONDS:.0f} s and < {MIB} MB",
-                                      met=t < SECONDS and mib * 2**20 < MIB * 1e6,
-                                      note=f"peak {mib:,.0f} MiB, {size / 2**20:,.0f} MiB written; {load()}")))
+            figures.append(
+                say(
+                    Figure(
+                        f"{what}, {fmt}",
+                        t,
+                        "s",
+                        baseline=base[0] if base and name == "folds" and fmt == "table" else None,
+                        target=f"< {SECONDS:.0f} s and < {MIB} MB",
+                        met=t < SECONDS and mib * 2**20 < MIB * 1e6,
+                        note=f"peak {mib:,.0f} MiB, {size / 2**20:,.0f} MiB written; {load()}",
+                    )
+                )
+            )
     return figures
 
 
@@ -135,20 +168,26 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--no-baseline", action="store_true", help="skip the in-Python baseline")
-    parser.add_argument("--database", metavar="URL",
-                        help="time the reports on this database, whose experiments flat and folds make() filled "
-                             "before (with --jobs), rather than on fresh ones")
-    parser.add_argument("--beside-scale", action="store_true",
-                        help="run from `run_all.py --scale`: leave out the flat table (bench/scale.py times it) "
-                             "and write no file")
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="time the reports on this database, whose experiments flat and folds make() filled "
+        "before (with --jobs), rather than on fresh ones",
+    )
+    parser.add_argument(
+        "--beside-scale",
+        action="store_true",
+        help="run from `run_all.py --scale`: leave out the flat table (bench/scale.py times it) and write no file",
+    )
     args = parser.parse_args()
     info = machine()
     figures = []
     for engine in args.engines.split(",") if not args.database else ():
         if engine == "sqlite":
             with tempfile.TemporaryDirectory() as tmp:
-                figures += bench(engine, f"sqlite:///{Path(tmp) / 'scale.db'}", args.jobs, not args.no_baseline,
-                                 args.beside_scale)
+                figures += bench(
+                    engine, f"sqlite:///{Path(tmp) / 'scale.db'}", args.jobs, not args.no_baseline, args.beside_scale
+                )
         else:
             url, drop = fresh_pg_database()
             try:
@@ -160,11 +199,18 @@ def main() -> None:
         figures += bench(engine, args.database, args.jobs, not args.no_baseline, made=True)
     if args.beside_scale:
         return
-    lines = ["# jobman report at scale", "",
-             f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
-             f"{info['date']}, {info['cpu']}, {info['memory']}, SQLite {info['sqlite']}, "
-             f"PostgreSQL {info['postgresql']}. The machine is shared: the load average is given with each figure.",
-             "", "```text", *(f.line() for f in figures), "```", ""]
+    lines = [
+        "# jobman report at scale",
+        "",
+        f"`python bench/report_scale.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"{info['date']}, {info['cpu']}, {info['memory']}, SQLite {info['sqlite']}, "
+        f"PostgreSQL {info['postgresql']}. The machine is shared: the load average is given with each figure.",
+        "",
+        "```text",
+        *(f.line() for f in figures),
+        "```",
+        "",
+    ]
     (HERE / "RESULTS-report-scale.md").write_text("\n".join(lines))
     print(f"wrote {HERE / 'RESULTS-report-scale.md'}")
 

@@ -57,16 +57,33 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode:
             print(proc.stderr[-2000:], file=sys.stderr)
         sections.append((name, script, flags, proc.stdout.strip(), proc.returncode, time.perf_counter() - start))
-    lines = ["# Benchmark results", "",
-             f"`python bench/run_all.py{' --quick' if args.quick else ''}`, {info['date']}.", "",
-             "| machine | |", "|---|---|"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"`python bench/run_all.py{' --quick' if args.quick else ''}`, {info['date']}.",
+        "",
+        "| machine | |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in info.items() if k != "date"]
-    lines += ["", "SQLite runs in WAL mode with synchronous=NORMAL (durable across process crashes; "
-              "a power loss may lose the last transactions) and a page cache of up to 64 MiB per connection; "
-              "the raw-driver baselines use the driver's defaults. PostgreSQL at its defaults (fsync on).", ""]
+    lines += [
+        "",
+        "SQLite runs in WAL mode with synchronous=NORMAL (durable across process crashes; "
+        "a power loss may lose the last transactions) and a page cache of up to 64 MiB per connection; "
+        "the raw-driver baselines use the driver's defaults. PostgreSQL at its defaults (fsync on).",
+        "",
+    ]
     for name, script, flags, text, code, seconds in sections:
-        lines += [f"## {name}", "", f"`python bench/{script} {' '.join(flags)}`".replace(" `", "`"), "", "```text",
-                  text or "(no output)", "```", ""]
+        lines += [
+            f"## {name}",
+            "",
+            f"`python bench/{script} {' '.join(flags)}`".replace(" `", "`"),
+            "",
+            "```text",
+            text or "(no output)",
+            "```",
+            "",
+        ]
         if code:
             lines += [f"(exited with {code})", ""]
         lines[-1:] = [f"({seconds:.0f} s)", ""]
@@ -92,8 +109,9 @@ def scale(info: dict[str, str], ten_million: bool) -> int:
         print(proc.stderr[-2000:], file=sys.stderr)
     # What scale.py leaves out of the report: 200,000 configurations × 5 folds, the json format, and the
     # in-Python report as a baseline.
-    report = subprocess.run([sys.executable, str(HERE / "report_scale.py"), "--beside-scale"], capture_output=True,
-                            text=True)
+    report = subprocess.run(
+        [sys.executable, str(HERE / "report_scale.py"), "--beside-scale"], capture_output=True, text=True
+    )
     print(report.stdout, end="", flush=True)
     if report.returncode:
         print(report.stderr[-2000:], file=sys.stderr)
@@ -101,12 +119,20 @@ def scale(info: dict[str, str], ten_million: bool) -> int:
     proc.returncode = proc.returncode or report.returncode
     seconds = time.perf_counter() - start
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    section = [SCALE_START, "## a million jobs", "",
-               f"`python bench/run_all.py --scale{' --ten-million' if ten_million else ''}`, {info['date']}, "
-               f"on the machine above (load average at the end: {load}). A 1,000 x 1,000 grid per engine; "
-               "\"store call\" is the read alone in a warm process, \"CLI\" is the command as a user runs it, "
-               "process start included; peak memory is each command's own.", "",
-               "```text", proc.stdout.strip() or "(no output)", "```", ""]
+    section = [
+        SCALE_START,
+        "## a million jobs",
+        "",
+        f"`python bench/run_all.py --scale{' --ten-million' if ten_million else ''}`, {info['date']}, "
+        f"on the machine above (load average at the end: {load}). A 1,000 x 1,000 grid per engine; "
+        '"store call" is the read alone in a warm process, "CLI" is the command as a user runs it, '
+        "process start included; peak memory is each command's own.",
+        "",
+        "```text",
+        proc.stdout.strip() or "(no output)",
+        "```",
+        "",
+    ]
     if proc.returncode:
         section += [f"(exited with {proc.returncode})", ""]
     section += [f"({seconds:.0f} s)", SCALE_END]

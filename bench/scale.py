@@ -50,8 +50,13 @@ def cli(*args: str, timeout: float = 1800) -> tuple[float, float, str]:
     """
     with tempfile.NamedTemporaryFile(mode="r") as peak:
         start = time.perf_counter()
-        proc = subprocess.run([TIME, "-f", "%M", "-o", peak.name, sys.executable, "-m", "jobman.cli.main", *args],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+        proc = subprocess.run(
+            [TIME, "-f", "%M", "-o", peak.name, sys.executable, "-m", "jobman.cli.main", *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
         seconds = time.perf_counter() - start
         kb = float(peak.read().strip().splitlines()[-1])
     if proc.returncode:
@@ -65,15 +70,16 @@ def raw_rows(jobs: int, experiment_id: int) -> list[tuple]:
     specs = list(Expansion(parse_sweep(tokens(jobs))))
     hashes = params_hashes(specs, [s.params_json for s in specs])
     now = time.time()
-    return [(experiment_id, 0, "fn", s.target, s.params_json, h, "QUEUED", 0, 3, now, now)
-            for s, h in zip(specs, hashes)]
+    return [
+        (experiment_id, 0, "fn", s.target, s.params_json, h, "QUEUED", 0, 3, now, now) for s, h in zip(specs, hashes)
+    ]
 
 
 def raw_insert(url: str, rows: list[tuple], engine: str) -> float:
     """One executemany of ``rows`` through the bare driver, in one transaction, into jobman's schema."""
     Store.open(url + "raw").schedule([])  # the schema, made by jobman
     if engine == "sqlite":
-        return raw_sqlite(Path(url[len("sqlite:///"):].split("?")[0]), rows)
+        return raw_sqlite(Path(url[len("sqlite:///") :].split("?")[0]), rows)
     return raw_pg(url.split("?")[0], rows)
 
 
@@ -91,7 +97,7 @@ def disk_mb(store: Store, url: str) -> float:
     if store.engine.dialect.name == "sqlite":
         import sqlite3
 
-        path = Path(url[len("sqlite:///"):].split("?")[0])
+        path = Path(url[len("sqlite:///") :].split("?")[0])
         con = sqlite3.connect(path, isolation_level=None)
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL's pages into the file, as an idle database has
         con.close()
@@ -104,12 +110,17 @@ def finish_all_but(store: Store, running: int) -> None:
     """The jobs past the first ``running`` DONE with a result, as a finished sweep leaves them."""
     exp = store.jobs(limit=1)[0].experiment_id
     first = store.jobs(limit=1)[0].id
-    results_sql = ("json_object('valid_error', (id % 997) / 997.0)" if store.engine.dialect.name == "sqlite"
-            else "jsonb_build_object('valid_error', (id % 997) / 997.0)")
+    results_sql = (
+        "json_object('valid_error', (id % 997) / 997.0)"
+        if store.engine.dialect.name == "sqlite"
+        else "jsonb_build_object('valid_error', (id % 997) / 997.0)"
+    )
     with store.engine.begin() as conn:
-        conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp, t_job.c.id >= first + running)
-                     .values(status=Status.DONE.value, results=sa.text(results_sql), attempt=1,
-                             finished_at=time.time()))
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.experiment_id == exp, t_job.c.id >= first + running)
+            .values(status=Status.DONE.value, results=sa.text(results_sql), attempt=1, finished_at=time.time())
+        )
     if store.engine.dialect.name == "postgresql":
         with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM ANALYZE job")
@@ -125,17 +136,34 @@ def report_only(engine: str, jobs: int, base: str, figures: list[Figure]) -> Non
     finally:
         store.dispose()
     seconds, mb, _ = cli("report", url, "--metric", "valid_error", timeout=900)
-    figures.append(say(Figure(f"report --metric valid_error, {jobs - RUNNING:,} DONE in as many configurations "
-                              f"(CLI), {engine}", seconds, "s", None, "< 10 s, < 300 MB",
-                              seconds < 10 and mb < 300, note=f"peak {mb:.0f} MB")))
+    figures.append(
+        say(
+            Figure(
+                f"report --metric valid_error, {jobs - RUNNING:,} DONE in as many configurations (CLI), {engine}",
+                seconds,
+                "s",
+                None,
+                "< 10 s, < 300 MB",
+                seconds < 10 and mb < 300,
+                note=f"peak {mb:.0f} MB",
+            )
+        )
+    )
 
 
 def run_engine(engine: str, jobs: int, base: str, figures: list[Figure]) -> None:
     url = f"{base}?table=scale"
     n = f"{jobs:,}"
 
-    def fig(name: str, value: float, unit: str, target: str = "", met: bool | None = None,
-            baseline: float | None = None, note: str = "") -> None:
+    def fig(
+        name: str,
+        value: float,
+        unit: str,
+        target: str = "",
+        met: bool | None = None,
+        baseline: float | None = None,
+        note: str = "",
+    ) -> None:
         figures.append(say(Figure(f"{name}, {engine}", value, unit, baseline, target, met, note)))
 
     rows = raw_rows(jobs, 1)
@@ -167,35 +195,62 @@ def run_engine(engine: str, jobs: int, base: str, figures: list[Figure]) -> None
         for _ in range(RUNNING):
             store.claim(me)
         middle = store.jobs(limit=1)[0].id + jobs // 2
-        reads = [("list, first page of 50", ["--limit", "50"], lambda: store.jobs(limit=50)),
-                 ("list --status RUNNING, 50", ["--status", "RUNNING", "--limit", "50"],
-                  lambda: store.jobs(status=[Status.RUNNING], limit=50)),
-                 ("list --phase 0 --status DONE,FAILED, 50", ["--phase", "0", "--status", "DONE,FAILED", "--limit",
-                                                              "50"],
-                  lambda: store.jobs(phase=0, status=[Status.DONE, Status.FAILED], limit=50)),
-                 ("list --param b=7 (every 1,000th job), 50", ["--param", "b=7", "--limit", "50"],
-                  lambda: store.jobs(params={"b": 7}, limit=50)),
-                 ("show ID", [str(middle)], lambda: (store.job(middle), store.children(middle),
-                                                     store.events(middle)))]
+        reads = [
+            ("list, first page of 50", ["--limit", "50"], lambda: store.jobs(limit=50)),
+            (
+                "list --status RUNNING, 50",
+                ["--status", "RUNNING", "--limit", "50"],
+                lambda: store.jobs(status=[Status.RUNNING], limit=50),
+            ),
+            (
+                "list --phase 0 --status DONE,FAILED, 50",
+                ["--phase", "0", "--status", "DONE,FAILED", "--limit", "50"],
+                lambda: store.jobs(phase=0, status=[Status.DONE, Status.FAILED], limit=50),
+            ),
+            (
+                "list --param b=7 (every 1,000th job), 50",
+                ["--param", "b=7", "--limit", "50"],
+                lambda: store.jobs(params={"b": 7}, limit=50),
+            ),
+            ("show ID", [str(middle)], lambda: (store.job(middle), store.children(middle), store.events(middle))),
+        ]
         for name, args, call in reads:
             ms = best_ms(call)
             command = "show" if name == "show ID" else "list"
             seconds, mb, _ = cli(command, url, *args)
-            fig(f"{name} (store call)", ms, "ms", "< 100 ms", ms < 100,
-                note=f"the CLI, process start included: {seconds:.2f} s, peak {mb:.0f} MB")
+            fig(
+                f"{name} (store call)",
+                ms,
+                "ms",
+                "< 100 ms",
+                ms < 100,
+                note=f"the CLI, process start included: {seconds:.2f} s, peak {mb:.0f} MB",
+            )
         monitor = Monitor(store, MonitorOptions(relaunch=True))
         with store.engine.begin() as conn:  # the claims' heartbeats are fresh
-            conn.execute(sa.update(t_job).where(t_job.c.status == Status.RUNNING.value)
-                         .values(heartbeat_at=store.server_time()))
+            conn.execute(
+                sa.update(t_job).where(t_job.c.status == Status.RUNNING.value).values(heartbeat_at=store.server_time())
+            )
         scan = best_ms(lambda: monitor.scan(), repeat=3)
-        fig(f"monitor scan, {RUNNING:,} of {n} RUNNING (store and liveness checks)", scan / 1000, "s", "< 1 s",
-            scan < 1000)
+        fig(
+            f"monitor scan, {RUNNING:,} of {n} RUNNING (store and liveness checks)",
+            scan / 1000,
+            "s",
+            "< 1 s",
+            scan < 1000,
+        )
         seconds, mb, _ = cli("monitor", url, "--once")
         fig("monitor --once (CLI)", seconds, "s", note=f"peak {mb:.0f} MB")
         try:
             seconds, mb, _ = cli("report", url, "--metric", "valid_error", timeout=900)
-            fig(f"report --metric valid_error, {jobs - RUNNING:,} DONE in as many configurations (CLI)", seconds,
-                "s", "< 10 s, < 300 MB", seconds < 10 and mb < 300, note=f"peak {mb:.0f} MB")
+            fig(
+                f"report --metric valid_error, {jobs - RUNNING:,} DONE in as many configurations (CLI)",
+                seconds,
+                "s",
+                "< 10 s, < 300 MB",
+                seconds < 10 and mb < 300,
+                note=f"peak {mb:.0f} MB",
+            )
         except RuntimeError as exc:
             print(f"report: {exc}", flush=True)
     finally:
@@ -203,16 +258,27 @@ def run_engine(engine: str, jobs: int, base: str, figures: list[Figure]) -> None
 
     tree = Store.open(f"{base}?table=tree")
     try:
-        result = tree.schedule(Expansion(parse_sweep(["bench_noop:run", "root=1", "--", f"c={grid(100)}", "--",
-                                                      f"g={grid(1000)}"])), keep_ids=False)
+        result = tree.schedule(
+            Expansion(parse_sweep(["bench_noop:run", "root=1", "--", f"c={grid(100)}", "--", f"g={grid(1000)}"])),
+            keep_ids=False,
+        )
         exp_root = tree.jobs(limit=1)[0]
         with tree.engine.begin() as conn:
-            conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp_root.experiment_id)
-                         .values(status=Status.DONE.value, results='{"valid_error": 0.5}', attempt=1))
+            conn.execute(
+                sa.update(t_job)
+                .where(t_job.c.experiment_id == exp_root.experiment_id)
+                .values(status=Status.DONE.value, results='{"valid_error": 0.5}', attempt=1)
+            )
         with Timer() as t:
             changed = tree.reset([exp_root.id], cascade=True)
-        fig(f"reset --cascade of a root with {len(changed) - 1:,} DONE descendants (one transaction)", t.seconds,
-            "s", "< 10 s", t.seconds < 10, note=f"{result.added:,} jobs in the tree")
+        fig(
+            f"reset --cascade of a root with {len(changed) - 1:,} DONE descendants (one transaction)",
+            t.seconds,
+            "s",
+            "< 10 s",
+            t.seconds < 10,
+            note=f"{result.added:,} jobs in the tree",
+        )
     finally:
         tree.dispose()
 
@@ -221,8 +287,16 @@ def ten_million(tmp: str, figures: list[Figure]) -> None:
     """Only the schedule, SQLite, at 10,000,000 jobs: the memory must not grow with the sweep."""
     url = f"sqlite:///{tmp}/ten.db?table=ten"
     seconds, mb, _ = cli("sqlschedule", url, "--no-check", *tokens(10_000_000), timeout=3600)
-    figures.append(say(Figure("sqlschedule 10,000,000 jobs (CLI), SQLite", seconds, "s",
-                              note=f"peak {mb:.0f} MB (target < 200 MB: {'met' if mb < 200 else 'MISSED'})")))
+    figures.append(
+        say(
+            Figure(
+                "sqlschedule 10,000,000 jobs (CLI), SQLite",
+                seconds,
+                "s",
+                note=f"peak {mb:.0f} MB (target < 200 MB: {'met' if mb < 200 else 'MISSED'})",
+            )
+        )
+    )
     os.unlink(f"{tmp}/ten.db")
 
 

@@ -1,6 +1,6 @@
 """Scheduling a 100,000-job grid with `jobman sqlschedule`, beside one raw-driver executemany of the same rows.
 
-    python bench/schedule.py [--jobs 100000] [--quick]
+python bench/schedule.py [--jobs 100000] [--quick]
 """
 
 from __future__ import annotations
@@ -32,13 +32,28 @@ def rows_for(tokens: list[str], experiment_id: int) -> list[tuple]:
     out = []
     for s in expand(parse_sweep(tokens)):
         encoded = json.dumps(s.params, sort_keys=True)
-        out.append((experiment_id, s.phase, s.kind, s.target, encoded, params_hash(s.phase, s.kind, s.target, encoded),
-                    "QUEUED", 0, 3, now, now))
+        out.append(
+            (
+                experiment_id,
+                s.phase,
+                s.kind,
+                s.target,
+                encoded,
+                params_hash(s.phase, s.kind, s.target, encoded),
+                "QUEUED",
+                0,
+                3,
+                now,
+                now,
+            )
+        )
     return out
 
 
-INSERT = ("INSERT INTO job (experiment_id, phase, kind, target, params, params_hash, status, priority, max_attempts, "
-          "created_at, queued_at) VALUES ({})")
+INSERT = (
+    "INSERT INTO job (experiment_id, phase, kind, target, params, params_hash, status, priority, max_attempts, "
+    "created_at, queued_at) VALUES ({})"
+)
 
 
 def raw_sqlite(path: Path, rows: list[tuple]) -> float:
@@ -66,8 +81,11 @@ def raw_pg(url: str, rows: list[tuple]) -> float:
 
 def jobman_cli(url: str, tokens: list[str]) -> float:
     with Timer() as t:
-        subprocess.run([sys.executable, "-m", "jobman.cli.main", "sqlschedule", url, "--no-check", *tokens],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "jobman.cli.main", "sqlschedule", url, "--no-check", *tokens],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return t.seconds
 
 
@@ -85,9 +103,18 @@ def run(jobs: int, repeat: int = 3) -> list[Figure]:
             Store.open(f"sqlite:///{raw_path}?table=raw").schedule([])
             bases.append(raw_sqlite(raw_path, rows))
             ours.append(jobman_cli(f"sqlite:///{Path(tmp) / 'jobman.db'}?table=bench", tokens))
-    figures.append(say(Figure(f"schedule {n:,} jobs, SQLite (CLI, process start included; best of {repeat})",
-                              min(ours), "s", min(bases), "<= 2x raw, < 5 s",
-                              min(ours) <= 2 * min(bases) and min(ours) < 5)))
+    figures.append(
+        say(
+            Figure(
+                f"schedule {n:,} jobs, SQLite (CLI, process start included; best of {repeat})",
+                min(ours),
+                "s",
+                min(bases),
+                "<= 2x raw, < 5 s",
+                min(ours) <= 2 * min(bases) and min(ours) < 5,
+            )
+        )
+    )
     bases, ours = [], []
     for _ in range(repeat):
         url, drop = fresh_pg_database()
@@ -97,8 +124,18 @@ def run(jobs: int, repeat: int = 3) -> list[Figure]:
             ours.append(jobman_cli(url + "?table=bench", tokens))
         finally:
             drop()
-    figures.append(say(Figure(f"schedule {n:,} jobs, PostgreSQL (CLI, process start included; best of {repeat})",
-                              min(ours), "s", min(bases), "<= 2x raw", min(ours) <= 2 * min(bases))))
+    figures.append(
+        say(
+            Figure(
+                f"schedule {n:,} jobs, PostgreSQL (CLI, process start included; best of {repeat})",
+                min(ours),
+                "s",
+                min(bases),
+                "<= 2x raw",
+                min(ours) <= 2 * min(bases),
+            )
+        )
+    )
     return figures
 
 

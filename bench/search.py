@@ -119,24 +119,30 @@ SPACES = {
     "2d": {
         "fixed": [],
         "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})"],
-        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // len(NHID)))),
-                                _grid_token("nhid", list(NHID))],
+        "grid": lambda points: [
+            _grid_token("lr", _log_spaced(-4, -1, max(1, points // len(NHID)))),
+            _grid_token("nhid", list(NHID)),
+        ],
         "grid_text": "{lrs} log-spaced lr x 4 nhid",
     },
     "3d": {
         "fixed": ["optimizer=momentum"],
-        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})",
-                  "momentum=uniform(0.5,0.99)"],
-        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
-                                _grid_token("nhid", list(NHID)), _grid_token("momentum", _even(0.5, 0.99, 2))],
+        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})", "momentum=uniform(0.5,0.99)"],
+        "grid": lambda points: [
+            _grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
+            _grid_token("nhid", list(NHID)),
+            _grid_token("momentum", _even(0.5, 0.99, 2)),
+        ],
         "grid_text": "{lrs} log-spaced lr x 4 nhid x 2 momentum",
     },
     "3d-adam": {
         "fixed": [],
-        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})",
-                  "momentum=uniform(0.5,0.99)"],
-        "grid": lambda points: [_grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
-                                _grid_token("nhid", list(NHID)), _grid_token("momentum", _even(0.5, 0.99, 2))],
+        "drawn": ["lr=loguniform(1e-4,1e-1)", f"nhid=choice({','.join(map(str, NHID))})", "momentum=uniform(0.5,0.99)"],
+        "grid": lambda points: [
+            _grid_token("lr", _log_spaced(-4, -1, max(1, points // (2 * len(NHID))))),
+            _grid_token("nhid", list(NHID)),
+            _grid_token("momentum", _even(0.5, 0.99, 2)),
+        ],
         "grid_text": "{lrs} log-spaced lr x 4 nhid x 2 momentum, momentum without effect under Adam",
     },
 }
@@ -183,23 +189,39 @@ def _versus(bests: list[float], grid_best: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--space", choices=sorted(SPACES), default="2d",
-                    help="2d: lr x nhid (Adam); 3d: lr x nhid x momentum (SGD with momentum); "
-                         "3d-adam: lr x nhid x momentum under Adam, which ignores momentum")
-    ap.add_argument("--points", type=int, default=16,
-                    help="configurations per search (grid: a multiple of 4, or of 8 for --space 3d)")
+    ap.add_argument(
+        "--space",
+        choices=sorted(SPACES),
+        default="2d",
+        help="2d: lr x nhid (Adam); 3d: lr x nhid x momentum (SGD with momentum); "
+        "3d-adam: lr x nhid x momentum under Adam, which ignores momentum",
+    )
+    ap.add_argument(
+        "--points",
+        type=int,
+        default=16,
+        help="configurations per search (grid: a multiple of 4, or of 8 for --space 3d)",
+    )
     ap.add_argument("--folds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=9, help="the full budget: epochs of a fully trained run")
     ap.add_argument("--min-epochs", type=int, default=1, help="the first rung of halving")
     ap.add_argument("--eta", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--outer-folds", type=int, default=None,
-                    help="validate by k-fold cross-validation: the --folds folds are the inner folds of "
-                         "outer fold 0 of this many (its test set left aside), so their validation sets "
-                         "together cover the whole pool (1,438 digits with 5), not 119 digits a fold")
-    ap.add_argument("--valid-fraction", type=float, default=None,
-                    help="the share of each fold's training part held out for validation (the trainer's "
-                         "default: 0.1, 119 digits a fold); larger makes the validation error finer")
+    ap.add_argument(
+        "--outer-folds",
+        type=int,
+        default=None,
+        help="validate by k-fold cross-validation: the --folds folds are the inner folds of "
+        "outer fold 0 of this many (its test set left aside), so their validation sets "
+        "together cover the whole pool (1,438 digits with 5), not 119 digits a fold",
+    )
+    ap.add_argument(
+        "--valid-fraction",
+        type=float,
+        default=None,
+        help="the share of each fold's training part held out for validation (the trainer's "
+        "default: 0.1, 119 digits a fold); larger makes the validation error finer",
+    )
     args = ap.parse_args()
     if args.outer_folds is not None and args.valid_fraction is not None:
         ap.error("--outer-folds validates on whole folds: --valid-fraction has no share to set there")
@@ -223,8 +245,11 @@ def main() -> None:
             quasi_best = full_budget(quasi, random_configs(args.space, args.points, seed, "halton"), args.epochs)
             halving_best = halving(halv, configs, args.min_epochs, args.epochs, args.eta)
             rows.append((seed, full_best, quasi_best, full.epochs, halving_best, halv.epochs))
-            print(f"seed {seed}: random/full best {full_best:.4f}, quasi-random {quasi_best:.4f}, "
-                  f"each in {full.epochs} epochs; halving best {halving_best:.4f} in {halv.epochs} epochs", flush=True)
+            print(
+                f"seed {seed}: random/full best {full_best:.4f}, quasi-random {quasi_best:.4f}, "
+                f"each in {full.epochs} epochs; halving best {halving_best:.4f} in {halv.epochs} epochs",
+                flush=True,
+            )
     seconds = time.perf_counter() - started
 
     random_mean = statistics.fmean(r[1] for r in rows)
@@ -236,15 +261,19 @@ def main() -> None:
     lines = [
         f"## Search quality, space {args.space}"
         + (f", {args.valid_fraction:g} of each fold for validation" if args.valid_fraction is not None else "")
-        + (f", validation by {args.folds}-fold CV in outer fold 0 of {args.outer_folds}"
-           if args.outer_folds is not None else "")
+        + (
+            f", validation by {args.folds}-fold CV in outer fold 0 of {args.outer_folds}"
+            if args.outer_folds is not None
+            else ""
+        )
         + f" ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, shared)",
         "",
         f"`python bench/search.py --space {args.space} --points {args.points} --folds {args.folds} "
         f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}"
         + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "")
-        + (f" --outer-folds {args.outer_folds}" if args.outer_folds is not None else "") + "` "
+        + (f" --outer-folds {args.outer_folds}" if args.outer_folds is not None else "")
+        + "` "
         f"({seconds:.0f} s). Random search draws {' '.join(f'`{t}`' for t in space['drawn'])}"
         + (f" with {' '.join(f'`{t}`' for t in space['fixed'])}" if space["fixed"] else "")
         + ". Validation error is the mean over the folds, in percent.",
@@ -252,11 +281,12 @@ def main() -> None:
         "| seed | random, full budget: best | quasi-random (halton), full budget: best | epochs of each "
         "| halving of the random points: best | its epochs | gap (points) | epochs share |",
         "|---|---|---|---|---|---|---|---|",
-        *[f"| {s} | {100 * fb:.2f} | {100 * qb:.2f} | {fe} | {100 * hb:.2f} | {he} | {g:+.2f} | {sh:.2f} |"
-          for (s, fb, qb, fe, hb, he), g, sh in zip(rows, gaps, shares)],
+        *[
+            f"| {s} | {100 * fb:.2f} | {100 * qb:.2f} | {fe} | {100 * hb:.2f} | {he} | {g:+.2f} | {sh:.2f} |"
+            for (s, fb, qb, fe, hb, he), g, sh in zip(rows, gaps, shares)
+        ],
         "",
-        f"- grid of {len(grid)} ({grid_text}), full budget: best {100 * grid_best:.2f} "
-        f"({grid_runner.epochs} epochs).",
+        f"- grid of {len(grid)} ({grid_text}), full budget: best {100 * grid_best:.2f} ({grid_runner.epochs} epochs).",
         f"- random search, mean over seeds: {100 * random_mean:.2f}; it "
         f"{_versus([r[1] for r in rows], grid_best)}. Target (random at least matches the grid): "
         f"{'met' if random_mean <= grid_best else 'MISSED'}.",
@@ -286,8 +316,7 @@ def with_section(document: str, heading: str, command: str, text: str) -> str:
     kept = [part for part in parts if not (part.startswith("## Search quality") and run in part)]
     position = next((i for i, part in enumerate(parts) if part not in kept), len(kept))
     kept.insert(position, text if text.endswith("\n") else text + "\n")
-    return "".join(part if part.endswith("\n\n") or i == len(kept) - 1 else part + "\n"
-                   for i, part in enumerate(kept))
+    return "".join(part if part.endswith("\n\n") or i == len(kept) - 1 else part + "\n" for i, part in enumerate(kept))
 
 
 if __name__ == "__main__":

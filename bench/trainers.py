@@ -81,10 +81,11 @@ def sklearn_models():
         return {}
     return {
         "sklearn MLPClassifier(256, adam, 200 it)": lambda: MLPClassifier(
-            hidden_layer_sizes=(256,), solver="adam", max_iter=200, random_state=0),
-        "sklearn BernoulliRBM(256) + LogisticRegression": lambda: Pipeline([
-            ("rbm", BernoulliRBM(n_components=256, random_state=0)),
-            ("lr", LogisticRegression(max_iter=1000))]),
+            hidden_layer_sizes=(256,), solver="adam", max_iter=200, random_state=0
+        ),
+        "sklearn BernoulliRBM(256) + LogisticRegression": lambda: Pipeline(
+            [("rbm", BernoulliRBM(n_components=256, random_state=0)), ("lr", LogisticRegression(max_iter=1000))]
+        ),
     }
 
 
@@ -96,8 +97,10 @@ def runs_for_digits(n_folds: int, with_sklearn: bool):
     for k, test in enumerate(parts):
         train = np.sort(np.concatenate([f for i, f in enumerate(parts) if i != k]))
         cv = {"dataset": "digits", "nb_cross_fold": n_folds, "id_cross_fold": k, "fold_seed": FOLD_SEED}
-        fold = {"jobman mlp (defaults)": ours("jobman.models.mlp:train", cv),
-                "jobman dbn (defaults)": ours("jobman.models.dbn:train", cv)}
+        fold = {
+            "jobman mlp (defaults)": ours("jobman.models.mlp:train", cv),
+            "jobman dbn (defaults)": ours("jobman.models.dbn:train", cv),
+        }
         for name, make in models.items():
             fold[name] = sklearn_run(make, data.X[train], data.y[train], data.X[test], data.y[test])
         yield fold
@@ -107,8 +110,10 @@ def runs_for_fashion(n_train: int, n_test: int, with_sklearn: bool):
     """One split: a seeded subset of the training images, and of the test images."""
     sub = {"dataset": "fashion-mnist", "n_train": n_train, "n_test": n_test, "data_seed": 0}
     whole = splits.make_split(settings({**sub, "valid_fraction": 0.0}, splits.SPLIT_DEFAULTS))
-    fold = {"jobman mlp (defaults)": ours("jobman.models.mlp:train", sub),
-            "jobman dbn (defaults)": ours("jobman.models.dbn:train", sub)}
+    fold = {
+        "jobman mlp (defaults)": ours("jobman.models.mlp:train", sub),
+        "jobman dbn (defaults)": ours("jobman.models.dbn:train", sub),
+    }
     for name, make in (sklearn_models() if with_sklearn else {}).items():
         fold[name] = sklearn_run(make, whole.X_train, whole.y_train, whole.X_test, whole.y_test)
     yield fold
@@ -137,15 +142,21 @@ def verdicts(rows, dbn_floor: float | None) -> list[str]:
     sk_rbm = next((v for k, v in by.items() if k.startswith("sklearn BernoulliRBM")), None)
     out = []
     if mlp and sk_mlp:
-        out.append(f"MLP accuracy >= scikit-learn's MLP: {'yes' if mlp[0] >= sk_mlp[0] else 'NO'} "
-                   f"({mlp[0]:.4f} vs {sk_mlp[0]:.4f})")
-        out.append(f"MLP time <= half of scikit-learn's: {'yes' if mlp[1] <= sk_mlp[1] / 2 else 'NO'} "
-                   f"({mlp[1] / sk_mlp[1]:.2f}x)")
+        out.append(
+            f"MLP accuracy >= scikit-learn's MLP: {'yes' if mlp[0] >= sk_mlp[0] else 'NO'} "
+            f"({mlp[0]:.4f} vs {sk_mlp[0]:.4f})"
+        )
+        out.append(
+            f"MLP time <= half of scikit-learn's: {'yes' if mlp[1] <= sk_mlp[1] / 2 else 'NO'} "
+            f"({mlp[1] / sk_mlp[1]:.2f}x)"
+        )
     if dbn and dbn_floor is not None:
         out.append(f"DBN accuracy >= {dbn_floor}: {'yes' if dbn[0] >= dbn_floor else 'NO'} ({dbn[0]:.4f})")
     if dbn and sk_rbm:
-        out.append(f"DBN accuracy > RBM + logistic regression: {'yes' if dbn[0] > sk_rbm[0] else 'NO'} "
-                   f"({dbn[0]:.4f} vs {sk_rbm[0]:.4f})")
+        out.append(
+            f"DBN accuracy > RBM + logistic regression: {'yes' if dbn[0] > sk_rbm[0] else 'NO'} "
+            f"({dbn[0]:.4f} vs {sk_rbm[0]:.4f})"
+        )
     return out
 
 
@@ -168,18 +179,25 @@ def machine() -> str:
         pass
     try:
         import sklearn
+
         skv = f", scikit-learn {sklearn.__version__}"
     except ImportError:
         skv = ", scikit-learn not installed"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{cpu}, {os.cpu_count()} CPUs, load average {load:.1f} at the end; Python {platform.python_version()}, "
-            f"NumPy {np.__version__}{skv}; one BLAS thread")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, load average {load:.1f} at the end; Python {platform.python_version()}, "
+        f"NumPy {np.__version__}{skv}; one BLAS thread"
+    )
 
 
 def write_section(title: str, body: list[str]) -> None:
     """Replace this data set's section of the results file, keeping the others."""
-    header = ["# Trainer benchmark", "",
-              "Written by `bench/trainers.py`; each section is the output of its last run.", ""]
+    header = [
+        "# Trainer benchmark",
+        "",
+        "Written by `bench/trainers.py`; each section is the output of its last run.",
+        "",
+    ]
     sections: dict[str, list[str]] = {}
     if RESULTS.exists():
         current = None
@@ -224,10 +242,16 @@ def main(argv: list[str] | None = None) -> int:
             scores.setdefault(name, []).append((acc, secs))
             print(f"  split {i}: {name}: accuracy {acc:.4f}, {secs:.2f} s", flush=True)
     rows = summarise(scores)
-    body = table(rows) + [""] + [f"- {v}" for v in verdicts(rows, dbn_floor)] + [
-        "", f"Run started {started:%Y-%m-%d %H:%M} UTC on {machine()}.",
-        "Command: `" + " ".join(["python bench/trainers.py", *(argv if argv is not None else sys.argv[1:])]) + "`",
-    ]
+    body = (
+        table(rows)
+        + [""]
+        + [f"- {v}" for v in verdicts(rows, dbn_floor)]
+        + [
+            "",
+            f"Run started {started:%Y-%m-%d %H:%M} UTC on {machine()}.",
+            "Command: `" + " ".join(["python bench/trainers.py", *(argv if argv is not None else sys.argv[1:])]) + "`",
+        ]
+    )
     print()
     print(f"## {title}")
     print("\n".join(body))

@@ -56,8 +56,12 @@ def best_of(url: str, token: str, repeat: int) -> tuple[float, int]:
 
 def serve(url: str) -> tuple[subprocess.Popen, str, str]:
     """A real ``jobman serve`` process: (process, its root URL, its token)."""
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "serve", url, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "serve", url, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     link = re.search(r"(http://[^/]+)/\S*token=(\S+)", proc.stdout.readline())
     return proc, link.group(1), link.group(2)
 
@@ -116,16 +120,25 @@ def bench(engine: str, url: str, n_jobs: int, repeat: int) -> list[Figure]:
         first_builds.append(first_build(proc, exp + "?part=report", token))
         t, size, _ = min(first_builds)
         cpu = min(c for _, _, c in first_builds) * 1000
-        figures.append((f"report view, first build (fastest of {len(first_builds)} fresh servers; server CPU at "
-                        f"least {cpu:.0f} ms)", t, size, min(query)))
+        figures.append(
+            (
+                f"report view, first build (fastest of {len(first_builds)} fresh servers; server CPU at "
+                f"least {cpu:.0f} ms)",
+                t,
+                size,
+                min(query),
+            )
+        )
         t, size = best_of(exp + "?part=report", token, repeat)
         figures.append(("report view, later updates", t, size, static))
         t, size = fetch(root + "/?part=list", token)
         figures.append(("experiments page, first update (its best from that report)", t, size, static))
-        for what, query_string in (("job table, last page", f"part=jobs&page={n_jobs // 50 - 1}"),
-                                   ("job table, by finish time", "part=jobs&sort=-finished_at"),
-                                   ("job table, a status", "part=jobs&status=DONE&page=100"),
-                                   ("job table, a parameter filter", "part=jobs&where=lr%3C%3D0.001,act%3D%3Dtanh")):
+        for what, query_string in (
+            ("job table, last page", f"part=jobs&page={n_jobs // 50 - 1}"),
+            ("job table, by finish time", "part=jobs&sort=-finished_at"),
+            ("job table, a status", "part=jobs&status=DONE&page=100"),
+            ("job table, a parameter filter", "part=jobs&where=lr%3C%3D0.001,act%3D%3Dtanh"),
+        ):
             t, size = best_of(f"{exp}?{query_string}", token, repeat)
             figures.append((what, t, size, static))
         rss = psutil.Process(proc.pid).memory_info().rss
@@ -134,11 +147,23 @@ def bench(engine: str, url: str, n_jobs: int, repeat: int) -> list[Figure]:
     out = []
     for what, t, size, base in figures:
         bound = "first paint" in what or "report view" in what
-        out.append(say(Figure(f"{engine} {what}", t * 1000, "ms", baseline=base * 1000,
-                              target=f"< {TARGET * 1000:.0f} ms" if bound else "no target",
-                              met=(t < TARGET) if bound else None, note=f"{size // 1024} KiB")))
-    memory = (f"{engine}: the server's memory {rss0 / 2**20:.0f} MiB after start, {rss / 2**20:.0f} MiB after "
-              f"every page above ({n_jobs:,} jobs; the report of them is kept)")
+        out.append(
+            say(
+                Figure(
+                    f"{engine} {what}",
+                    t * 1000,
+                    "ms",
+                    baseline=base * 1000,
+                    target=f"< {TARGET * 1000:.0f} ms" if bound else "no target",
+                    met=(t < TARGET) if bound else None,
+                    note=f"{size // 1024} KiB",
+                )
+            )
+        )
+    memory = (
+        f"{engine}: the server's memory {rss0 / 2**20:.0f} MiB after start, {rss / 2**20:.0f} MiB after "
+        f"every page above ({n_jobs:,} jobs; the report of them is kept)"
+    )
     print(memory, flush=True)
     out.append(Figure(memory, rss / 2**20, "MiB"))
     return out
@@ -151,8 +176,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timed requests of each page; the fastest is printed")
     parser.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.name}")
     args = parser.parse_args()
-    print("baselines: a static file from the same server (a request without the database); "
-          "for the report, the same report built from every job in Python", flush=True)
+    print(
+        "baselines: a static file from the same server (a request without the database); "
+        "for the report, the same report built from every job in Python",
+        flush=True,
+    )
     load_before = os.getloadavg()[0]
     figures: list[Figure] = []
     for engine in args.engines.split(","):
@@ -167,13 +195,21 @@ def main() -> None:
                 drop()
     if not args.no_write:
         m = machine()
-        lines = [f"## {m['date']}", "",
-                 f"`python bench/web.py --jobs {args.jobs} --engines {args.engines} --repeat {args.repeat}`; "
-                 f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, PostgreSQL "
-                 f"{m['postgresql']}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.", "",
-                 "```text", *(f.line() if f.unit != "MiB" else f.name for f in figures), "```"]
-        header = ("# jobman serve at scale\n\nFigures from `python bench/web.py` (a real server over HTTP), "
-                  "newest last. The machine is shared: the load average is given with each run.\n")
+        lines = [
+            f"## {m['date']}",
+            "",
+            f"`python bench/web.py --jobs {args.jobs} --engines {args.engines} --repeat {args.repeat}`; "
+            f"{m['cpu']}, {m['memory']}, Python {m['python']}, SQLite {m['sqlite']}, PostgreSQL "
+            f"{m['postgresql']}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after.",
+            "",
+            "```text",
+            *(f.line() if f.unit != "MiB" else f.name for f in figures),
+            "```",
+        ]
+        header = (
+            "# jobman serve at scale\n\nFigures from `python bench/web.py` (a real server over HTTP), "
+            "newest last. The machine is shared: the load average is given with each run.\n"
+        )
         old = RESULTS.read_text() if RESULTS.exists() else header
         RESULTS.write_text(old.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
         print(f"written to {RESULTS}")

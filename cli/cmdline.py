@@ -33,28 +33,63 @@ _EXPLAINED = {
 
 @click.command("cmdline", context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True, metavar="TARGET [k=v | k::builder | k:=expr | file.conf]...")
-@click.option("-w", "--workdir", type=click.Path(file_okay=False), default=None,
-              help="Where the run keeps its files and checkpoint (state.json). Default: a new directory "
-                   "jobman_DATE_TIME_XXXX here.")
-@click.option("--workdir-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help="Make the new run directory inside DIR instead of here.")
+@click.option(
+    "-w",
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the run keeps its files and checkpoint (state.json). Default: a new directory "
+    "jobman_DATE_TIME_XXXX here.",
+)
+@click.option(
+    "--workdir-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="Make the new run directory inside DIR instead of here.",
+)
 @click.option("--resume", is_flag=True, help="Continue the run saved in --workdir (same target and parameters).")
-@click.option("-f", "--force", is_flag=True,
-              help="Run even if --workdir holds an earlier run, finished or not (it continues from its state).")
+@click.option(
+    "-f",
+    "--force",
+    is_flag=True,
+    help="Run even if --workdir holds an earlier run, finished or not (it continues from its state).",
+)
 @click.option("-n", "--dry-run", is_flag=True, help="Run in a temporary directory, removed afterwards.")
 @click.option("-r", "--redirect", is_flag=True, help="Send the run's stdout and stderr to files in its directory.")
 @click.option("--redirect-stdout", is_flag=True, help="Send the run's stdout to WORKDIR/stdout.txt.")
 @click.option("--redirect-stderr", is_flag=True, help="Send the run's stderr to WORKDIR/stderr.txt.")
-@click.option("--finish-up-after", type=click.FloatRange(0.01), default=None, metavar="SECONDS",
-              help="After SECONDS, channel.switch() answers 'finish-up' and should_stop() turns true.")
-@click.option("--save-every", type=click.FloatRange(0), default=None, metavar="SECONDS",
-              help="channel.switch() answers 'save' every SECONDS, to ask for a checkpoint.")
+@click.option(
+    "--finish-up-after",
+    type=click.FloatRange(0.01),
+    default=None,
+    metavar="SECONDS",
+    help="After SECONDS, channel.switch() answers 'finish-up' and should_stop() turns true.",
+)
+@click.option(
+    "--save-every",
+    type=click.FloatRange(0),
+    default=None,
+    metavar="SECONDS",
+    help="channel.switch() answers 'save' every SECONDS, to ask for a checkpoint.",
+)
 @click.option("-g", "--workdir-gen", "workdir_gen", default=None, metavar="FN", help="Accepted for old scripts.")
 @click.option("-2", "--sigint", is_flag=True, default=None, help="Accepted for old scripts.")
 @click.option("-p", "--parser", default=None, metavar="NAME", help="Accepted for old scripts.")
-def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None, resume: bool, force: bool,
-            dry_run: bool, redirect: bool, redirect_stdout: bool, redirect_stderr: bool,
-            finish_up_after: float | None, save_every: float | None, **explained: Any) -> int:
+def cmdline(
+    args: tuple[str, ...],
+    workdir: str | None,
+    workdir_dir: str | None,
+    resume: bool,
+    force: bool,
+    dry_run: bool,
+    redirect: bool,
+    redirect_stdout: bool,
+    redirect_stderr: bool,
+    finish_up_after: float | None,
+    save_every: float | None,
+    **explained: Any,
+) -> int:
     """Run one experiment here, without a database (jobman's cmdline).
 
     Parameters are key=value (dotted keys nest: state.c.d), key::builder
@@ -117,10 +152,21 @@ def cmdline(args: tuple[str, ...], workdir: str | None, workdir_dir: str | None,
     try:
         with _inside(run_dir), _redirected(run_dir, redirect or redirect_stdout, redirect or redirect_stderr):
             ending = run_direct(fn, params, run_dir, resume=resume, save_every=save_every, deadline=deadline)
-        _write_conf(run_dir / CURRENT_CONF, {**params, **ending.results},
-                    {"experiment": experiment, "time": started, "status": _CODES.get(ending.status, 5)})
-        click.echo(json.dumps({"status": ending.status, "results": ending.results,
-                               "workdir": "(removed: --dry-run)" if dry_run else str(shown)}, indent=2))
+        _write_conf(
+            run_dir / CURRENT_CONF,
+            {**params, **ending.results},
+            {"experiment": experiment, "time": started, "status": _CODES.get(ending.status, 5)},
+        )
+        click.echo(
+            json.dumps(
+                {
+                    "status": ending.status,
+                    "results": ending.results,
+                    "workdir": "(removed: --dry-run)" if dry_run else str(shown),
+                },
+                indent=2,
+            )
+        )
     finally:
         if dry_run:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -181,8 +227,9 @@ def _check_saved_run(run_dir: Path, target: str, params: dict, resume: bool) -> 
     if not state_file.exists():
         return
     if not resume:
-        raise UsageError(f"{run_dir} holds the saved state of an earlier run: add --resume to continue it, "
-                         "or give another --workdir")
+        raise UsageError(
+            f"{run_dir} holds the saved state of an earlier run: add --resume to continue it, or give another --workdir"
+        )
     try:
         record = json.loads((run_dir / CMDLINE_RECORD).read_text())
         saved_target, saved = record["target"], record["params"]
@@ -195,8 +242,10 @@ def _check_saved_run(run_dir: Path, target: str, params: dict, resume: bool) -> 
         key = differ[0]
         was = json.dumps(saved[key]) if key in saved else "unset"
         now = json.dumps(params[key]) if key in params else "unset"
-        raise UsageError(f"{run_dir} holds a run with other parameters ({key} was {was}, now {now}): "
-                         "give another --workdir to start a new run")
+        raise UsageError(
+            f"{run_dir} holds a run with other parameters ({key} was {was}, now {now}): "
+            "give another --workdir to start a new run"
+        )
 
 
 _UNSET = object()

@@ -48,18 +48,30 @@ out = LazyConsole(soft_wrap=True)
 err = LazyConsole(stderr=True, soft_wrap=True)
 
 STATUS_STYLE = {
-    "WAITING": "dim", "QUEUED": "cyan", "RUNNING": "bold yellow", "DONE": "green", "FAILED": "bold red",
-    "CRASHED": "bold magenta", "CANCELED": "dim red", "BLOCKED": "red",
+    "WAITING": "dim",
+    "QUEUED": "cyan",
+    "RUNNING": "bold yellow",
+    "DONE": "green",
+    "FAILED": "bold red",
+    "CRASHED": "bold magenta",
+    "CANCELED": "dim red",
+    "BLOCKED": "red",
 }
 
 
 def db_options(fn: Callable) -> Callable:
     """``[DB]`` positional (a URL, jobman style) plus ``--db`` and ``--table`` on every command."""
-    fn = click.option("--table", "-t", "table", metavar="NAME",
-                      help="Experiment (jobman's table) name; overrides ?table= in the URL.")(fn)
-    fn = click.option("--db", "db", metavar="URL", envvar="JOBMAN_DB",
-                      help="Database URL (sqlite:///file.db?table=T, postgresql://user@host/db?table=T). "
-                           "Default: $JOBMAN_DB, else sqlite:///jobman.db.")(fn)
+    fn = click.option(
+        "--table", "-t", "table", metavar="NAME", help="Experiment (jobman's table) name; overrides ?table= in the URL."
+    )(fn)
+    fn = click.option(
+        "--db",
+        "db",
+        metavar="URL",
+        envvar="JOBMAN_DB",
+        help="Database URL (sqlite:///file.db?table=T, postgresql://user@host/db?table=T). "
+        "Default: $JOBMAN_DB, else sqlite:///jobman.db.",
+    )(fn)
     return fn
 
 
@@ -104,6 +116,7 @@ def with_database(rest: str | None = None, *, create: bool = False) -> Callable[
     Without ``rest`` the command's ``[DB]`` argument is named ``url``; with it, ``rest`` names its variadic
     argument, whose leading URL (if any) is taken out before the command sees it.
     """
+
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, db: str | None, table: str | None, **kwargs: Any) -> Any:
@@ -238,13 +251,30 @@ def styled_status(status: Status | str) -> str:
 def job_json(job: Job) -> dict[str, Any]:
     """The stable JSON form of a job for scripts (``--format json``)."""
     return {
-        "id": job.id, "phase": job.phase, "status": job.status.value, "target": job.target, "kind": job.kind,
-        "params": job.params, "results": job.results, "attempt": job.attempt, "max_attempts": job.max_attempts,
-        "priority": plain_number(job.priority), "host": job.host, "pid": job.pid, "backend": job.backend,
-        "backend_id": job.backend_id, "workdir": job.workdir, "log_path": job.log_path,
-        "depends_on": job.depends_on, "error": job.error, "exit_code": job.exit_code,
-        "created_at": job.created_at, "started_at": job.started_at, "heartbeat_at": job.heartbeat_at,
-        "finished_at": job.finished_at, "gpus": job.gpus,
+        "id": job.id,
+        "phase": job.phase,
+        "status": job.status.value,
+        "target": job.target,
+        "kind": job.kind,
+        "params": job.params,
+        "results": job.results,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "priority": plain_number(job.priority),
+        "host": job.host,
+        "pid": job.pid,
+        "backend": job.backend,
+        "backend_id": job.backend_id,
+        "workdir": job.workdir,
+        "log_path": job.log_path,
+        "depends_on": job.depends_on,
+        "error": job.error,
+        "exit_code": job.exit_code,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "heartbeat_at": job.heartbeat_at,
+        "finished_at": job.finished_at,
+        "gpus": job.gpus,
     }
 
 

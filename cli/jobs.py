@@ -50,8 +50,11 @@ def _results_summary(results: dict | None, width: int = 3) -> str:
     if not results:
         return ""
     headline = ("valid_error", "test_error", "train_error", "loss", "accuracy")
-    items = [(k, v) for k, v in results.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")]
+    items = [
+        (k, v)
+        for k, v in results.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")
+    ]
     items.sort(key=lambda kv: headline.index(kv[0]) if kv[0] in headline else len(headline))
     return " ".join(f"{k}={fmt_value(v)}" for k, v in items[:width])
 
@@ -59,15 +62,27 @@ def _results_summary(results: dict | None, width: int = 3) -> str:
 @click.command("list")
 @click.argument("url", required=False, metavar="[DB]")
 @with_database()
-@click.option("--status", "-s", "status", multiple=True, metavar="STATUS",
-              help="Only these statuses (names, jobman codes or START/ERR_RUN; comma-separated or repeated).")
+@click.option(
+    "--status",
+    "-s",
+    "status",
+    multiple=True,
+    metavar="STATUS",
+    help="Only these statuses (names, jobman codes or START/ERR_RUN; comma-separated or repeated).",
+)
 @click.option("--phase", type=int, help="Only this phase.")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Only jobs whose parameter KEY has this value (lr=0.1; repeat to AND).")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only jobs whose parameter KEY has this value (lr=0.1; repeat to AND).",
+)
 @click.option("--limit", type=click.IntRange(1), help="At most this many jobs: the first, by id.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-def list_jobs(database: Database, status: tuple[str, ...], phase: int | None, params: tuple[str, ...],
-              limit: int | None, fmt: str) -> None:
+def list_jobs(
+    database: Database, status: tuple[str, ...], phase: int | None, params: tuple[str, ...], limit: int | None, fmt: str
+) -> None:
     """One row per job: id, phase, status, attempt, parameters, results.
 
     \b
@@ -88,9 +103,17 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None, pa
         writer = csv.writer(sys.stdout)
         writer.writerow(["id", "phase", "status", "attempt", "depends_on", *keys, *rkeys])
         for j in jobs:
-            writer.writerow([j.id, j.phase, j.status.value, j.attempt, " ".join(map(str, j.depends_on)),
-                             *[json.dumps(j.params.get(k)) for k in keys],
-                             *[json.dumps((j.results or {}).get(k)) for k in rkeys]])
+            writer.writerow(
+                [
+                    j.id,
+                    j.phase,
+                    j.status.value,
+                    j.attempt,
+                    " ".join(map(str, j.depends_on)),
+                    *[json.dumps(j.params.get(k)) for k in keys],
+                    *[json.dumps((j.results or {}).get(k)) for k in rkeys],
+                ]
+            )
         return
     varying = _varying_keys(jobs)
     if jobs:
@@ -100,16 +123,34 @@ def list_jobs(database: Database, status: tuple[str, ...], phase: int | None, pa
     rungs = store.rungs([j.id for j in jobs])  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
-    for col in ("id", "phase", *(("rung",) if rungs else ()), "status", "try", "after", "params", "results", "where",
-                *(("gpu",) if on_gpus else ())):
+    for col in (
+        "id",
+        "phase",
+        *(("rung",) if rungs else ()),
+        "status",
+        "try",
+        "after",
+        "params",
+        "results",
+        "where",
+        *(("gpu",) if on_gpus else ()),
+    ):
         grid.add_column(col, overflow="fold")
     for j in jobs:
         where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
         rung = (f"{rungs[j.id][0]}/{rungs[j.id][1] - 1}" if j.id in rungs else "",) if rungs else ()
-        grid.add_row(str(j.id), str(j.phase), *rung, styled_status(j.status), f"{j.attempt}/{j.max_attempts}",
-                     ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
-                     fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
-                     _results_summary(j.results), where, *((j.gpus or "",) if on_gpus else ()))
+        grid.add_row(
+            str(j.id),
+            str(j.phase),
+            *rung,
+            styled_status(j.status),
+            f"{j.attempt}/{j.max_attempts}",
+            ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
+            fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
+            _results_summary(j.results),
+            where,
+            *((j.gpus or "",) if on_gpus else ()),
+        )
     out.print(grid)
     counts: dict[str, int] = {}
     for j in jobs:
@@ -178,16 +219,24 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     rung = store.rungs([job.id]).get(job.id)
     if rung is not None:
         continued = store.continues_from(job.id) if rung[0] else None
-        lines.append(f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="
-                     f"{job.params.get(rung[2])})" + (f"; continues job {job.depends_on[0]} from its workdir "
-                                                      f"{continued}" if rung[0] and job.depends_on else ""))
+        lines.append(
+            f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="
+            f"{job.params.get(rung[2])})"
+            + (
+                f"; continues job {job.depends_on[0]} from its workdir {continued}"
+                if rung[0] and job.depends_on
+                else ""
+            )
+        )
     if job.log_path:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":
         lines.append(f"output    {job.workdir}/stdout.txt, {job.workdir}/stderr.txt")
     heartbeat = fmt_age(job.heartbeat_at) + " ago" if job.heartbeat_at else "-"
-    lines.append(f"times     created {fmt_time(job.created_at)}  started {fmt_time(job.started_at)}  "
-                 f"heartbeat {heartbeat}  finished {fmt_time(job.finished_at)}")
+    lines.append(
+        f"times     created {fmt_time(job.created_at)}  started {fmt_time(job.started_at)}  "
+        f"heartbeat {heartbeat}  finished {fmt_time(job.finished_at)}"
+    )
     if job.exit_code is not None:
         lines.append(f"exit code {job.exit_code}")
     out.print(Panel("\n".join(lines), expand=False))
@@ -198,37 +247,78 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     for col in ("when", "from", "to", "try", "why", "by"):
         history.add_column(col, overflow="fold")
     for e in events:
-        history.add_row(fmt_time(e.at), e.from_status or "", e.to_status or "", str(e.attempt or ""), e.why,
-                        e.source or "")
+        history.add_row(
+            fmt_time(e.at), e.from_status or "", e.to_status or "", str(e.attempt or ""), e.why, e.source or ""
+        )
     out.print(history)
 
 
 @click.command("sqlstatus")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
 @with_database("args")
-@click.option("--status", "status", multiple=True, metavar="STATUS",
-              help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, ERR_START, CANCELED, a code, "
-                   "or a name).")
-@click.option("--select", "select", multiple=True, metavar="KEY=VALUE",
-              help="Only jobs whose parameter or result KEY equals VALUE (dotted names; repeat to AND).")
-@click.option("--fselect", "fselect", multiple=True, metavar="KEY=LAMBDA",
-              help="Only jobs where LAMBDA(value of KEY) is true: --fselect 'lr=lambda v: v < 0.1'.")
+@click.option(
+    "--status",
+    "status",
+    multiple=True,
+    metavar="STATUS",
+    help="Only jobs with this status (START, RUNNING, DONE, ERR_RUN, ERR_START, CANCELED, a code, or a name).",
+)
+@click.option(
+    "--select",
+    "select",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only jobs whose parameter or result KEY equals VALUE (dotted names; repeat to AND).",
+)
+@click.option(
+    "--fselect",
+    "fselect",
+    multiple=True,
+    metavar="KEY=LAMBDA",
+    help="Only jobs where LAMBDA(value of KEY) is true: --fselect 'lr=lambda v: v < 0.1'.",
+)
 @click.option("--set_status", "--set-status", "set_to", metavar="STATUS", help="Set the selected jobs to STATUS.")
-@click.option("--restart", is_flag=True,
-              help="Set the selected jobs back to START; each resumes from the state it saved.")
-@click.option("--reset_prio", "--reset-prio", "reset_prio", is_flag=True,
-              help="Set the selected jobs' priority back to 0, sqlschedule's default.")
+@click.option(
+    "--restart", is_flag=True, help="Set the selected jobs back to START; each resumes from the state it saved."
+)
+@click.option(
+    "--reset_prio",
+    "--reset-prio",
+    "reset_prio",
+    is_flag=True,
+    help="Set the selected jobs' priority back to 0, sqlschedule's default.",
+)
 @click.option("--print", "print_key", multiple=True, metavar="KEY", help="Print KEY's value for each job.")
-@click.option("--print_keys", "--print-keys", "print_keys", is_flag=False, flag_value="*", default=None,
-              metavar="[K1,K2]", help="Print these keys' values; alone, list the keys the jobs have.")
+@click.option(
+    "--print_keys",
+    "--print-keys",
+    "print_keys",
+    is_flag=False,
+    flag_value="*",
+    default=None,
+    metavar="[K1,K2]",
+    help="Print these keys' values; alone, list the keys the jobs have.",
+)
 @click.option("--ret_nb_jobs", "--count", "count", is_flag=True, help="Print only the number of jobs.")
-@click.option("--all", "everything", is_flag=True,
-              help="Every job of the experiment (to change them all, it asks first).")
+@click.option(
+    "--all", "everything", is_flag=True, help="Every job of the experiment (to change them all, it asks first)."
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (scripts).")
-def sqlstatus(args: tuple[str, ...], database: Database, status: tuple[str, ...],
-              select: tuple[str, ...], fselect: tuple[str, ...], set_to: str | None, restart: bool,
-              reset_prio: bool, print_key: tuple[str, ...], print_keys: str | None, count: bool, everything: bool,
-              yes: bool) -> None:
+def sqlstatus(
+    args: tuple[str, ...],
+    database: Database,
+    status: tuple[str, ...],
+    select: tuple[str, ...],
+    fselect: tuple[str, ...],
+    set_to: str | None,
+    restart: bool,
+    reset_prio: bool,
+    print_key: tuple[str, ...],
+    print_keys: str | None,
+    count: bool,
+    everything: bool,
+    yes: bool,
+) -> None:
     """jobman's status view: jobs with their numeric status codes; --restart, --set_status, --reset_prio.
 
     \b
@@ -277,8 +367,9 @@ def sqlstatus(args: tuple[str, ...], database: Database, status: tuple[str, ...]
     keys = [k for k in (print_keys or "").split(",") if k] + list(print_key)
     for j in jobs:
         extra = " ".join(f"{k}={fmt_value({**j.params, **(j.results or {})}.get(k))}" for k in keys)
-        click.echo(f"Job {j.id}: status {CODES[j.status]} ({j.status.value}) phase {j.phase}"
-                   + (f" {extra}" if extra else ""))
+        click.echo(
+            f"Job {j.id}: status {CODES[j.status]} ({j.status.value}) phase {j.phase}" + (f" {extra}" if extra else "")
+        )
     if not jobs:
         click.echo("no job matches")
 
@@ -322,6 +413,7 @@ def _fselect_tests(fselects: tuple[str, ...]) -> list:
                 return bool(fn(state[key]))
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(f"--fselect {sel!r} raised {type(exc).__name__}: {exc}") from None
+
         tests.append(test)
     return tests
 

@@ -21,13 +21,31 @@ from jobman.jobdb.url import mask_password
 # module is imported only when that command runs (or help is shown), so `jobman worker`
 # does not pay for the report's NumPy or the migrations' alembic before forking jobs.
 COMMAND_MODULES: dict[str, str] = {
-    "sqlschedule": "schedule", "sqlschedules": "schedule", "schedule": "schedule",
-    "list": "jobs", "show": "jobs", "sqlstatus": "jobs", "db": "db",
-    "worker": "run", "sql": "run", "dispatch": "run", "run-job": "run", "cmdline": "cmdline",
-    "reset": "repair", "retry": "repair", "cancel": "repair", "set-status": "repair",
-    "set-priority": "repair", "rm": "repair", "monitor": "monitor", "condor_check": "monitor", "report": "report",
+    "sqlschedule": "schedule",
+    "sqlschedules": "schedule",
+    "schedule": "schedule",
+    "list": "jobs",
+    "show": "jobs",
+    "sqlstatus": "jobs",
+    "db": "db",
+    "worker": "run",
+    "sql": "run",
+    "dispatch": "run",
+    "run-job": "run",
+    "cmdline": "cmdline",
+    "reset": "repair",
+    "retry": "repair",
+    "cancel": "repair",
+    "set-status": "repair",
+    "set-priority": "repair",
+    "rm": "repair",
+    "monitor": "monitor",
+    "condor_check": "monitor",
+    "report": "report",
     "sqlview": "view",
-    "serve": "serve", "demo": "demo", "help": "view",
+    "serve": "serve",
+    "demo": "demo",
+    "help": "view",
 }
 
 

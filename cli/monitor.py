@@ -42,24 +42,55 @@ RECENT_CRASHES = 8
 @click.command("monitor")
 @click.argument("url", required=False, metavar="[DB]")
 @with_database()
-@click.option("--interval", type=click.FloatRange(0.1), default=10.0, show_default=True,
-              help="Seconds between scans.")
+@click.option("--interval", type=click.FloatRange(0.1), default=10.0, show_default=True, help="Seconds between scans.")
 @click.option("--once", is_flag=True, help="Scan once, print what was found and done, and exit (cron, scripts).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: one object per scan (one line each when watching).")
-@click.option("--relaunch/--no-relaunch", default=True, show_default=True,
-              help="Queue crashed jobs again while they have attempts left (they resume from their checkpoint).")
-@click.option("--max-attempts", type=click.IntRange(1), default=None,
-              help="Attempts per job, overriding each job's own limit.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one object per scan (one line each when watching).",
+)
+@click.option(
+    "--relaunch/--no-relaunch",
+    default=True,
+    show_default=True,
+    help="Queue crashed jobs again while they have attempts left (they resume from their checkpoint).",
+)
+@click.option(
+    "--max-attempts", type=click.IntRange(1), default=None, help="Attempts per job, overriding each job's own limit."
+)
 @click.option("--include-failed", is_flag=True, help="Relaunch FAILED jobs too, within the same limit.")
-@click.option("--heartbeat-grace", type=click.FloatRange(0.1), default=60.0, show_default=True,
-              help="Seconds without a heartbeat before a RUNNING job is declared lost.")
+@click.option(
+    "--heartbeat-grace",
+    type=click.FloatRange(0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds without a heartbeat before a RUNNING job is declared lost.",
+)
 @click.option("--dry-run", is_flag=True, help="Find and report; change nothing.")
-@click.option("--rows", type=click.IntRange(0), default=15, show_default=True,
-              help="Running jobs shown (those with the oldest heartbeat first).")
+@click.option(
+    "--rows",
+    type=click.IntRange(0),
+    default=15,
+    show_default=True,
+    help="Running jobs shown (those with the oldest heartbeat first).",
+)
 @verbose_option
-def monitor(database: Database, interval: float, once: bool, fmt: str, relaunch: bool, max_attempts: int | None,
-            include_failed: bool, heartbeat_grace: float, dry_run: bool, rows: int, verbose: bool) -> int:
+def monitor(
+    database: Database,
+    interval: float,
+    once: bool,
+    fmt: str,
+    relaunch: bool,
+    max_attempts: int | None,
+    include_failed: bool,
+    heartbeat_grace: float,
+    dry_run: bool,
+    rows: int,
+    verbose: bool,
+) -> int:
     """Find RUNNING jobs that are not, mark them CRASHED with the reason, relaunch them.
 
     \b
@@ -75,8 +106,13 @@ def monitor(database: Database, interval: float, once: bool, fmt: str, relaunch:
     """
     store = database.open()
     log_to_stderr("jobman monitor: %(message)s", verbose)
-    options = MonitorOptions(relaunch=relaunch, max_attempts=max_attempts, heartbeat_grace=heartbeat_grace,
-                             include_failed=include_failed, dry_run=dry_run)
+    options = MonitorOptions(
+        relaunch=relaunch,
+        max_attempts=max_attempts,
+        heartbeat_grace=heartbeat_grace,
+        include_failed=include_failed,
+        dry_run=dry_run,
+    )
     watcher = Monitor(store, options)
     if once:
         report = watcher.scan()
@@ -87,17 +123,20 @@ def monitor(database: Database, interval: float, once: bool, fmt: str, relaunch:
         return 0
     try:
         if fmt == "json":
+
             def json_line() -> None:
                 sys.stdout.write(json.dumps(snapshot(store, watcher.scan()), default=str) + "\n")
                 sys.stdout.flush()
+
             _watch(interval, json_line)
         elif not out.is_terminal:  # a log, one line per scan
-            _watch(interval, lambda: click.echo(f"{fmt_time(time.time())} {store.experiment}: "
-                                                f"{watcher.scan().line()}"))
+            _watch(interval, lambda: click.echo(f"{fmt_time(time.time())} {store.experiment}: {watcher.scan().line()}"))
         else:
             with Live(Text("scanning…"), console=out.console, auto_refresh=False, transient=False) as live:
-                _watch(interval, lambda: live.update(render(store, watcher.scan(), rows, heartbeat_grace, interval),
-                                                     refresh=True))
+                _watch(
+                    interval,
+                    lambda: live.update(render(store, watcher.scan(), rows, heartbeat_grace, interval), refresh=True),
+                )
     except KeyboardInterrupt:
         err.print("[dim]monitor stopped[/]")
     return 0
@@ -112,9 +151,11 @@ def condor_check(args: tuple[str, ...]) -> int:
     Example:
       jobman condor_check postgres://me@dbhost/lab/mlp_dumi
     """
-    click.echo("condor_check: jobman runs no Condor; this is `jobman monitor --once --dry-run`, which checks each "
-               "RUNNING job's process, heartbeat and Slurm job (run `jobman monitor` to mark the dead ones CRASHED)",
-               err=True)
+    click.echo(
+        "condor_check: jobman runs no Condor; this is `jobman monitor --once --dry-run`, which checks each "
+        "RUNNING job's process, heartbeat and Slurm job (run `jobman monitor` to mark the dead ones CRASHED)",
+        err=True,
+    )
     return monitor.main(args=[*args, "--once", "--dry-run"], prog_name="jobman condor_check", standalone_mode=False)
 
 
@@ -130,6 +171,7 @@ def _watch(interval: float, tick: Callable[[], object]) -> None:
 
 # -- what is shown ------------------------------------------------------------------------
 
+
 def snapshot(store: Store, report: ScanReport) -> dict[str, Any]:
     """The experiment as one scan left it: counts, running jobs, recent crashes, and the scan itself."""
     now = time.time()
@@ -138,26 +180,50 @@ def snapshot(store: Store, report: ScanReport) -> dict[str, Any]:
     for (phase, status), n in sorted(store.counts().items()):
         counts.setdefault(str(phase), {})[status] = n
         totals[status] = totals.get(status, 0) + n
-    running = [{"id": j.id, "phase": j.phase, "attempt": j.attempt, "max_attempts": j.max_attempts,
-                "host": j.host, "pid": j.pid, "backend": j.backend, "backend_id": j.backend_id,
-                "started_at": j.started_at, "heartbeat_at": j.heartbeat_at,
-                "age_s": _age(j.started_at, now), "heartbeat_age_s": _age(j.heartbeat_at, now),
-                "stop_requested": j.stop_requested}
-               for j in store.running_brief()]
-    crashes = [{"job_id": e.job_id, "at": e.at, "attempt": e.attempt, "why": e.why, "source": e.source}
-               for e in store.recent_events(to_status=[Status.CRASHED], limit=RECENT_CRASHES)]
-    return {"experiment": store.experiment, "database": store.target.display, "at": now,
-            "scan": report.to_dict(), "counts": counts, "totals": totals, "running": running,
-            "recent_crashes": crashes}
+    running = [
+        {
+            "id": j.id,
+            "phase": j.phase,
+            "attempt": j.attempt,
+            "max_attempts": j.max_attempts,
+            "host": j.host,
+            "pid": j.pid,
+            "backend": j.backend,
+            "backend_id": j.backend_id,
+            "started_at": j.started_at,
+            "heartbeat_at": j.heartbeat_at,
+            "age_s": _age(j.started_at, now),
+            "heartbeat_age_s": _age(j.heartbeat_at, now),
+            "stop_requested": j.stop_requested,
+        }
+        for j in store.running_brief()
+    ]
+    crashes = [
+        {"job_id": e.job_id, "at": e.at, "attempt": e.attempt, "why": e.why, "source": e.source}
+        for e in store.recent_events(to_status=[Status.CRASHED], limit=RECENT_CRASHES)
+    ]
+    return {
+        "experiment": store.experiment,
+        "database": store.target.display,
+        "at": now,
+        "scan": report.to_dict(),
+        "counts": counts,
+        "totals": totals,
+        "running": running,
+        "recent_crashes": crashes,
+    }
 
 
 def render(store: Store, report: ScanReport, rows: int, grace: float, interval: float | None = None) -> Group:
     """The monitor's screen: counts per phase and status, running jobs, recent crashes, this scan."""
     now = time.time()
     data = snapshot(store, report)
-    title = Text.assemble((f"{store.experiment}", "bold"), f"  {store.target.display}  ",
-                          (f"scanned {fmt_time(report.at)} in {report.elapsed:.2f} s", "dim"),
-                          (f", next in {interval:g} s" if interval else "", "dim"))
+    title = Text.assemble(
+        (f"{store.experiment}", "bold"),
+        f"  {store.target.display}  ",
+        (f"scanned {fmt_time(report.at)} in {report.elapsed:.2f} s", "dim"),
+        (f", next in {interval:g} s" if interval else "", "dim"),
+    )
     parts: list[Any] = [title, _counts_table(data["counts"], data["totals"])]
     running: list[dict[str, Any]] = sorted(data["running"], key=lambda j: j["heartbeat_at"] or 0)
     if running and rows:
@@ -167,9 +233,15 @@ def render(store: Store, report: ScanReport, rows: int, grace: float, interval: 
         for j in running[:rows]:
             beat = fmt_age(j["heartbeat_at"], now) + " ago"
             late = j["heartbeat_age_s"] is not None and j["heartbeat_age_s"] > grace
-            grid.add_row(str(j["id"]), str(j["phase"]), f"{j['attempt']}/{j['max_attempts']}",
-                         f"{j['host']}:{j['pid']}", f"{j['backend'] or '-'} {j['backend_id'] or ''}".strip(),
-                         fmt_age(j["started_at"], now), f"[red]{beat}[/]" if late else beat)
+            grid.add_row(
+                str(j["id"]),
+                str(j["phase"]),
+                f"{j['attempt']}/{j['max_attempts']}",
+                f"{j['host']}:{j['pid']}",
+                f"{j['backend'] or '-'} {j['backend_id'] or ''}".strip(),
+                fmt_age(j["started_at"], now),
+                f"[red]{beat}[/]" if late else beat,
+            )
         parts.append(grid)
         if len(running) > rows:
             parts.append(Text(f"… and {len(running) - rows} more running", style="dim"))
@@ -180,8 +252,9 @@ def render(store: Store, report: ScanReport, rows: int, grace: float, interval: 
         for c in data["recent_crashes"]:
             crashes.add_row(fmt_time(c["at"]), str(c["job_id"]), str(c["attempt"] or ""), c["why"])
         parts.append(crashes)
-    parts.append(Text(("dry run: " if report.dry_run else "") + report.line(),
-                      style="bold magenta" if report.crashed else "dim"))
+    parts.append(
+        Text(("dry run: " if report.dry_run else "") + report.line(), style="bold magenta" if report.crashed else "dim")
+    )
     return Group(*parts)
 
 

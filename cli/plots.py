@@ -35,8 +35,14 @@ def require_matplotlib() -> None:
     matplotlib.use("Agg")
 
 
-def figures(report: Report, fetch_metrics: MetricFetcher, *, curves: int = 5,
-            space: Mapping[str, Distribution] | None = None, searches: Sequence[Rungs] = ()) -> list[tuple[str, Any]]:
+def figures(
+    report: Report,
+    fetch_metrics: MetricFetcher,
+    *,
+    curves: int = 5,
+    space: Mapping[str, Distribution] | None = None,
+    searches: Sequence[Rungs] = (),
+) -> list[tuple[str, Any]]:
     """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
 
     ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
@@ -69,8 +75,15 @@ def figures(report: Report, fetch_metrics: MetricFetcher, *, curves: int = 5,
     return out
 
 
-def write_plots(report: Report, outdir: Path, fetch_metrics: MetricFetcher, *, curves: int = 5,
-                space: Mapping[str, Distribution] | None = None, searches: Sequence[Rungs] = ()) -> list[Path]:
+def write_plots(
+    report: Report,
+    outdir: Path,
+    fetch_metrics: MetricFetcher,
+    *,
+    curves: int = 5,
+    space: Mapping[str, Distribution] | None = None,
+    searches: Sequence[Rungs] = (),
+) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
     import matplotlib.pyplot as plt
 
@@ -83,8 +96,13 @@ def write_plots(report: Report, outdir: Path, fetch_metrics: MetricFetcher, *, c
     return written
 
 
-def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Distribution | None = None,  # noqa: C901
-                     by: str | None = None) -> Any:
+def metric_vs_figure(  # noqa: C901
+    report: Report,
+    rows: list[ConfigRow],
+    key: str,
+    drawn: Distribution | None = None,
+    by: str | None = None,
+) -> Any:
     """Mean ± std of the metric per configuration against one hyperparameter; None if nothing to draw.
 
     ``drawn``: the distribution the parameter was sampled from, whose scale the axis takes (without
@@ -120,7 +138,7 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
         if log:
             ax.set_xscale("log")
         slot = np.searchsorted(distinct, tx)
-        line_x = 10 ** distinct if log else distinct
+        line_x = 10**distinct if log else distinct
         if distinct.size <= MAX_TICKS:  # few values: a tick at each, labelled as in the sweep
             from matplotlib.ticker import NullLocator
 
@@ -145,26 +163,62 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
         line_x = np.arange(len(labels))
         step = 1 if len(labels) <= MAX_CATEGORIES else 2
         ax.set_xticks(line_x[::step])
-        ax.set_xticklabels(labels[::step], rotation=30 if max(map(len, labels)) > 6 else 0, ha="right"
-                           if max(map(len, labels)) > 6 else "center")
+        ax.set_xticklabels(
+            labels[::step],
+            rotation=30 if max(map(len, labels)) > 6 else 0,
+            ha="right" if max(map(len, labels)) > 6 else "center",
+        )
         xlabel = key
     alpha = 1.0 if len(rows) <= 20 else max(0.2, 20 / len(rows))
     eligible = np.array([r.eligible for r in rows])
-    levels = sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) \
-        if by else []
+    levels = (
+        sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) if by else []
+    )
     if by and len(levels) > 1:  # one colour per rung: the configurations that went on stand out
         colors = plt.get_cmap("viridis", len(levels))
         for i, level in enumerate(levels):
             here = eligible & np.array([r.params.get(by) == level for r in rows])
             if here.any():
-                ax.errorbar(xs[here], means[here], yerr=stds[here], fmt="o", ms=4, color=colors(i), alpha=alpha,
-                            elinewidth=1, capsize=2, label=f"{by}={format_param(level)} (mean ± std)")
+                ax.errorbar(
+                    xs[here],
+                    means[here],
+                    yerr=stds[here],
+                    fmt="o",
+                    ms=4,
+                    color=colors(i),
+                    alpha=alpha,
+                    elinewidth=1,
+                    capsize=2,
+                    label=f"{by}={format_param(level)} (mean ± std)",
+                )
     else:
-        ax.errorbar(xs[eligible], means[eligible], yerr=stds[eligible], fmt="o", ms=4, color="tab:blue",
-                    ecolor="tab:blue", alpha=alpha, elinewidth=1, capsize=2, label="configuration (mean ± std)")
+        ax.errorbar(
+            xs[eligible],
+            means[eligible],
+            yerr=stds[eligible],
+            fmt="o",
+            ms=4,
+            color="tab:blue",
+            ecolor="tab:blue",
+            alpha=alpha,
+            elinewidth=1,
+            capsize=2,
+            label="configuration (mean ± std)",
+        )
     if (~eligible).any():
-        ax.errorbar(xs[~eligible], means[~eligible], yerr=stds[~eligible], fmt="o", ms=4, mfc="none",
-                    color="tab:gray", alpha=alpha, elinewidth=1, capsize=2, label="incomplete (not eligible)")
+        ax.errorbar(
+            xs[~eligible],
+            means[~eligible],
+            yerr=stds[~eligible],
+            fmt="o",
+            ms=4,
+            mfc="none",
+            color="tab:gray",
+            alpha=alpha,
+            elinewidth=1,
+            capsize=2,
+            label="incomplete (not eligible)",
+        )
     pick = np.argmin if report.mode == "min" else np.argmax
     envelope = []
     for i in range(len(line_x)):
@@ -176,15 +230,26 @@ def metric_vs_figure(report: Report, rows: list[ConfigRow], key: str, drawn: Dis
         ax.plot(ex, ey, "-", color="tab:orange", lw=1.5, label=f"best {report.metric} at each {key}")
     winners = [i for i, r in enumerate(rows) if r.best]
     if winners:
-        ax.plot(xs[winners], means[winners], "*", color="tab:red", ms=14, mec="black", mew=0.6,
-                label="best configuration" if len(winners) == 1 else "best per outer fold", zorder=5)
+        ax.plot(
+            xs[winners],
+            means[winners],
+            "*",
+            color="tab:red",
+            ms=14,
+            mec="black",
+            mew=0.6,
+            label="best configuration" if len(winners) == 1 else "best per outer fold",
+            zorder=5,
+        )
     better = "lower" if report.mode == "min" else "higher"
     if report.group_over:
         over = f"over {', '.join(report.group_over)}"
     else:
         over = "over copies" if report.jobs > report.configurations else "one job each"
-    ax.set_title(f"{report.metric} vs {key}\n{len(rows)} configurations, mean ± sample std {over}; "
-                 f"{better} is better", fontsize=11)
+    ax.set_title(
+        f"{report.metric} vs {key}\n{len(rows)} configurations, mean ± sample std {over}; {better} is better",
+        fontsize=11,
+    )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(report.metric)
     ax.grid(True, alpha=0.3)
@@ -199,8 +264,10 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
     import matplotlib.pyplot as plt
 
     rules = search.rules
-    points = {c: [(rules.rungs[k], m) for k, m in sorted(by_rung.items()) if m is not None and k < len(rules.rungs)]
-              for c, by_rung in search.means.items()}
+    points = {
+        c: [(rules.rungs[k], m) for k, m in sorted(by_rung.items()) if m is not None and k < len(rules.rungs)]
+        for c, by_rung in search.means.items()
+    }
     points = {c: p for c, p in points.items() if p}
     if not points:
         return None
@@ -217,18 +284,41 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
         label = None
         if top not in labelled:
             labelled.add(top)
-            label = (f"{rules.resource}={format_param(rules.rungs[0])} only" if not went_on else
-                     f"promoted to {rules.resource}={format_param(rules.rungs[top])}")
-        (line,) = ax.plot(xs, ys, "-o", color=colors(top) if went_on else "tab:gray", lw=1 + top, ms=3 + top,
-                          alpha=0.9 if went_on else 0.45, label=label, zorder=2 + top)
+            label = (
+                f"{rules.resource}={format_param(rules.rungs[0])} only"
+                if not went_on
+                else f"promoted to {rules.resource}={format_param(rules.rungs[top])}"
+            )
+        (line,) = ax.plot(
+            xs,
+            ys,
+            "-o",
+            color=colors(top) if went_on else "tab:gray",
+            lw=1 + top,
+            ms=3 + top,
+            alpha=0.9 if went_on else 0.45,
+            label=label,
+            zorder=2 + top,
+        )
         line.set_gid(f"config:{config}")
-    at_top = [(sign * points[c][-1][1], c) for c in points if points[c][-1][0] == rules.rungs[reached[c]]
-              and reached[c] == max(reached.values())]
+    at_top = [
+        (sign * points[c][-1][1], c)
+        for c in points
+        if points[c][-1][0] == rules.rungs[reached[c]] and reached[c] == max(reached.values())
+    ]
     if at_top:
         best = min(at_top)[1]
-        (star,) = ax.plot([points[best][-1][0]], [points[best][-1][1]], "*", color="tab:red", ms=14, mec="black",
-                          mew=0.6, zorder=10, label="best at the highest rung reached: "
-                          + _short(_config_label(search.params.get(best, {}), space), 40))
+        (star,) = ax.plot(
+            [points[best][-1][0]],
+            [points[best][-1][1]],
+            "*",
+            color="tab:red",
+            ms=14,
+            mec="black",
+            mew=0.6,
+            zorder=10,
+            label="best at the highest rung reached: " + _short(_config_label(search.params.get(best, {}), space), 40),
+        )
         star.set_gid("best")
     ax.set_xscale("log")  # the rungs are MIN, MIN*eta, ...: evenly spaced on a log axis
     from matplotlib.ticker import NullLocator
@@ -238,8 +328,11 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
     ax.set_xticklabels([format_param(_plain(v)) for v in rules.rungs])
     better = "lower" if rules.mode == "min" else "higher"
     how = "asynchronous (ASHA)" if rules.asynchronous else "synchronous"
-    ax.set_title(f"{rules.metric} at each rung: successive halving, {how}, eta {rules.eta}\n"
-                 f"{len(points)} configurations, mean over their runs; {better} is better", fontsize=11)
+    ax.set_title(
+        f"{rules.metric} at each rung: successive halving, {how}, eta {rules.eta}\n"
+        f"{len(points)} configurations, mean over their runs; {better} is better",
+        fontsize=11,
+    )
     ax.set_xlabel(f"{rules.resource} (log scale)")
     ax.set_ylabel(rules.metric)
     ax.grid(True, alpha=0.3)
@@ -272,8 +365,9 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
     for job_id, step, name, value in points:
         if name in names and job_id in config_of:
             series.setdefault((config_of[job_id], name), {}).setdefault(int(step), []).append(float(value))
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names) if len(names) > 1 else 8, 5), dpi=100,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(6 * len(names) if len(names) > 1 else 8, 5), dpi=100, squeeze=False
+    )
     from matplotlib.ticker import MaxNLocator
 
     colors = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis", max(len(rows), 10))
@@ -285,11 +379,12 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
             steps = np.array(sorted(by_step))
             mean = np.array([np.mean(by_step[s]) for s in steps])
             spread = np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0 for s in steps])
-            label = _short(f"#{row.rank} {report.label(row)}"
-                           + (f" ({report.outer}={format_param(row.outer)})" if report.outer else ""))
+            label = _short(
+                f"#{row.rank} {report.label(row)}"
+                + (f" ({report.outer}={format_param(row.outer)})" if report.outer else "")
+            )
             color = colors(i)
-            ax.plot(steps, mean, "-", color=color, lw=2 if row.best else 1.2,
-                    label=label if i < MAX_LEGEND else None)
+            ax.plot(steps, mean, "-", color=color, lw=2 if row.best else 1.2, label=label if i < MAX_LEGEND else None)
             ax.fill_between(steps, mean - spread, mean + spread, color=color, alpha=0.15, lw=0)
         ax.set_title(name, fontsize=11)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -297,8 +392,10 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best", framealpha=0.8)
-    fig.suptitle(f"Learning curves of the {len(rows)} best configurations by {report.metric} "
-                 f"(mean over runs, band ± std)", fontsize=11)
+    fig.suptitle(
+        f"Learning curves of the {len(rows)} best configurations by {report.metric} (mean over runs, band ± std)",
+        fontsize=11,
+    )
     fig.tight_layout()
     return fig
 

@@ -29,8 +29,14 @@ def selection_options(fn: Callable) -> Callable:
     """``--status``, ``--phase`` and ``--all``: choose jobs without listing their ids."""
     fn = click.option("--all", "everything", is_flag=True, help="Every job of the experiment.")(fn)
     fn = click.option("--phase", type=int, default=None, help="Only jobs of this phase.")(fn)
-    fn = click.option("--status", "-s", "status", multiple=True, metavar="STATUS",
-                      help="Only jobs with this status (comma-separated or repeated).")(fn)
+    fn = click.option(
+        "--status",
+        "-s",
+        "status",
+        multiple=True,
+        metavar="STATUS",
+        help="Only jobs with this status (comma-separated or repeated).",
+    )(fn)
     return fn
 
 
@@ -87,15 +93,24 @@ def show_changes(changes: list[dict[str, Any]], limit: int = SHOWN_CHANGES) -> N
     for col in ("job", "from", "", "to", "why"):
         grid.add_column(col, overflow="fold")
     for c in changes[:limit]:
-        grid.add_row(str(c["job_id"]), styled_status(c["from_status"] or "-"), "→", styled_status(c["to_status"]),
-                     c["why"])
+        grid.add_row(
+            str(c["job_id"]), styled_status(c["from_status"] or "-"), "→", styled_status(c["to_status"]), c["why"]
+        )
     out.print(grid)
     if len(changes) > limit:
         out.print(f"[dim]… and {len(changes) - limit} more changes[/]")
 
 
-def apply(store: Store, verb: Callable[[], Any], *, dry_run: bool, what: str, roots: list[int], yes: bool = False,
-          ask_if: Callable[[list[dict[str, Any]]], str | None] | None = None) -> list[dict[str, Any]]:
+def apply(
+    store: Store,
+    verb: Callable[[], Any],
+    *,
+    dry_run: bool,
+    what: str,
+    roots: list[int],
+    yes: bool = False,
+    ask_if: Callable[[list[dict[str, Any]]], str | None] | None = None,
+) -> list[dict[str, Any]]:
     """Run ``verb`` and print its changes; on --dry-run only preview them; ask first if ``ask_if`` has a question."""
     if dry_run or ask_if is not None:
         _, preview = store.changes_of(verb, dry_run=True)
@@ -124,18 +139,32 @@ def done_lost(changes: list[dict[str, Any]]) -> str | None:
 
 # -- the commands ----------------------------------------------------------------------------
 
+
 @click.command("reset")
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
 @with_database("args")
 @selection_options
-@click.option("--cascade/--no-cascade", default=True, show_default=True,
-              help="Put every job downstream back to WAITING too (their inputs are about to change); "
-                   "without, only BLOCKED dependents are released.")
+@click.option(
+    "--cascade/--no-cascade",
+    default=True,
+    show_default=True,
+    help="Put every job downstream back to WAITING too (their inputs are about to change); "
+    "without, only BLOCKED dependents are released.",
+)
 @click.option("--force", is_flag=True, help="Reset RUNNING jobs too: their workers lose them at the next heartbeat.")
 @dry_run_option
 @yes_option
-def reset(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
-          cascade: bool, force: bool, dry_run: bool, yes: bool) -> int:
+def reset(
+    args: tuple[str, ...],
+    database: Database,
+    status: tuple[str, ...],
+    phase: int | None,
+    everything: bool,
+    cascade: bool,
+    force: bool,
+    dry_run: bool,
+    yes: bool,
+) -> int:
     """Run jobs again from scratch: fresh attempts, results cleared, dependents back to WAITING.
 
     \b
@@ -147,8 +176,15 @@ def reset(args: tuple[str, ...], database: Database, status: tuple[str, ...], ph
     """
     store = database.open()
     ids = choose(store, parse_ids(args), status, phase, everything)
-    apply(store, lambda: store.reset(ids, cascade=cascade, force_running=force), dry_run=dry_run, yes=yes,
-          what="reset", roots=ids, ask_if=done_lost)
+    apply(
+        store,
+        lambda: store.reset(ids, cascade=cascade, force_running=force),
+        dry_run=dry_run,
+        yes=yes,
+        what="reset",
+        roots=ids,
+        ask_if=done_lost,
+    )
     return 0
 
 
@@ -162,8 +198,17 @@ def reset(args: tuple[str, ...], database: Database, status: tuple[str, ...], ph
 @click.option("--fresh", is_flag=True, help="Start over (reset) instead of resuming from the last checkpoint.")
 @dry_run_option
 @yes_option
-def retry(args: tuple[str, ...], database: Database, crashed: bool, failed: bool, phase: int | None,
-          id_opts: tuple[str, ...], fresh: bool, dry_run: bool, yes: bool) -> int:
+def retry(
+    args: tuple[str, ...],
+    database: Database,
+    crashed: bool,
+    failed: bool,
+    phase: int | None,
+    id_opts: tuple[str, ...],
+    fresh: bool,
+    dry_run: bool,
+    yes: bool,
+) -> int:
     """Queue CRASHED (and, with --failed, FAILED) jobs again; their dependents go back to WAITING.
 
     \b
@@ -183,8 +228,15 @@ def retry(args: tuple[str, ...], database: Database, crashed: bool, failed: bool
         out.print(f"no {names} job matches; nothing to retry")
         return 0
     why = "retried by hand, from scratch" if fresh else "retried by hand"
-    apply(store, lambda: store.retry(ids, why, fresh=fresh), dry_run=dry_run, yes=yes, what="retried", roots=ids,
-          ask_if=done_lost)
+    apply(
+        store,
+        lambda: store.retry(ids, why, fresh=fresh),
+        dry_run=dry_run,
+        yes=yes,
+        what="retried",
+        roots=ids,
+        ask_if=done_lost,
+    )
     return 0
 
 
@@ -192,12 +244,22 @@ def retry(args: tuple[str, ...], database: Database, crashed: bool, failed: bool
 @click.argument("args", nargs=-1, metavar="[DB] [ID]...")
 @with_database("args")
 @selection_options
-@click.option("--running", is_flag=True,
-              help="Also stop RUNNING jobs: their worker sees it at the next heartbeat, sends the job SIGTERM "
-                   "(should_stop() turns true) and kills it after its grace; the job ends CANCELED.")
+@click.option(
+    "--running",
+    is_flag=True,
+    help="Also stop RUNNING jobs: their worker sees it at the next heartbeat, sends the job SIGTERM "
+    "(should_stop() turns true) and kills it after its grace; the job ends CANCELED.",
+)
 @dry_run_option
-def cancel(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
-           running: bool, dry_run: bool) -> int:
+def cancel(
+    args: tuple[str, ...],
+    database: Database,
+    status: tuple[str, ...],
+    phase: int | None,
+    everything: bool,
+    running: bool,
+    dry_run: bool,
+) -> int:
     """Cancel jobs that have not finished; their dependents become BLOCKED.
 
     \b
@@ -212,8 +274,10 @@ def cancel(args: tuple[str, ...], database: Database, status: tuple[str, ...], p
     changes = apply(store, lambda: store.cancel(ids, running=running), dry_run=dry_run, what="cancelled", roots=ids)
     stopping = sorted({c["job_id"] for c in changes if c["from_status"] == c["to_status"] == Status.RUNNING.value})
     if stopping and not dry_run:
-        out.print(f"asked {len(stopping)} running job(s) to stop: {', '.join(map(str, stopping[:10]))}"
-                  + (" …" if len(stopping) > 10 else ""))
+        out.print(
+            f"asked {len(stopping)} running job(s) to stop: {', '.join(map(str, stopping[:10]))}"
+            + (" …" if len(stopping) > 10 else "")
+        )
     untouched = len(set(ids) - set(finals(changes)))
     if untouched:
         out.print(f"[dim]{untouched} job(s) had already finished and were left as they are[/]")
@@ -225,8 +289,14 @@ def cancel(args: tuple[str, ...], database: Database, status: tuple[str, ...], p
 @with_database("args")
 @selection_options
 @dry_run_option
-def set_status(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
-               dry_run: bool) -> int:
+def set_status(
+    args: tuple[str, ...],
+    database: Database,
+    status: tuple[str, ...],
+    phase: int | None,
+    everything: bool,
+    dry_run: bool,
+) -> int:
     """Force jobs to a status (jobman's --set_status), keeping their dependents consistent.
 
     \b
@@ -250,8 +320,9 @@ def set_status(args: tuple[str, ...], database: Database, status: tuple[str, ...
 @click.argument("args", nargs=-1, required=True, metavar="[DB] [ID]... PRIORITY")
 @with_database("args")
 @selection_options
-def set_priority(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None,
-                 everything: bool) -> int:
+def set_priority(
+    args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool
+) -> int:
     """Set the priority of jobs: among QUEUED jobs, higher runs first (default 0; may be negative).
 
     \b
@@ -275,8 +346,15 @@ def set_priority(args: tuple[str, ...], database: Database, status: tuple[str, .
 @selection_options
 @dry_run_option
 @yes_option
-def rm(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase: int | None, everything: bool,
-       dry_run: bool, yes: bool) -> int:
+def rm(
+    args: tuple[str, ...],
+    database: Database,
+    status: tuple[str, ...],
+    phase: int | None,
+    everything: bool,
+    dry_run: bool,
+    yes: bool,
+) -> int:
     """Delete jobs with their events and metrics; their dependents lose that dependency.
 
     \b
@@ -291,17 +369,25 @@ def rm(args: tuple[str, ...], database: Database, status: tuple[str, ...], phase
     running = [i for i in store.select_ids(status=[Status.RUNNING]) if i in chosen]
     n, released = store.changes_of(lambda: store.delete(ids), dry_run=True)
     if dry_run:
-        out.print(f"[bold]dry run[/]: would delete {n} job(s): {_ids(ids)}"
-                  + (f" ({len(running)} RUNNING)" if running else ""))
+        out.print(
+            f"[bold]dry run[/]: would delete {n} job(s): {_ids(ids)}"
+            + (f" ({len(running)} RUNNING)" if running else "")
+        )
         if released:
             show_changes(released)
         out.print("nothing was changed")
         return 0
-    confirm(f"delete {n} job(s) ({_ids(ids)})" + (f", {len(running)} of them RUNNING," if running else "")
-            + " with their events and metrics, for good?", yes)
+    confirm(
+        f"delete {n} job(s) ({_ids(ids)})"
+        + (f", {len(running)} of them RUNNING," if running else "")
+        + " with their events and metrics, for good?",
+        yes,
+    )
     n, released = store.changes_of(lambda: store.delete(ids))
-    out.print(f"deleted {n} job(s)" + (f"; their dependents: {_counted(Counter(finals(released).values()))}"
-                                       if released else ""))
+    out.print(
+        f"deleted {n} job(s)"
+        + (f"; their dependents: {_counted(Counter(finals(released).values()))}" if released else "")
+    )
     return 0
 
 

@@ -25,10 +25,21 @@ TABLE_RESULTS = 5  # result columns in table and markdown formats, the metric fi
 STREAMED_AFTER = 1000  # csv and json rows held before the rest is streamed from the database
 
 
-def run_report(store: Store, *, metric: str, mode: str = "min", phase: int | None = None,
-               group_over: list[str] | None = None, outer: str | None = rp.AUTO, where: tuple[str, ...] = (),
-               allow_incomplete: bool = False, fmt: str = "table", top: int | None = None,
-               stream: IO[str] | None = None, keep_all: bool = False) -> Report:
+def run_report(
+    store: Store,
+    *,
+    metric: str,
+    mode: str = "min",
+    phase: int | None = None,
+    group_over: list[str] | None = None,
+    outer: str | None = rp.AUTO,
+    where: tuple[str, ...] = (),
+    allow_incomplete: bool = False,
+    fmt: str = "table",
+    top: int | None = None,
+    stream: IO[str] | None = None,
+    keep_all: bool = False,
+) -> Report:
     """Rank the experiment's configurations in the database and write the report in ``fmt``.
 
     Only the rows shown are held (and, with ``keep_all``, every one: the plots draw them all); csv and
@@ -38,8 +49,18 @@ def run_report(store: Store, *, metric: str, mode: str = "min", phase: int | Non
         top = TABLE_ROWS if fmt in ("table", "markdown") else 0
     keep = None if keep_all or (not top and fmt in ("table", "markdown")) else (top or STREAMED_AFTER)
     writer = {"table": write_table, "markdown": write_markdown, "csv": write_csv, "json": write_json}[fmt]
-    with rp.open_report(store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete,
-                        where=where, keep=keep, parallel=fmt in ("table", "markdown")) as report:
+    with rp.open_report(
+        store,
+        metric,
+        mode,
+        group_over,
+        phase=phase,
+        outer=outer,
+        allow_incomplete=allow_incomplete,
+        where=where,
+        keep=keep,
+        parallel=fmt in ("table", "markdown"),
+    ) as report:
         writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
     if fmt in ("table", "markdown"):
         for line in store.search_summaries():
@@ -64,36 +85,73 @@ def _outer_option(value: str | None) -> str | None:
 @click.command("report")
 @click.argument("url", required=False, metavar="[DB]")
 @with_database()
-@click.option("--metric", "-m", default="valid_error", show_default=True,
-              help="The numeric result that ranks configurations.")
+@click.option(
+    "--metric", "-m", default="valid_error", show_default=True, help="The numeric result that ranks configurations."
+)
 @click.option("--max", "mode", flag_value="max", help="Higher is better (accuracies).")
 @click.option("--min", "mode", flag_value="min", default=True, help="Lower is better (errors, losses; the default).")
 @click.option("--phase", type=int, help="Only jobs of this phase.")
-@click.option("--top", type=click.IntRange(0), default=None,
-              help=f"Show the best N configurations (per outer fold); 0: all. "
-                   f"Default: {TABLE_ROWS} in table and markdown, all in csv and json.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "markdown"]), default="table",
-              show_default=True)
-@click.option("--group-over", metavar="K1,K2",
-              help="Parameters whose jobs are averaged together ('none': no grouping). "
-                   "Default: the fold and seed parameters (id_cross_fold, fold, seed, *_seed, ...).")
-@click.option("--outer", metavar="KEY",
-              help="Outer fold of nested cross-validation, reported separately then overall "
-                   "('none': not nested). Default: a parameter like id_outer_fold.")
-@click.option("--where", multiple=True, metavar="EXPR",
-              help="Only jobs whose parameters satisfy EXPR: nhid>=128, act==tanh (==, !=, <, <=, >, >=); "
-                   "repeat to AND.")
-@click.option("--allow-incomplete", is_flag=True,
-              help="Let a configuration with missing or failed runs be chosen as best.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Write PNGs to DIR: the metric against each hyperparameter (a log axis for one drawn "
-                   "from a log-scale distribution), the rungs of a successive-halving search, and learning "
-                   "curves (needs matplotlib: pip install 'jobman-sql[plot]').")
-@click.option("--curves", type=click.IntRange(0), default=5, show_default=True,
-              help="With --plot: learning curves of this many best configurations.")
-def report(database: Database, metric: str, mode: str, phase: int | None,
-           top: int | None, fmt: str, group_over: str | None, outer: str | None, where: tuple[str, ...],
-           allow_incomplete: bool, plot_dir: str | None, curves: int) -> None:
+@click.option(
+    "--top",
+    type=click.IntRange(0),
+    default=None,
+    help=f"Show the best N configurations (per outer fold); 0: all. "
+    f"Default: {TABLE_ROWS} in table and markdown, all in csv and json.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json", "markdown"]), default="table", show_default=True
+)
+@click.option(
+    "--group-over",
+    metavar="K1,K2",
+    help="Parameters whose jobs are averaged together ('none': no grouping). "
+    "Default: the fold and seed parameters (id_cross_fold, fold, seed, *_seed, ...).",
+)
+@click.option(
+    "--outer",
+    metavar="KEY",
+    help="Outer fold of nested cross-validation, reported separately then overall "
+    "('none': not nested). Default: a parameter like id_outer_fold.",
+)
+@click.option(
+    "--where",
+    multiple=True,
+    metavar="EXPR",
+    help="Only jobs whose parameters satisfy EXPR: nhid>=128, act==tanh (==, !=, <, <=, >, >=); repeat to AND.",
+)
+@click.option(
+    "--allow-incomplete", is_flag=True, help="Let a configuration with missing or failed runs be chosen as best."
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Write PNGs to DIR: the metric against each hyperparameter (a log axis for one drawn "
+    "from a log-scale distribution), the rungs of a successive-halving search, and learning "
+    "curves (needs matplotlib: pip install 'jobman-sql[plot]').",
+)
+@click.option(
+    "--curves",
+    type=click.IntRange(0),
+    default=5,
+    show_default=True,
+    help="With --plot: learning curves of this many best configurations.",
+)
+def report(
+    database: Database,
+    metric: str,
+    mode: str,
+    phase: int | None,
+    top: int | None,
+    fmt: str,
+    group_over: str | None,
+    outer: str | None,
+    where: tuple[str, ...],
+    allow_incomplete: bool,
+    plot_dir: str | None,
+    curves: int,
+) -> None:
     """Rank configurations by a metric: mean ± std over folds and seeds, the best one in words.
 
     \b
@@ -114,19 +172,36 @@ def report(database: Database, metric: str, mode: str, phase: int | None,
 
         plots.require_matplotlib()
     store = database.open()
-    result = run_report(store, metric=metric, mode=mode, phase=phase, group_over=_group_option(group_over),
-                        outer=_outer_option(outer), where=where, allow_incomplete=allow_incomplete, fmt=fmt,
-                        top=top, keep_all=plot_dir is not None)
+    result = run_report(
+        store,
+        metric=metric,
+        mode=mode,
+        phase=phase,
+        group_over=_group_option(group_over),
+        outer=_outer_option(outer),
+        where=where,
+        allow_incomplete=allow_incomplete,
+        fmt=fmt,
+        top=top,
+        keep_all=plot_dir is not None,
+    )
     if plot_dir is not None:
         from . import plots
 
-        written = plots.write_plots(result, Path(plot_dir), store.metrics, curves=curves, space=store.search_space(),
-                                    searches=store.search_rungs())
+        written = plots.write_plots(
+            result,
+            Path(plot_dir),
+            store.metrics,
+            curves=curves,
+            space=store.search_space(),
+            searches=store.search_rungs(),
+        )
         names = ", ".join(p.name for p in written) if written else "none (nothing to plot)"
         err.print(f"[dim]plots in {escape(str(plot_dir))}: {escape(names)}[/]")
 
 
 # -- the formats ---------------------------------------------------------------------------
+
 
 def _sections(report: Report, top: int) -> list[tuple[Any, list[ConfigRow], int]]:
     """(outer value, shown rows, all rows) per outer fold; a single section when not nested."""
@@ -174,8 +249,10 @@ def _stat_cell(row: ConfigRow, name: str) -> str:
 
 def _header_lines(report: Report, experiment: str, where: tuple[str, ...]) -> list[str]:
     better = "lower" if report.mode == "min" else "higher"
-    lines = [f"{experiment}: {report.jobs} jobs in {report.configurations} configurations; "
-             f"{report.metric}, {better} is better"]
+    lines = [
+        f"{experiment}: {report.jobs} jobs in {report.configurations} configurations; "
+        f"{report.metric}, {better} is better"
+    ]
     if where:
         lines.append("where " + " and ".join(where))
     if report.constant:
@@ -186,15 +263,18 @@ def _header_lines(report: Report, experiment: str, where: tuple[str, ...]) -> li
     if report.group_over:
         lines.append(f"averaged over {', '.join(report.group_over)}: mean ± sample std (ddof={rp.STD_DDOF})")
     elif report.jobs > report.configurations:
-        lines.append(f"no fold or seed parameter: copies of a job (equal parameters, sqlschedule -r) are averaged: "
-                     f"mean ± sample std (ddof={rp.STD_DDOF})")
+        lines.append(
+            f"no fold or seed parameter: copies of a job (equal parameters, sqlschedule -r) are averaged: "
+            f"mean ± sample std (ddof={rp.STD_DDOF})"
+        )
     else:
         lines.append("no grouping: one job per configuration")
     if report.outer:
         lines.append(f"nested cross-validation: ranked per {report.outer}, then over the outer folds' winners")
     for phase, target, n in report.dropped:
-        lines.append(f"left out: phase {phase} {target or ''} ({n} job{'s' if n != 1 else ''}), "
-                     f"which reports no {report.metric}")
+        lines.append(
+            f"left out: phase {phase} {target or ''} ({n} job{'s' if n != 1 else ''}), which reports no {report.metric}"
+        )
     return lines
 
 
@@ -245,16 +325,18 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def write_markdown(report: Report, stream: IO[str], *, top: int, experiment: str,
-                   where: tuple[str, ...] = ()) -> None:
+def write_markdown(report: Report, stream: IO[str], *, top: int, experiment: str, where: tuple[str, ...] = ()) -> None:
     """A GitHub-flavoured Markdown table (one, with the outer fold as a column when nested)."""
     lines = [f"- {_md(line)}" for line in _header_lines(report, experiment, where)] + [""]
     params, scopes = _param_columns(report), _scope_columns(report)
     results, _ = _result_columns(report)
     head = ["best", "#"] + scopes + ([report.outer] if report.outer else []) + params + ["n"] + results
     lines.append("| " + " | ".join(_md(h) for h in head) + " |")
-    lines.append("|" + "|".join("---" if i < 2 + len(scopes) + len(params) + bool(report.outer) else "--:"
-                                for i in range(len(head))) + "|")
+    lines.append(
+        "|"
+        + "|".join("---" if i < 2 + len(scopes) + len(params) + bool(report.outer) else "--:" for i in range(len(head)))
+        + "|"
+    )
     for _outer, rows, _total in _sections(report, top):
         for row in rows:
             cells = ["★" if row.best else "", str(row.rank)]
@@ -266,8 +348,9 @@ def write_markdown(report: Report, stream: IO[str], *, top: int, experiment: str
                 cells = [f"**{c}**" if c else c for c in cells]
             lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     lines.append("")
-    lines += [f"**{_md(line)}**" if line.startswith(("best", "overall")) else _md(line)
-              for line in report.summary_lines()]
+    lines += [
+        f"**{_md(line)}**" if line.startswith(("best", "overall")) else _md(line) for line in report.summary_lines()
+    ]
     stream.write("\n".join(lines) + "\n")
 
 
@@ -283,10 +366,18 @@ def write_csv(report: Report, stream: IO[str], *, top: int, experiment: str, whe
     rows = report.iter_rows() if not top else (r for _o, rows, _t in _sections(report, top) for r in rows)
     for r in rows:
         others = r.not_done()
-        line = [r.rank, int(r.best), int(r.eligible), r.phase, r.target,
-                *[_csv_value(r.params[k]) if k in r.params else "" for k in keys],
-                r.n, r.expected, sum(n for w, n in others.items() if w in failed_words),
-                sum(n for w, n in others.items() if w not in failed_words)]
+        line = [
+            r.rank,
+            int(r.best),
+            int(r.eligible),
+            r.phase,
+            r.target,
+            *[_csv_value(r.params[k]) if k in r.params else "" for k in keys],
+            r.n,
+            r.expected,
+            sum(n for w, n in others.items() if w in failed_words),
+            sum(n for w, n in others.items() if w not in failed_words),
+        ]
         for name in report.columns:
             s = r.stats.get(name)
             line += [repr(s.mean), "" if s.std is None else repr(s.std), s.n] if s else ["", "", 0]

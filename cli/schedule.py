@@ -80,8 +80,9 @@ def parse_after(selectors: tuple[str, ...]) -> dict:
         if sel == "all":
             continue
         if "=" not in sel:
-            raise UsageError(f"--after {sel!r}: write key=value (phase=0, status=DONE, ids=1-9, target=..., "
-                             "or a parameter) or 'all'")
+            raise UsageError(
+                f"--after {sel!r}: write key=value (phase=0, status=DONE, ids=1-9, target=..., or a parameter) or 'all'"
+            )
         key, _, value = sel.partition("=")
         if key == "phase":
             out["phase"] = int(value) if value.lstrip("-").isdigit() else _bad_after(sel)
@@ -110,47 +111,111 @@ def _bad_after(sel: str) -> NoReturn:
 @click.command("sqlschedule", cls=SweepCommand, context_settings={"ignore_unknown_options": False})
 @click.argument("sweep", nargs=-1, required=True, metavar="[DB] TARGET [k=v | k={{a,b}}]... [-- [TARGET] k=v...]")
 @with_database("sweep", create=True)
-@click.option("--cmd", "command", metavar="COMMAND",
-              help="Run a command instead of a function: 'python train.py' (parameters become --key value "
-                   "arguments, or fill {key} placeholders).")
-@click.option("--after", multiple=True, metavar="SELECTOR",
-              help="Fan-in: the first phase depends on every existing job matching SELECTOR "
-                   "(phase=0, status=DONE, ids=1-9, target=..., key=value; repeat to AND; 'all').")
+@click.option(
+    "--cmd",
+    "command",
+    metavar="COMMAND",
+    help="Run a command instead of a function: 'python train.py' (parameters become --key value "
+    "arguments, or fill {key} placeholders).",
+)
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="SELECTOR",
+    help="Fan-in: the first phase depends on every existing job matching SELECTOR "
+    "(phase=0, status=DONE, ids=1-9, target=..., key=value; repeat to AND; 'all').",
+)
 @click.option("--priority", type=float, default=0, show_default=True, help="Higher runs first (1.5 is fine).")
-@click.option("-f", "--force", is_flag=True,
-              help="Add the jobs even if the same jobs are already there (as new copies).")
-@click.option("-r", "--repeat", type=click.IntRange(1), default=1, show_default=True, metavar="N",
-              help="Schedule each job N times (copies after the first; with -f, N new copies).")
-@click.option("-p", "--parser", "parser", default=None, metavar="NAME",
-              help="Accepted for old scripts: the k=v and k={{a,b}} syntax is always jobman's own.")
-@click.option("--max-attempts", type=click.IntRange(1), default=3, show_default=True,
-              help="Runs allowed per job before a crash is final.")
-@click.option("--samples", type=int, default=None, metavar="N",
-              help="Draw N points from the distributions (lr=loguniform(1e-4,1e-1), nhid=choice(64,128), ...); "
-                   "each grid point gets the same N. Point i depends only on --seed and i.")
+@click.option(
+    "-f", "--force", is_flag=True, help="Add the jobs even if the same jobs are already there (as new copies)."
+)
+@click.option(
+    "-r",
+    "--repeat",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Schedule each job N times (copies after the first; with -f, N new copies).",
+)
+@click.option(
+    "-p",
+    "--parser",
+    "parser",
+    default=None,
+    metavar="NAME",
+    help="Accepted for old scripts: the k=v and k={{a,b}} syntax is always jobman's own.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Runs allowed per job before a crash is final.",
+)
+@click.option(
+    "--samples",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Draw N points from the distributions (lr=loguniform(1e-4,1e-1), nhid=choice(64,128), ...); "
+    "each grid point gets the same N. Point i depends only on --seed and i.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the --samples draws.")
-@click.option("--sampler", type=click.Choice(["random", "halton"]), default="random", show_default=True,
-              help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.")
-@click.option("--halving", metavar="RESOURCE=MIN:MAX",
-              help="Successive halving: run every configuration with RESOURCE=MIN, the best 1/eta of them "
-                   "on to MIN*eta, ... up to MAX; each rung is a phase, and a promoted job continues from "
-                   "its parent's checkpoint (e.g. epochs=3:27).")
+@click.option(
+    "--sampler",
+    type=click.Choice(["random", "halton"]),
+    default="random",
+    show_default=True,
+    help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.",
+)
+@click.option(
+    "--halving",
+    metavar="RESOURCE=MIN:MAX",
+    help="Successive halving: run every configuration with RESOURCE=MIN, the best 1/eta of them "
+    "on to MIN*eta, ... up to MAX; each rung is a phase, and a promoted job continues from "
+    "its parent's checkpoint (e.g. epochs=3:27).",
+)
 @click.option("--eta", type=int, default=3, show_default=True, help="With --halving: keep the best 1/eta of a rung.")
 @click.option("--metric", metavar="M", help="With --halving: the result that ranks configurations (lowest best).")
 @click.option("--max", "maximize", is_flag=True, help="With --halving: the highest --metric is best.")
-@click.option("--async", "asynchronous", is_flag=True,
-              help="With --halving: promote a configuration as soon as it ranks in the top 1/eta of the "
-                   "finished ones of its rung (ASHA), rather than once the whole rung is finished.")
-@click.option("--prune", type=click.Choice(["median"]),
-              help="Stop a running job whose logged --metric at a step is worse than the median of the finished "
-                   "jobs of this sweep at that step; it ends DONE with pruned=True.")
+@click.option(
+    "--async",
+    "asynchronous",
+    is_flag=True,
+    help="With --halving: promote a configuration as soon as it ranks in the top 1/eta of the "
+    "finished ones of its rung (ASHA), rather than once the whole rung is finished.",
+)
+@click.option(
+    "--prune",
+    type=click.Choice(["median"]),
+    help="Stop a running job whose logged --metric at a step is worse than the median of the finished "
+    "jobs of this sweep at that step; it ends DONE with pruned=True.",
+)
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
-def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,  # noqa: C901
-                after: tuple[str, ...], priority: float, force: bool, repeat: int, parser: str | None,
-                max_attempts: int, samples: int | None, seed: int, sampler: str, halving: str | None, eta: int,
-                metric: str | None, maximize: bool, asynchronous: bool, prune: str | None, no_check: bool,
-                dry_run: bool) -> None:
+def sqlschedule(  # noqa: C901
+    sweep: tuple[str, ...],
+    database: Database,
+    command: str | None,
+    after: tuple[str, ...],
+    priority: float,
+    force: bool,
+    repeat: int,
+    parser: str | None,
+    max_attempts: int,
+    samples: int | None,
+    seed: int,
+    sampler: str,
+    halving: str | None,
+    eta: int,
+    metric: str | None,
+    maximize: bool,
+    asynchronous: bool,
+    prune: str | None,
+    no_check: bool,
+    dry_run: bool,
+) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
     \b
@@ -174,8 +239,9 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
       'x:=@random.random()'  the value of the expression, computed once here and stored
     """
     if parser is not None and parser != "filemerge":
-        click.echo(f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself",
-                   err=True)
+        click.echo(
+            f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself", err=True
+        )
     tokens = original_forms([PHASE_SEPARATOR if t == _SEP else t for t in sweep])
     if command is not None:
         command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
@@ -213,8 +279,9 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     after_ids: list[int] = []
     if after:
         sel = parse_after(after)
-        after_ids = store.select_ids(status=sel.get("status", ()), phase=sel.get("phase"),
-                                     params=sel["params"] or None, target=sel.get("target"))
+        after_ids = store.select_ids(
+            status=sel.get("status", ()), phase=sel.get("phase"), params=sel["params"] or None, target=sel.get("target")
+        )
         if "ids" in sel:
             after_ids = sorted(set(after_ids) & set(sel["ids"]))
         if not after_ids:
@@ -222,13 +289,26 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
         # A fan-in sweep's phases come after the deepest job it waits for.
         wanted = set(after_ids)
         specs = specs.shifted(1 + max(j.phase for j in store.jobs(with_deps=False) if j.id in wanted))
-    keep: dict[str, Any] = dict(after=after_ids, priority=priority, max_attempts=max_attempts, halving=rules,
-                                duplicate=force, repeat=repeat, keep_ids=False)
+    keep: dict[str, Any] = dict(
+        after=after_ids,
+        priority=priority,
+        max_attempts=max_attempts,
+        halving=rules,
+        duplicate=force,
+        repeat=repeat,
+        keep_ids=False,
+    )
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("scheduling"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                      TimeRemainingColumn(), console=err.console, transient=True) as bar:
+        with Progress(
+            TextColumn("scheduling"),
+            BarColumn(),
+            TextColumn("{task.completed:,}/{task.total:,}"),
+            TimeRemainingColumn(),
+            console=err.console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("schedule", total=len(specs) * repeat)
             result = store.schedule(specs, progress=lambda n: bar.update(task, completed=n), **keep)
     else:
@@ -244,12 +324,15 @@ def sqlschedule(sweep: tuple[str, ...], database: Database, command: str | None,
     if rules is not None and rules.rungs:
         click.echo(_rungs_line(rules, list(specs), repeat if result.repeated else 1))
     if rules is not None and rules.prune:
-        click.echo(f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
-                   f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)")
+        click.echo(
+            f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
+            f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)"
+        )
 
 
-def _halving_rules(parsed: Sweep, text: str, eta: int, metric: str | None, maximize: bool,
-                   asynchronous: bool) -> tuple[Halving, Sweep]:
+def _halving_rules(
+    parsed: Sweep, text: str, eta: int, metric: str | None, maximize: bool, asynchronous: bool
+) -> tuple[Halving, Sweep]:
     """The rules of ``--halving``, and the sweep with the resource at its first rung."""
     rules = parse_halving(text, eta, metric, maximize, asynchronous)
     if len(parsed.phases) > 1:
@@ -266,13 +349,20 @@ def _rungs_line(rules: Halving, specs: list, repeat: int = 1) -> str:
     sizes = rung_sizes(configs, rules.eta, len(rules.rungs))
     steps = ", ".join(f"{n * runs} at {rules.resource}={r}" for n, r in zip(sizes, rules.rungs))
     how = "as each job finishes (async)" if rules.asynchronous else "once each rung is finished"
-    return (f"successive halving by {rules.metric} ({'highest' if rules.mode == 'max' else 'lowest'} best), "
-            f"promoting {how}: {steps} (jobs per rung, when every rung finishes)")
+    return (
+        f"successive halving by {rules.metric} ({'highest' if rules.mode == 'max' else 'lowest'} best), "
+        f"promoting {how}: {steps} (jobs per rung, when every rung finishes)"
+    )
 
 
 def _alias(name: str) -> SweepCommand:
-    return SweepCommand(name, callback=sqlschedule.callback, params=sqlschedule.params, help=sqlschedule.help,
-                        short_help="Same as sqlschedule (the name jobman users know).")
+    return SweepCommand(
+        name,
+        callback=sqlschedule.callback,
+        params=sqlschedule.params,
+        help=sqlschedule.help,
+        short_help="Same as sqlschedule (the name jobman users know).",
+    )
 
 
 COMMANDS = [sqlschedule, _alias("sqlschedules"), _alias("schedule")]

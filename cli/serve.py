@@ -46,10 +46,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.argument("url", required=False, metavar="[DB]")
 @with_database()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8787, show_default=True,
-              help="Port to listen on (0: any free port).")
-@click.option("--token", envvar="JOBMAN_TOKEN", default=None,
-              help="The token every request needs (default: a new random one, printed in the link).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8787,
+    show_default=True,
+    help="Port to listen on (0: any free port).",
+)
+@click.option(
+    "--token",
+    envvar="JOBMAN_TOKEN",
+    default=None,
+    help="The token every request needs (default: a new random one, printed in the link).",
+)
 @click.option("--no-token", is_flag=True, help="Serve without a token (only on 127.0.0.1).")
 @click.option("--allow-actions", is_flag=True, help="Offer reset, retry, cancel and priority on job pages.")
 def serve(database: Database, host: str, port: int, token: str | None, no_token: bool, allow_actions: bool) -> int:
@@ -69,8 +78,10 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
     if no_token and not is_loopback(host):
-        raise UsageError(f"serving {host} without a token would open the database to the network: "
-                         "drop --no-token (or serve 127.0.0.1)")
+        raise UsageError(
+            f"serving {host} without a token would open the database to the network: "
+            "drop --no-token (or serve 127.0.0.1)"
+        )
     if no_token and token:
         raise UsageError("--token and --no-token contradict each other: give one")
     if token is not None and len(token) < 8:

@@ -52,8 +52,11 @@ def _rewrite(expr: str) -> tuple[str, set[str]]:
     """``expr`` with ``@a.b`` as a resolve call, ``%%x`` as ``state.x`` and ``%x`` as a variable; the
     names of those variables. Only operators written against a name count (``a % b`` is modulo)."""
     try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(expr).readline)
-                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(expr).readline)
+            if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)
+        ]
     except (tokenize.TokenError, SyntaxError) as exc:
         raise BuildError(f"cannot read the expression {expr!r}: {exc}") from None
     lines = expr.splitlines(keepends=True) or [""]
@@ -73,22 +76,27 @@ def _rewrite(expr: str) -> tuple[str, set[str]]:
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
         if tok.string == "@" and nxt is not None and nxt.type == tokenize.NAME and touching(tok, nxt):
             j, names = i + 1, [nxt.string]
-            while (j + 2 < len(tokens) and tokens[j + 1].string == "." and tokens[j + 2].type == tokenize.NAME
-                   and touching(tokens[j], tokens[j + 1]) and touching(tokens[j + 1], tokens[j + 2])):
+            while (
+                j + 2 < len(tokens)
+                and tokens[j + 1].string == "."
+                and tokens[j + 2].type == tokenize.NAME
+                and touching(tokens[j], tokens[j + 1])
+                and touching(tokens[j + 1], tokens[j + 2])
+            ):
                 names.append(tokens[j + 2].string)
                 j += 2
-            out.append(expr[last:at(tok.start)] + f'__jobman_resolve__("{".".join(names)}")')
+            out.append(expr[last : at(tok.start)] + f'__jobman_resolve__("{".".join(names)}")')
             last, i = at(tokens[j].end), j + 1
             continue
         if tok.string == "%" and nxt is not None and touching(tok, nxt):
             after = tokens[i + 2] if i + 2 < len(tokens) else None
             if nxt.string == "%" and after is not None and after.type == tokenize.NAME and touching(nxt, after):
-                out.append(expr[last:at(tok.start)] + f"state.{after.string}")
+                out.append(expr[last : at(tok.start)] + f"state.{after.string}")
                 last, i = at(after.end), i + 3
                 continue
             if nxt.type == tokenize.NAME:
                 required.add(nxt.string)
-                out.append(expr[last:at(tok.start)] + f"__jobman_var_{nxt.string}")
+                out.append(expr[last : at(tok.start)] + f"__jobman_var_{nxt.string}")
                 last, i = at(nxt.end), i + 2
                 continue
         i += 1

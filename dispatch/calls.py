@@ -54,8 +54,10 @@ def _json_value(value: Any, name: str, depth: int = 1) -> Any:
             raise UsageError(f"parameter {name!r} is a dict whose keys are not all strings")
         return {k: _json_value(v, f"{name}.{k}", depth + 1) for k, v in value.items()}
     hint = " (pass arr.tolist())" if type(value).__module__ == "numpy" else ""
-    raise UsageError(f"parameter {name!r} is a {type(value).__name__}, not a JSON value "
-                     f"(a number, string, bool, None, list or dict){hint}")
+    raise UsageError(
+        f"parameter {name!r} is a {type(value).__name__}, not a JSON value "
+        f"(a number, string, bool, None, list or dict){hint}"
+    )
 
 
 def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:
@@ -86,8 +88,9 @@ def source_version(fn: Callable[..., Any]) -> str:
     try:
         source = inspect.getsource(fn)
     except (OSError, TypeError):
-        raise UsageError(f"the source of {getattr(fn, '__qualname__', fn)!r} cannot be read; "
-                         "give version= instead of cache='source'") from None
+        raise UsageError(
+            f"the source of {getattr(fn, '__qualname__', fn)!r} cannot be read; give version= instead of cache='source'"
+        ) from None
     return "src-" + hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
@@ -111,8 +114,10 @@ def sample(n: int, axes: Mapping[str, Any], *, seed: int = 0, sampler: str = "ra
 
     ``jobman.sample(32, {"lr": jobman.loguniform(1e-4, 1e-1), "nhid": [64, 256]}, seed=7)``.
     """
-    return [spec.params for spec in expand(Sweep([Phase("sample", _assignments(axes))]), samples=n, seed=seed,
-                                           sampler=sampler)]
+    return [
+        spec.params
+        for spec in expand(Sweep([Phase("sample", _assignments(axes))]), samples=n, seed=seed, sampler=sampler)
+    ]
 
 
 def _assignments(axes: Mapping[str, Any]) -> list[Assignment]:

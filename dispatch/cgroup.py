@@ -216,8 +216,9 @@ def members(where: Path | str) -> list[int]:
         os.close(fd)
 
 
-def kill_cgroup(where: Path | str | None, remove: bool = True, keep: tuple[int, ...] = (),
-                remove_below: bool | None = None) -> int:
+def kill_cgroup(
+    where: Path | str | None, remove: bool = True, keep: tuple[int, ...] = (), remove_below: bool | None = None
+) -> int:
     """Kill every process in the cgroup and those below it but ``keep`` (and what they fork meanwhile),
     and remove them (``remove``; the cgroups below it: ``remove_below``, by default as ``remove``);
     how many were in them. Returns once none of them is left in it (or after some seconds of trying)."""

@@ -35,20 +35,30 @@ COMPLETE = "complete"
 INCOMPLETE = "incomplete"
 
 
-def job_info(job_id: int | None, target: str, experiment: str, priority: float, attempt: int, phase: int,
-             workdir: Path | str) -> dict[str, Any]:
+def job_info(
+    job_id: int | None, target: str, experiment: str, priority: float, attempt: int, phase: int, workdir: Path | str
+) -> dict[str, Any]:
     """What a job finds in ``state.jobman``, the original jobman's names (flat, dotted); ``target``
     is a function's path."""
     import socket
 
     # The original named a function module.function.
-    return {"id": job_id, "experiment": target.replace(":", "."), "table": experiment, "status": 1, "attempt": attempt,
-            "phase": phase, "sql.priority": priority, "sql.host_name": socket.gethostname(),
-            "sql.host_workdir": str(workdir)}
+    return {
+        "id": job_id,
+        "experiment": target.replace(":", "."),
+        "table": experiment,
+        "status": 1,
+        "attempt": attempt,
+        "phase": phase,
+        "sql.priority": priority,
+        "sql.host_name": socket.gethostname(),
+        "sql.host_workdir": str(workdir),
+    }
 
 
-def job_state(params: Mapping[str, Any], results: Mapping[str, Any] | None,
-              info: Mapping[str, Any] | None = None) -> DD:
+def job_state(
+    params: Mapping[str, Any], results: Mapping[str, Any] | None, info: Mapping[str, Any] | None = None
+) -> DD:
     """The ``state`` a job is called with: its parameters and what it saved before, nested by their
     dots, and ``state.jobman`` (which is never stored as a parameter or a result)."""
     groups = {k.split(".", 1)[0] for k in params if "." in k}
@@ -178,8 +188,9 @@ class Channel:
         for key, value in state.items():
             if key == RESERVED:
                 continue
-            items = flatten(value, key + ".").items() if key in groups and isinstance(value, Mapping) else (
-                (key, value),)
+            items = (
+                flatten(value, key + ".").items() if key in groups and isinstance(value, Mapping) else ((key, value),)
+            )
             out.update((k, v) for k, v in items if k not in self.params or not _unchanged(self.params[k], v))
         return out
 
@@ -204,15 +215,28 @@ class Channel:
         if clean:
             self._log(int(step), clean)
 
-    def best(self, metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
-             parents: Sequence[Parent] | None = None) -> Any:
+    def best(
+        self,
+        metric: str,
+        mode: str = "min",
+        group_over: Sequence[str] | None = None,
+        parents: Sequence[Parent] | None = None,
+    ) -> Any:
         """The best configuration of the parents (or of ``parents``) by ``metric``: the report's selection
         (``jobman.jobdb.report.best``) over what the worker gave the job of them, so a fan-in job retrains
         it without a database. Its ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
         from jobman.jobdb.report import best  # NumPy's report: imported by a fan-in job only
 
-        records = [{"job_id": p.job_id, "params": dict(p.params), "results": dict(p.results or {}),
-                    "status": "DONE", "target": p.target} for p in (self.parents if parents is None else parents)]
+        records = [
+            {
+                "job_id": p.job_id,
+                "params": dict(p.params),
+                "results": dict(p.results or {}),
+                "status": "DONE",
+                "target": p.target,
+            }
+            for p in (self.parents if parents is None else parents)
+        ]
         return best(records, metric=metric, mode=mode, group_over=group_over)
 
     def _save(self, results: dict[str, Any]) -> None:  # pragma: no cover - abstract
@@ -268,8 +292,10 @@ class WorkerChannel(Channel):
         if os.getpid() != self._pid:  # a forked child shares the socket: its answers would go astray
             from jobman.jobdb import errors
 
-            raise errors.JobmanError(f"the channel of job {self.job_id} works only in the job's own process, "
-                                     "not in a process it forked: save and log from the job's process")
+            raise errors.JobmanError(
+                f"the channel of job {self.job_id} works only in the job's own process, "
+                "not in a process it forked: save and log from the job's process"
+            )
         with self._asking:
             send_msg(self._sock, request)
             reply = recv_msg(self._sock)

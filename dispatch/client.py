@@ -6,5 +6,18 @@ from __future__ import annotations
 from .calls import grid, json_params, sample, source_version, target_of
 from .futures import Experiment, JobFuture, as_completed, cached, call, default_experiment, map, wait
 
-__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "grid",
-           "json_params", "map", "sample", "source_version", "target_of", "wait"]
+__all__ = [
+    "Experiment",
+    "JobFuture",
+    "as_completed",
+    "cached",
+    "call",
+    "default_experiment",
+    "grid",
+    "json_params",
+    "map",
+    "sample",
+    "source_version",
+    "target_of",
+    "wait",
+]

@@ -85,9 +85,16 @@ class ExitedWorkers(Protocol):
 class Dispatcher:
     """Starts workers as jobs become ready, tops them up as phases unlock, returns when all is done."""
 
-    def __init__(self, store: Store, backend: Backend, spec: WorkerSpec, options: DispatchOptions,
-                 watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        spec: WorkerSpec,
+        options: DispatchOptions,
+        watcher: Watcher | None = None,
+        on_tick: Callable[[Tally, int], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.store = store
         self.backend = backend
         self.spec = spec
@@ -193,11 +200,12 @@ class Dispatcher:
             self.failed_in_a_row += 1
             cause = last_line or f"worker {backend_id} exited with code {code}"
             if self.failed_in_a_row >= self.options.max_failed_starts:
-                raise DispatchError(f"{self.failed_in_a_row} workers in a row failed, the last one with: "
-                                    f"{cause.removeprefix('jobman: ')}")
+                raise DispatchError(
+                    f"{self.failed_in_a_row} workers in a row failed, the last one with: "
+                    f"{cause.removeprefix('jobman: ')}"
+                )
             delay = self.options.respawn_delay * 2 ** (self.failed_in_a_row - 1)
-            self.log(f"worker {backend_id} failed ({cause.removeprefix('jobman: ')}); "
-                     f"starting another in {delay:g} s")
+            self.log(f"worker {backend_id} failed ({cause.removeprefix('jobman: ')}); starting another in {delay:g} s")
             self._hold_until = time.monotonic() + delay
 
     def _scan(self, watcher: Watcher) -> None:

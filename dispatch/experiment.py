@@ -66,8 +66,9 @@ def _import(module_name: str) -> Any:
 def resolve(target: str) -> Callable[..., Any]:
     """Import ``pkg.module:fn`` or ``pkg.module.fn`` and return the callable."""
     if by_value(target):
-        raise TargetError(f"{target!r} is defined in a script or notebook (or inside a function): "
-                          "only its stored code can run it")
+        raise TargetError(
+            f"{target!r} is defined in a script or notebook (or inside a function): only its stored code can run it"
+        )
     target = target.partition("@")[0]  # a call's version (``mod:fn@v2``) is part of its identity, not its name
     if ":" in target:
         module_name, _, attr = target.partition(":")

@@ -63,12 +63,15 @@ class ForkServer:
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
-        code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                "from jobman.dispatch.forkserver import serve; "
-                f"serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})")
+        code = (
+            f"import sys; sys.path[:] = {sys.path!r}; "
+            "from jobman.dispatch.forkserver import serve; "
+            f"serve({theirs.fileno()}, {os.getpid()}, {self.jobs_per_process})"
+        )
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL
+            )
         finally:
             theirs.close()
         self.ctrl = mine
@@ -170,4 +173,3 @@ class ForkServer:
             self.process.close()
             self.process = None
         hang_up(self)
-

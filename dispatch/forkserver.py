@@ -73,10 +73,21 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         os.close(target)
     job = request["job"]
     state = job_state(job["params"], job["results"], job.get("jobman"))
-    parents = [Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
-               for p in request["parents"]]
-    channel = WorkerChannel(job["id"], job["phase"], job["attempt"], workdir, dict(job["params"]), parents,
-                            deadline=request["deadline"], save_every=request.get("save_every"), sock=sock)
+    parents = [
+        Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
+        for p in request["parents"]
+    ]
+    channel = WorkerChannel(
+        job["id"],
+        job["phase"],
+        job["attempt"],
+        workdir,
+        dict(job["params"]),
+        parents,
+        deadline=request["deadline"],
+        save_every=request.get("save_every"),
+        sock=sock,
+    )
     channel.install_signal_handlers()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -108,8 +119,9 @@ def _discard_pending_stops() -> None:
         pass
 
 
-def _job_process(targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket,
-                 mask: set) -> None:
+def _job_process(
+    targets: dict[str, Callable[..., Any]], request: dict[str, Any], sock: socket.socket, mask: set
+) -> None:
     """A fresh job process: the one job it was forked for (what it leaves is ended by the server)."""
     os.setpgid(0, 0)  # a process group of its own: what its job starts dies with it
     _slot.enter()  # and a cgroup, where one can be made
@@ -172,9 +184,11 @@ def _start_command(request: dict[str, Any]) -> int:
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             os.chdir(workdir)
-            for fd, name, flags in ((0, os.devnull, os.O_RDONLY),
-                                    (1, "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND),
-                                    (2, "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)):
+            for fd, name, flags in (
+                (0, os.devnull, os.O_RDONLY),
+                (1, "stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+                (2, "stderr.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+            ):
                 opened = os.open(name, flags, 0o644)
                 os.dup2(opened, fd)
                 os.close(opened)
@@ -275,8 +289,9 @@ def _fork_job(ctrl: socket.socket, run: Callable[[set], None]) -> int:
     return pid
 
 
-def _next_request(ctrl: socket.socket, targets: dict[str, Callable[..., Any]], keep: tuple[int, ...] = ()
-                  ) -> tuple[dict[str, Any], socket.socket] | bool:
+def _next_request(
+    ctrl: socket.socket, targets: dict[str, Callable[..., Any]], keep: tuple[int, ...] = ()
+) -> tuple[dict[str, Any], socket.socket] | bool:
     """The worker's next function job, its function imported here (so every process forked for it
     starts warm), with the socket sent with it; False at the end of the stream, True if the request
     was answered here (an error, or a command job run to its end: ``keep``, the job processes alive)."""

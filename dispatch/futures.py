@@ -46,6 +46,7 @@ _AGAIN = set(BLOCKING)  # what retry=True runs again
 
 # -- futures --------------------------------------------------------------------------------
 
+
 class JobFuture(concurrent.futures.Future):
     """The future of one job: its result is the job's results dict.
 
@@ -107,8 +108,12 @@ def _failure(job: Job) -> JobFailed:
     if job.status is Status.CANCELED:
         return JobNotRun(f"{where} was cancelled", job_id=job.id, status=job.status.value, error=job.error)
     if job.status is Status.BLOCKED:
-        return JobNotRun(f"{where} is BLOCKED: a job it depends on did not finish", job_id=job.id,
-                         status=job.status.value, error=job.error)
+        return JobNotRun(
+            f"{where} is BLOCKED: a job it depends on did not finish",
+            job_id=job.id,
+            status=job.status.value,
+            error=job.error,
+        )
     last = error.splitlines()[-1] if error else "no error was recorded"
     exc = JobFailed(f"{where} {job.status.value}: {last}", job_id=job.id, status=job.status.value, error=job.error)
     if error and hasattr(exc, "add_note"):  # shown under the exception's own traceback
@@ -117,6 +122,7 @@ def _failure(job: Job) -> JobFailed:
 
 
 # -- the experiment -------------------------------------------------------------------------
+
 
 class Experiment:
     """One experiment of a jobman database, from Python.
@@ -128,9 +134,19 @@ class Experiment:
     limit in seconds; ``max_attempts`` how often a crashed job runs before its crash is final.
     """
 
-    def __init__(self, url: str | None = None, *, backend: str | None = "local", workers: int | None = None,
-                 exproot: str | os.PathLike | None = None, timeout: float | None = None, max_attempts: int = 3,
-                 poll_interval: float = 0.5, sbatch: str = "", allow_sqlite: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        backend: str | None = "local",
+        workers: int | None = None,
+        exproot: str | os.PathLike | None = None,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+        poll_interval: float = 0.5,
+        sbatch: str = "",
+        allow_sqlite: bool = False,
+    ) -> None:
         if backend not in BACKENDS:
             raise UsageError(f"backend {backend!r} is not one of 'inline', 'local', 'slurm' or None")
         if workers is not None and workers < 1:
@@ -138,8 +154,10 @@ class Experiment:
         self.store = Store.open(url, create=True)
         if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
             self.store.dispose()
-            raise UsageError("Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
-                             "database, or allow_sqlite=True if every job runs on this host")
+            raise UsageError(
+                "Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
+                "database, or allow_sqlite=True if every job runs on this host"
+            )
         self.backend = backend
         self.workers = workers or os.cpu_count() or 1
         self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
@@ -176,8 +194,17 @@ class Experiment:
         self.store.dispose()
 
     # -- calls ---------------------------------------------------------------------------
-    def call(self, fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, /, *,
-             retry: bool = False, version: str | None = None, cache: str | None = None, **kwargs: Any) -> JobFuture:
+    def call(
+        self,
+        fn: Callable[..., Any] | str,
+        params: Mapping[str, Any] | None = None,
+        /,
+        *,
+        retry: bool = False,
+        version: str | None = None,
+        cache: str | None = None,
+        **kwargs: Any,
+    ) -> JobFuture:
         """Call ``fn(**params)`` as a job; a future of its results dict.
 
         Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
@@ -187,8 +214,15 @@ class Experiment:
         merged = {**(params or {}), **kwargs}
         return self.map(fn, [merged], retry=retry, version=version, cache=cache)[0]
 
-    def map(self, fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], *, retry: bool = False,
-            version: str | None = None, cache: str | None = None) -> list[JobFuture]:
+    def map(
+        self,
+        fn: Callable[..., Any] | str,
+        params: Iterable[Mapping[str, Any]],
+        *,
+        retry: bool = False,
+        version: str | None = None,
+        cache: str | None = None,
+    ) -> list[JobFuture]:
         """One :meth:`call` per params dict (``jobman.grid(...)`` makes them), scheduled in one transaction."""
         if cache not in (None, "source"):
             raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
@@ -205,8 +239,16 @@ class Experiment:
             target, code = self._by_value(target, fn)
         return self._submit(target, points, fn, retry=retry, code=code)
 
-    def _submit(self, target: str, params: list[Mapping[str, Any]], fn: Callable | None, *, retry: bool,
-                code: bytes | None, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> list[JobFuture]:
+    def _submit(
+        self,
+        target: str,
+        params: list[Mapping[str, Any]],
+        fn: Callable | None,
+        *,
+        retry: bool,
+        code: bytes | None,
+        unwrap: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> list[JobFuture]:
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
         hashes = [params_hash(0, "fn", target, e) for e in encoded]
@@ -272,7 +314,7 @@ class Experiment:
         """Settle the futures whose jobs are final (read on ``store``: the calling thread's)."""
         ids = [f.job_id for f in futures]
         for start in range(0, len(ids), 900):
-            for job in (store or self.store).jobs(ids=ids[start:start + 900], with_deps=False):
+            for job in (store or self.store).jobs(ids=ids[start : start + 900], with_deps=False):
                 with self._lock:
                     entry = self._pending.get(job.id)
                     if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1])):
@@ -320,8 +362,9 @@ class Experiment:
 
         # A module next to the calling script is importable by its workers, as it is here.
         here = [p for p in (os.getcwd(), sys.path[0] if sys.path and sys.path[0] else None) if p]
-        paths = os.pathsep.join(dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p]))
+        paths = os.pathsep.join(
+            dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        )
         # As `jobman worker` reads it from the environment its workers inherit.
         per_process = os.environ.get("JOBMAN_JOBS_PER_PROCESS", "").strip()
         processes = JobProcesses(int(per_process)) if per_process.isdigit() and int(per_process) > 1 else JobProcesses()
@@ -348,23 +391,39 @@ class Experiment:
             return rows
         return pandas.DataFrame(rows)
 
-    def best(self, metric: str, mode: str = "min", *, phase: int | None = None,
-             group_over: Sequence[str] | None = None, allow_incomplete: bool = False) -> Any:
+    def best(
+        self,
+        metric: str,
+        mode: str = "min",
+        *,
+        phase: int | None = None,
+        group_over: Sequence[str] | None = None,
+        allow_incomplete: bool = False,
+    ) -> Any:
         """The best configuration by ``metric``, chosen as ``jobman report`` does (folds and seeds
         averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
         from jobman.jobdb.report import NothingEligible, from_store
 
         if mode not in ("min", "max"):
             raise UsageError(f"mode {mode!r} is 'min' or 'max'")
-        report = from_store(self.store, metric, mode, group_over, phase=phase, outer=None,
-                            allow_incomplete=allow_incomplete)
+        report = from_store(
+            self.store, metric, mode, group_over, phase=phase, outer=None, allow_incomplete=allow_incomplete
+        )
         if report.best is None:
             raise NothingEligible(report.why_none().replace("--allow-incomplete", "allow_incomplete=True"))
         return report.best
 
-    def schedule(self, sweep: str | Sequence[str], *, priority: int = 0, command: str | None = None,
-                 check: bool = True, samples: int | None = None, seed: int = 0,
-                 sampler: str = "random") -> list[JobFuture]:
+    def schedule(
+        self,
+        sweep: str | Sequence[str],
+        *,
+        priority: int = 0,
+        command: str | None = None,
+        check: bool = True,
+        samples: int | None = None,
+        seed: int = 0,
+        sampler: str = "random",
+    ) -> list[JobFuture]:
         """Schedule a sweep in ``jobman sqlschedule``'s grammar (phases included); a future per job.
 
         ``exp.schedule("mypkg.train:main lr={{0.1,0.01}} -- epochs={{10,50}}")``; with distributions,
@@ -382,8 +441,9 @@ class Experiment:
                 except TargetError as exc:
                     raise UsageError(f"{exc} (check=False if it only exists where the jobs run)") from None
                 _refuse_unaccepted(found, [s.params for s in specs if s.kind == "fn" and s.target == target])
-        scheduled = self.store.schedule(specs, priority=priority, max_attempts=self.max_attempts,
-                                        halving=sampled(sweep_space(parsed)))
+        scheduled = self.store.schedule(
+            specs, priority=priority, max_attempts=self.max_attempts, halving=sampled(sweep_space(parsed))
+        )
         targets = dict(zip(scheduled.job_ids, (s.target for s in _unique(specs))))
         futures = [self._future(job_id, targets.get(job_id, ""), None, None) for job_id in scheduled.job_ids]
         if any(not f.done() for f in futures):
@@ -394,10 +454,19 @@ class Experiment:
 def job_row(job: Job) -> dict[str, Any]:
     """A job as a row of :meth:`Experiment.results`: its own columns, then its prefixed parameters and results."""
     seconds = job.finished_at - job.started_at if job.finished_at and job.started_at else None
-    return {"id": job.id, "status": job.status.value, "phase": job.phase, "attempt": job.attempt, "host": job.host,
-            "started": job.started_at, "finished": job.finished_at, "seconds": seconds, "target": job.target,
-            **{f"params_{k}": v for k, v in job.params.items()},
-            **{f"results_{k}": v for k, v in (job.results or {}).items()}}
+    return {
+        "id": job.id,
+        "status": job.status.value,
+        "phase": job.phase,
+        "attempt": job.attempt,
+        "host": job.host,
+        "started": job.started_at,
+        "finished": job.finished_at,
+        "seconds": seconds,
+        "target": job.target,
+        **{f"params_{k}": v for k, v in job.params.items()},
+        **{f"results_{k}": v for k, v in (job.results or {}).items()},
+    }
 
 
 def _refuse_unaccepted(fn: Callable[..., Any], params: Iterable[Mapping[str, Any]]) -> None:
@@ -420,6 +489,7 @@ def _unique(specs: Sequence[JobSpec]) -> list[JobSpec]:
             seen.add(key)
             out.append(s)
     return out
+
 
 class _Pump(threading.Thread):
     """Follows an experiment's pending jobs: settles their futures, and keeps its workers running.
@@ -501,8 +571,15 @@ class _Pump(threading.Thread):
 
 # -- memoizing a function ------------------------------------------------------------------
 
-def cached(url: str | None = None, *, version: str | None = None, cache: str | None = None,
-           retry: bool = False, exproot: str | os.PathLike | None = None) -> Callable[[Callable], Callable]:
+
+def cached(
+    url: str | None = None,
+    *,
+    version: str | None = None,
+    cache: str | None = None,
+    retry: bool = False,
+    exproot: str | os.PathLike | None = None,
+) -> Callable[[Callable], Callable]:
     """Memoize a function in a jobman database: each distinct call is a job, run here once.
 
     ``@jobman.cached("sqlite:///cache.db?table=features")`` over ``def features(dataset, pca=32)``:
@@ -511,6 +588,7 @@ def cached(url: str | None = None, *, version: str | None = None, cache: str | N
     call. The return value is stored as JSON and returned as JSON gives it back (lists for tuples
     and arrays). ``version`` (or ``cache="source"``) makes a changed function a new call.
     """
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         import functools
 
@@ -537,8 +615,14 @@ def cached(url: str | None = None, *, version: str | None = None, cache: str | N
                 if p.kind is p.VAR_KEYWORD:
                     params.update(params.pop(p.name, {}))
             exp = experiment()
-            future = exp._submit(state["target"], [params], _returning(fn), retry=retry, code=None,
-                                 unwrap=lambda results: results.get("return", results))
+            future = exp._submit(
+                state["target"],
+                [params],
+                _returning(fn),
+                retry=retry,
+                code=None,
+                unwrap=lambda results: results.get("return", results),
+            )
             return future[0].result()
 
         wrapper.experiment = experiment  # type: ignore[attr-defined]

@@ -42,8 +42,16 @@ class InlineRunner:
             workdir = Path(job.workdir or root)
             workdir.mkdir(parents=True, exist_ok=True)
             parents = store.parents(job.id) if job.depends_on else []
-            channel = StoreChannel(job.id, job.phase, job.attempt, workdir, dict(job.params),
-                                   deadline=time.time() + timeout if timeout else None, store=store, lease=lease)
+            channel = StoreChannel(
+                job.id,
+                job.phase,
+                job.attempt,
+                workdir,
+                dict(job.params),
+                deadline=time.time() + timeout if timeout else None,
+                store=store,
+                lease=lease,
+            )
             channel.parents = [_parent(p) for p in parents]
             info = job_info(job.id, job.target, store.experiment, job.priority, job.attempt, job.phase, workdir)
             if self._heartbeats is None:

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-COPY_LIMIT = 20 * 1024 ** 3  # a workdir copied for a job that continues its parent's training
+COPY_LIMIT = 20 * 1024**3  # a workdir copied for a job that continues its parent's training
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 _CHUNK = 1 << 20
 

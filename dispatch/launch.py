@@ -44,8 +44,9 @@ def worker_access(target: DbTarget) -> tuple[str, dict[str, str]]:
     if target.dialect != "postgresql" or url.password is None:
         return target.with_table(), {}
     # Made anew: URL.set(password=None) leaves the password as it was.
-    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database,
-                      url.query).render_as_string(hide_password=False)
+    bare = URL.create(url.drivername, url.username, None, url.host, url.port, url.database, url.query).render_as_string(
+        hide_password=False
+    )
     return dataclasses.replace(target, sqlalchemy_url=bare).with_table(), {"PGPASSWORD": str(url.password)}
 
 
@@ -90,11 +91,18 @@ class Launch:
             from .backends.slurm import SlurmBackend
 
             self.log_dir = Path(exproot) / store.experiment / "_slurm"
-            self.backend = SlurmBackend(sbatch_options=plan.sbatch, array_parallelism=plan.array_parallelism,
-                                        log_dir=self.log_dir, job_name=f"jobman-{store.experiment}",
-                                        merge_output=True, requeue=plan.requeue, environment=environment)
-            self.watcher = Monitor(store, MonitorOptions(relaunch=True, check_pids=False),
-                                   backends={"slurm": self.backend})
+            self.backend = SlurmBackend(
+                sbatch_options=plan.sbatch,
+                array_parallelism=plan.array_parallelism,
+                log_dir=self.log_dir,
+                job_name=f"jobman-{store.experiment}",
+                merge_output=True,
+                requeue=plan.requeue,
+                environment=environment,
+            )
+            self.watcher = Monitor(
+                store, MonitorOptions(relaunch=True, check_pids=False), backends={"slurm": self.backend}
+            )
 
     @property
     def workers(self) -> int:
@@ -105,14 +113,14 @@ class Launch:
             return SLURM_DEFAULT_WORKERS
         return self.plan.worker.processes.gpu_workers or os.cpu_count() or 1
 
-    def dispatcher(self, on_tick: Callable[[Tally, int], None] | None = None,
-                   poll_interval: float | None = None) -> Dispatcher:
+    def dispatcher(
+        self, on_tick: Callable[[Tally, int], None] | None = None, poll_interval: float | None = None
+    ) -> Dispatcher:
         """The loop that keeps enough workers running for the ready jobs, and watches for crashes.
 
         On Slurm it polls less often, and leaves the workers running when it stops (Ctrl-C)."""
         slurm = self.plan.backend == "slurm"
-        options = DispatchOptions(self.workers, outage_wait=self.plan.worker.outage_wait,
-                                  stop_on_interrupt=not slurm)
+        options = DispatchOptions(self.workers, outage_wait=self.plan.worker.outage_wait, stop_on_interrupt=not slurm)
         if poll_interval is not None or slurm:
             options.poll_interval = poll_interval if poll_interval is not None else 2.0
         return Dispatcher(self.store, self.backend, self.spec, options, watcher=self.watcher, on_tick=on_tick)
@@ -133,8 +141,12 @@ class Launch:
             return tally, []
         return tally, self.backend.start_workers(self.spec, count)
 
-    def job_per_task(self, per_phase: Mapping[int, list[str]], on_tick: Callable[[Tally, int], None] | None = None,
-                     on_submit: Callable[[Submitted], None] | None = None) -> JobPerTaskDispatcher:
+    def job_per_task(
+        self,
+        per_phase: Mapping[int, list[str]],
+        on_tick: Callable[[Tally, int], None] | None = None,
+        on_submit: Callable[[Submitted], None] | None = None,
+    ) -> JobPerTaskDispatcher:
         """Slurm: a dispatcher that submits one Slurm job per ready job (``jobman run-job``), with the
         options of ``per_phase`` for the jobs of each phase; at most ``workers`` unfinished if given."""
         from .backends.slurm import SlurmBackend
@@ -143,8 +155,9 @@ class Launch:
         if not isinstance(self.backend, SlurmBackend):
             raise ValueError("one Slurm job per job is for the slurm backend")
         options = JobPerTaskOptions(dict(per_phase), max_outstanding=self.plan.workers)
-        return JobPerTaskDispatcher(self.store, self.backend, self.spec, options, watcher=self.watcher,
-                                    on_tick=on_tick, on_submit=on_submit)
+        return JobPerTaskDispatcher(
+            self.store, self.backend, self.spec, options, watcher=self.watcher, on_tick=on_tick, on_submit=on_submit
+        )
 
     def slurm_jobs(self) -> list[str]:
         """The Slurm jobs this launch submitted (an array counts once), oldest first."""

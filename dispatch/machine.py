@@ -28,8 +28,14 @@ from jobman.jobdb.errors import JobmanError, UsageError
 
 # The thread pools a job's libraries size from the environment: OpenMP, OpenBLAS, MKL, Accelerate,
 # BLIS, numexpr. Read when the library loads, so they are set before the fork server imports anything.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                    "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 GPU_LOCKS_ENV = "JOBMAN_GPU_LOCKS"  # where the device lock files are (default: a directory under /tmp)
 
 
@@ -70,8 +76,9 @@ def parse_gpus(spec: str | None, per_job: int) -> tuple[str, ...]:
     if spec.strip().lower() == "all":
         devices = visible_gpus()
         if not devices:
-            raise UsageError("--gpus all: this machine has no GPU (nvidia-smi lists none and "
-                             "CUDA_VISIBLE_DEVICES is not set)")
+            raise UsageError(
+                "--gpus all: this machine has no GPU (nvidia-smi lists none and CUDA_VISIBLE_DEVICES is not set)"
+            )
     else:
         devices = tuple(d.strip() for d in spec.split(","))
         if not all(re.fullmatch(r"[A-Za-z0-9_:.-]+", d) for d in devices):
@@ -79,8 +86,7 @@ def parse_gpus(spec: str | None, per_job: int) -> tuple[str, ...]:
         if len(set(devices)) != len(devices):
             raise UsageError(f"--gpus {spec!r} names a device twice")
     if per_job > len(devices):
-        raise UsageError(f"--gpus-per-job {per_job} is more than the {len(devices)} GPU(s) given "
-                         f"({','.join(devices)})")
+        raise UsageError(f"--gpus-per-job {per_job} is more than the {len(devices)} GPU(s) given ({','.join(devices)})")
     return devices
 
 
@@ -132,8 +138,9 @@ class GpuPool:
     def take(self, count: int, waiting: Callable[[], bool]) -> list[str] | None:
         """``count`` free devices, locked; waits while ``waiting()`` says so, else None."""
         if count > len(self.devices):
-            raise JobmanError(f"the job asks for {count} GPU(s); this worker has {len(self.devices)} "
-                              f"({','.join(self.devices)})")
+            raise JobmanError(
+                f"the job asks for {count} GPU(s); this worker has {len(self.devices)} ({','.join(self.devices)})"
+            )
         self.lock_dir.mkdir(parents=True, exist_ok=True)
         while True:
             for device in self.devices:

@@ -22,7 +22,7 @@ _HEADER = struct.Struct("!I")
 # Well above a job's largest storable state (4 MiB of JSON), so that limit keeps its own clearer reason.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 JOB_STATUSES = ("DONE", "INCOMPLETE", "FAILED")  # how a job's report may say its call ended
-_STEP_LIMIT = 2 ** 63  # a metric's step is a 64-bit integer in the database
+_STEP_LIMIT = 2**63  # a metric's step is a 64-bit integer in the database
 
 
 class MalformedMessage(ValueError):
@@ -117,7 +117,7 @@ class Frames:
             end = _HEADER.size + _checked_size(size)
             if len(self.buffer) < end:
                 return
-            body = bytes(self.buffer[_HEADER.size:end])
+            body = bytes(self.buffer[_HEADER.size : end])
             del self.buffer[:end]
             yield decode(body)
 

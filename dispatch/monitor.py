@@ -104,8 +104,9 @@ class ScanReport:
             parts.append(f"{verb} {len(self.relaunched)}: {_ids_text(self.relaunched)}")
         if self.put_back:
             verb = "would put back" if self.dry_run else "put back"
-            parts.append(f"{verb} {len(self.put_back)} interrupted by the database, no attempt spent: "
-                         f"{_ids_text(self.put_back)}")
+            parts.append(
+                f"{verb} {len(self.put_back)} interrupted by the database, no attempt spent: {_ids_text(self.put_back)}"
+            )
         parts.extend(f"note: {n}" for n in self.notes)
         parts.extend(f"error: {e}" for e in self.errors)
         return ", ".join(parts)
@@ -114,8 +115,14 @@ class ScanReport:
 class Monitor:
     """Scans one experiment's RUNNING jobs; ``backends`` answer for the jobs they run (by name)."""
 
-    def __init__(self, store: Store, options: MonitorOptions | None = None,
-                 backends: Mapping[str, Backend] | None = None, *, hostname: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        options: MonitorOptions | None = None,
+        backends: Mapping[str, Backend] | None = None,
+        *,
+        hostname: str | None = None,
+    ) -> None:
         self.store = store
         self.options = options or MonitorOptions()
         self.backends: dict[str, Backend] = dict(backends or {})
@@ -136,8 +143,9 @@ class Monitor:
             found = self._put_back_interrupted(running, found, report)
         report.crashed = found
         if found and not opts.dry_run:
-            outcome = self.store.crash_many([(f.job_id, f.lease, f.reason) for f in found],
-                                            relaunch=opts.relaunch, max_attempts=opts.max_attempts)
+            outcome = self.store.crash_many(
+                [(f.job_id, f.lease, f.reason) for f in found], relaunch=opts.relaunch, max_attempts=opts.max_attempts
+            )
             for f in found:
                 new = outcome.get(f.job_id)
                 f.status = new.value if new is not None else None
@@ -145,9 +153,12 @@ class Monitor:
             report.crashed = [f for f in found if f.status is not None]
             report.relaunched = [f.job_id for f in report.crashed if f.status in REQUEUED]
         if opts.relaunch:
-            again = self.store.relaunch_due(include_failed=opts.include_failed, max_attempts=opts.max_attempts,
-                                            why="relaunched by the monitor: it has attempts left",
-                                            dry_run=opts.dry_run)
+            again = self.store.relaunch_due(
+                include_failed=opts.include_failed,
+                max_attempts=opts.max_attempts,
+                why="relaunched by the monitor: it has attempts left",
+                dry_run=opts.dry_run,
+            )
             report.relaunched = sorted(set(report.relaunched) | set(again))
         if not self._said_full:
             full = no_connection_to_spare(self.store)
@@ -167,8 +178,9 @@ class Monitor:
                 if killed:
                     notes.append(f"job {job.id}: killed {killed} process(es) it left running in its cgroup")
 
-    def _put_back_interrupted(self, running: Sequence[RunningJob], found: list[Finding],
-                              report: ScanReport) -> list[Finding]:
+    def _put_back_interrupted(
+        self, running: Sequence[RunningJob], found: list[Finding], report: ScanReport
+    ) -> list[Finding]:
         """Jobs found dead whose worker left the mark of a database it could not write to in their
         workdir (``dispatch.interrupted``; readable on the worker's host, or anywhere the workdir is
         shared) are put back to resume, without spending an attempt; the others are returned, to be
@@ -185,9 +197,13 @@ class Monitor:
                 report.put_back.append(job.id)
                 continue
             try:
-                self.store.finish(job.id, job.lease, "REQUEUE",
-                                  why=f"{why or 'its worker could not write to the database'}; {f.reason}; "
-                                      "put back without spending an attempt")
+                self.store.finish(
+                    job.id,
+                    job.lease,
+                    "REQUEUE",
+                    why=f"{why or 'its worker could not write to the database'}; {f.reason}; "
+                    "put back without spending an attempt",
+                )
                 report.put_back.append(job.id)
             except LeaseLost:
                 report.finished_meanwhile.append(job.id)
@@ -195,8 +211,9 @@ class Monitor:
         return left
 
     # -- the three signs -----------------------------------------------------------------
-    def find_dead(self, running: Sequence[RunningJob], errors: list[str] | None = None,
-                  notes: list[str] | None = None) -> list[Finding]:
+    def find_dead(
+        self, running: Sequence[RunningJob], errors: list[str] | None = None, notes: list[str] | None = None
+    ) -> list[Finding]:
         """The jobs among ``running`` that show a sign of death, with the most specific reason each.
 
         A heartbeat stamped in the future (clock skew) is no sign of life. On this host, a worker
@@ -228,15 +245,19 @@ class Monitor:
             age = now - last
             worker = f"{job.host}:{job.pid}"
             if age < -CLOCK_SKEW_TOLERANCE:
-                reason = (f"its heartbeat is stamped {-age:,.0f} s in the future (clock skew between its worker "
-                          f"{worker} and this monitor), which is no sign of life")
+                reason = (
+                    f"its heartbeat is stamped {-age:,.0f} s in the future (clock skew between its worker "
+                    f"{worker} and this monitor), which is no sign of life"
+                )
             elif age > grace:
                 reason = f"no heartbeat for {age:,.0f} s (grace {grace:g} s) from its worker {worker}"
             else:
                 continue
             if job.host == self.hostname and worker_alive(job):
-                notes.append(f"job {job.id}: {reason}; but its worker process {job.pid} is alive on this host, "
-                             "so it is left alone")
+                notes.append(
+                    f"job {job.id}: {reason}; but its worker process {job.pid} is alive on this host, "
+                    "so it is left alone"
+                )
             else:
                 found[job.id] = Finding(job.id, job.lease, "heartbeat", reason, job.host)
         return [found[i] for i in sorted(found)]
@@ -299,8 +320,10 @@ def worker_alive(job: RunningJob) -> bool:
         return False
     try:
         proc = psutil.Process(job.pid)
-        return (abs(proc.create_time() - job.pid_started_at) <= PID_START_TOLERANCE
-                and proc.status() != psutil.STATUS_ZOMBIE)
+        return (
+            abs(proc.create_time() - job.pid_started_at) <= PID_START_TOLERANCE
+            and proc.status() != psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 

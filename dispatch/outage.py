@@ -38,14 +38,16 @@ def default_patience() -> float:
 class Outage:
     """Calls that wait out a database outage of up to ``patience`` seconds."""
 
-    def __init__(self, log: Callable[[str], None], patience: float | None = None,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self, log: Callable[[str], None], patience: float | None = None, stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         self.log = log
         self.patience = default_patience() if patience is None else patience
         self.stopping = stopping  # asked to stop: an outage is not waited out any longer
 
-    def call(self, fn: Callable[[], T], doing: str,
-             waits: Callable[[DatabaseUnavailable], bool] = lambda _exc: True) -> T:
+    def call(
+        self, fn: Callable[[], T], doing: str, waits: Callable[[DatabaseUnavailable], bool] = lambda _exc: True
+    ) -> T:
         """``fn()``, tried again while the database is unreachable in a way ``waits`` accepts (any, by
         default); ``doing`` names it in the log."""
         began: float | None = None
@@ -82,7 +84,13 @@ def no_connection_to_spare(store: Store) -> str | None:
         use = None
     except DatabaseError:
         return None
-    held = (f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
-            f"by jobman, which leaves {use.spare} free for others" if use is not None else "it refused one")
-    return (f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
-            "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections")
+    held = (
+        f"{use.total} of the {use.limit - use.reserved} it allows ordinary roles are taken, {use.jobman} "
+        f"by jobman, which leaves {use.spare} free for others"
+        if use is not None
+        else "it refused one"
+    )
+    return (
+        f"the PostgreSQL server has no connection to spare ({held}): run fewer workers, put a PgBouncer "
+        "in front of it (README: 'Many workers on one PostgreSQL'), or raise its max_connections"
+    )

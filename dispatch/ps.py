@@ -75,8 +75,10 @@ def _import_mpi() -> Any:
     try:
         from mpi4py import MPI
     except ImportError as exc:  # mpi4py missing, or present without an MPI library
-        raise PSError("jobman.ps needs MPI: install it with pip install 'jobman-sql[ps]' "
-                      f"(mpi4py and mpich; the import said: {exc}).") from None
+        raise PSError(
+            "jobman.ps needs MPI: install it with pip install 'jobman-sql[ps]' "
+            f"(mpi4py and mpich; the import said: {exc})."
+        ) from None
     return MPI
 
 
@@ -96,8 +98,9 @@ def init(comm: Any = None) -> None:
     MPI = _import_mpi()
     parent = MPI.COMM_WORLD if comm is None else comm
     if parent.Get_size() < 2:
-        raise PSError("jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); "
-                      "this one runs alone.")
+        raise PSError(
+            "jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); this one runs alone."
+        )
     _world = _World(MPI, parent.Dup())  # our own communicator: the job's own messages never meet ours
     _was_shut_down = False
 
@@ -164,8 +167,9 @@ class _Table:
         self._bounds = _split(self.rows, world.comm.Get_size())
         first, end = self.local_rows
         initial = None if init_value is None else self._shaped(init_value, "init_value")
-        self._win = world.MPI.Win.Allocate((end - first) * self.cols * self.dtype.itemsize, self.dtype.itemsize,
-                                           comm=world.comm)
+        self._win = world.MPI.Win.Allocate(
+            (end - first) * self.cols * self.dtype.itemsize, self.dtype.itemsize, comm=world.comm
+        )
         np.frombuffer(self._win, dtype=self.dtype)[:] = 0 if initial is None else initial[first:end].ravel()
         world.comm.Barrier()  # every shard holds its initial value before anyone adds to it
         self._win.Lock_all()

@@ -111,8 +111,12 @@ def _argument(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def run_here(fn: Callable[..., Any], channel: Channel, results: Mapping[str, Any] | None = None,
-             info: Mapping[str, Any] | None = None) -> CallEnd:
+def run_here(
+    fn: Callable[..., Any],
+    channel: Channel,
+    results: Mapping[str, Any] | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> CallEnd:
     """Run one job in this process, on ``channel``: its state is its parameters, ``results`` (what it
     saved before) and ``info`` (``state.jobman``). How it ended; recording it is the caller's.
 
@@ -123,8 +127,15 @@ def run_here(fn: Callable[..., Any], channel: Channel, results: Mapping[str, Any
     return call(fn, job_state(channel.params, results, info), channel)
 
 
-def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], workdir: str | Path,
-               *, resume: bool = True, save_every: float | None = None, deadline: float | None = None) -> CallEnd:
+def run_direct(
+    target: str | Callable[..., Any],
+    params: Mapping[str, Any],
+    workdir: str | Path,
+    *,
+    resume: bool = True,
+    save_every: float | None = None,
+    deadline: float | None = None,
+) -> CallEnd:
     """Run one experiment in ``workdir`` without a database (``jobman cmdline``, a notebook).
 
     With ``resume``, the last checkpoint in ``workdir`` is loaded into the state first;
@@ -132,12 +143,20 @@ def run_direct(target: str | Callable[..., Any], params: Mapping[str, Any], work
     ends with (unless it FAILED) is its last checkpoint.
     """
     fn = resolve(target) if isinstance(target, str) else target
-    channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=Path(workdir), params=dict(params),
-                            save_every=save_every, deadline=deadline)
+    channel = DirectChannel(
+        job_id=None,
+        phase=0,
+        attempt=1,
+        workdir=Path(workdir),
+        params=dict(params),
+        save_every=save_every,
+        deadline=deadline,
+    )
     channel.workdir.mkdir(parents=True, exist_ok=True)
     name = target if isinstance(target, str) else f"{fn.__module__}.{fn.__qualname__}"
-    ending = run_here(fn, channel, channel.saved_results() if resume else None,
-                      job_info(None, name, "", 0, 1, 0, channel.workdir))
+    ending = run_here(
+        fn, channel, channel.saved_results() if resume else None, job_info(None, name, "", 0, 1, 0, channel.workdir)
+    )
     if ending.status != "FAILED":
         channel._save(ending.results)
     return ending
@@ -156,10 +175,20 @@ class JobEnd:
     why: str | None = None
 
 
-def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None = None, *,
-                 server_gone: bool = False, stopped_for: str | None = None, timeout: float | None = None,
-                 command_results: dict[str, Any] | None = None, command_error: str | None = None,
-                 oom_cause: str | None = None, stderr_tail: str = "", malformed: str | None = None) -> JobEnd:
+def classify_end(
+    kind: str,
+    status: int | None,
+    report: Mapping[str, Any] | None = None,
+    *,
+    server_gone: bool = False,
+    stopped_for: str | None = None,
+    timeout: float | None = None,
+    command_results: dict[str, Any] | None = None,
+    command_error: str | None = None,
+    oom_cause: str | None = None,
+    stderr_tail: str = "",
+    malformed: str | None = None,
+) -> JobEnd:
     """How a job ended, from what its worker saw: its ``kind`` ("fn" or "cmd"), its process's
     ``os.waitpid`` ``status``, a function's ``report`` (how its call ended), whether the fork server
     died under it, why the worker stopped it if it did ("timeout", "stopping", "cancel"), and,
@@ -193,7 +222,8 @@ def classify_end(kind: str, status: int | None, report: Mapping[str, Any] | None
     else:
         outcome = "FAILED"
         error = f"the job's process exited with code {exit_code}" + (
-            "" if exit_code else " without reporting an outcome")
+            "" if exit_code else " without reporting an outcome"
+        )
         if kind == "cmd":
             error += stderr_tail
     why = None
@@ -232,8 +262,15 @@ class _Forked(_Child):
     """A job started by the fork server, its child: a function job's requests and report come on
     its socket, its exit status from the server."""
 
-    def __init__(self, pid: int, deadline: float | None, sock: socket.socket | None, ctrl: socket.socket,
-                 answer: Callable[[dict[str, Any]], dict[str, Any]], cgroup: Path | None = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        deadline: float | None,
+        sock: socket.socket | None,
+        ctrl: socket.socket,
+        answer: Callable[[dict[str, Any]], dict[str, Any]],
+        cgroup: Path | None = None,
+    ) -> None:
         self.pid = pid
         self.deadline = deadline
         self.sock: socket.socket | None = sock
@@ -345,8 +382,13 @@ class _InProcess(_Forked):
     """A function job run by a job process that runs several in turn: ended by its report (the
     process has ended what the job started by then); a crash, by the process's exit status."""
 
-    def __init__(self, process: JobProcess, deadline: float | None, ctrl: socket.socket,
-                 answer: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        process: JobProcess,
+        deadline: float | None,
+        ctrl: socket.socket,
+        answer: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
         super().__init__(process.pid, deadline, process.link, ctrl, answer, process.cgroup)
         self.process = process
 
@@ -391,9 +433,15 @@ class _ServedCommand(_Forked):
 class Runner:
     """Runs claimed jobs for one worker, keeping resolved targets warm between jobs."""
 
-    def __init__(self, store: Store, limits: RunLimits, stopping: Callable[[], bool] = lambda: False,
-                 log: Callable[[str], None] = lambda _m: None, outage: Outage | None = None,
-                 server: ForkServer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        limits: RunLimits,
+        stopping: Callable[[], bool] = lambda: False,
+        log: Callable[[str], None] = lambda _m: None,
+        outage: Outage | None = None,
+        server: ForkServer | None = None,
+    ) -> None:
         self.store = store
         self.limits = limits
         self.stopping = stopping
@@ -422,8 +470,9 @@ class Runner:
         try:
             taken = self.gpus.take(gpus_asked(job.params, self.gpus.per_job), self._waiting_for_gpus(job, lease))
             if taken is None:
-                return self._finish(job, lease, None, "REQUEUE",
-                                    why="its worker was stopped waiting for a GPU; put back")
+                return self._finish(
+                    job, lease, None, "REQUEUE", why="its worker was stopped waiting for a GPU; put back"
+                )
             self.job_env = {"CUDA_VISIBLE_DEVICES": ",".join(taken)}
             if taken:
                 self.store.set_gpus(job.id, lease, ",".join(taken))
@@ -463,8 +512,11 @@ class Runner:
         try:
             if job.depends_on:
                 self._continue_parent(job, workdir)
-            parents = self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents") \
-                if job.depends_on else []
+            parents = (
+                self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
+                if job.depends_on
+                else []
+            )
             before = tuple(child_pids())
             if job.kind == "fn":
                 child: _Forked = self._start_function(job, lease, parents, workdir)
@@ -504,14 +556,33 @@ class Runner:
 
     def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
-        request: dict[str, Any] = {"target": job.target, "workdir": str(workdir), "deadline": deadline,
-                   "save_every": self.limits.save_every,
-                   "job": {"id": job.id, "phase": job.phase, "attempt": job.attempt, "params": job.params,
-                           "results": job.results,
-                           "jobman": job_info(job.id, job.target, self.store.experiment, job.priority,
-                                              job.attempt, job.phase, workdir)},
-                   "parents": [{"id": p.id, "phase": p.phase, "target": p.target, "workdir": p.workdir or ".",
-                                "params": p.params, "results": p.results or {}} for p in parents]}
+        request: dict[str, Any] = {
+            "target": job.target,
+            "workdir": str(workdir),
+            "deadline": deadline,
+            "save_every": self.limits.save_every,
+            "job": {
+                "id": job.id,
+                "phase": job.phase,
+                "attempt": job.attempt,
+                "params": job.params,
+                "results": job.results,
+                "jobman": job_info(
+                    job.id, job.target, self.store.experiment, job.priority, job.attempt, job.phase, workdir
+                ),
+            },
+            "parents": [
+                {
+                    "id": p.id,
+                    "phase": p.phase,
+                    "target": p.target,
+                    "workdir": p.workdir or ".",
+                    "params": p.params,
+                    "results": p.results or {},
+                }
+                for p in parents
+            ],
+        }
         if self.job_env:
             request["env"] = self.job_env
         if by_value(job.target):
@@ -557,23 +628,42 @@ class Runner:
         state = {**job.params, **(job.results or {})}
         state_path, results_path = workdir / "jobman_state.json", workdir / "jobman_results.json"
         state_path.unlink(missing_ok=True)  # a FIFO or symlink left there by the job is not written through
-        state_path.write_text(json.dumps({"params": job.params, "state": state, "job_id": job.id,
-                                          "phase": job.phase, "attempt": job.attempt,
-                                          "parents": [{"id": p.id, "workdir": p.workdir or ".",
-                                                       "params": p.params, "results": p.results or {}}
-                                                      for p in parents]}, indent=1))
+        state_path.write_text(
+            json.dumps(
+                {
+                    "params": job.params,
+                    "state": state,
+                    "job_id": job.id,
+                    "phase": job.phase,
+                    "attempt": job.attempt,
+                    "parents": [
+                        {"id": p.id, "workdir": p.workdir or ".", "params": p.params, "results": p.results or {}}
+                        for p in parents
+                    ],
+                },
+                indent=1,
+            )
+        )
         results_path.unlink(missing_ok=True)
-        env = {**os.environ, **self.job_env, "JOBMAN_STATE": str(state_path), "JOBMAN_RESULTS": str(results_path),
-               "JOBMAN_WORKDIR": str(workdir), "JOBMAN_JOB_ID": str(job.id), "JOBMAN_ATTEMPT": str(job.attempt),
-               "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents)}
+        env = {
+            **os.environ,
+            **self.job_env,
+            "JOBMAN_STATE": str(state_path),
+            "JOBMAN_RESULTS": str(results_path),
+            "JOBMAN_WORKDIR": str(workdir),
+            "JOBMAN_JOB_ID": str(job.id),
+            "JOBMAN_ATTEMPT": str(job.attempt),
+            "JOBMAN_PARENT_WORKDIRS": os.pathsep.join(p.workdir or "." for p in parents),
+        }
         request = {"argv": command_argv(job.target, job.params), "env": env, "workdir": str(workdir)}
         try:  # the fork server runs it: its child, so what it leaves behind dies with it, even if we die
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
         sock.close()
-        return _ServedCommand(pid, deadline_of(self.limits.timeout), None, self.server.control, lambda _m: {},
-                              self.server.last_cgroup)
+        return _ServedCommand(
+            pid, deadline_of(self.limits.timeout), None, self.server.control, lambda _m: {}, self.server.last_cgroup
+        )
 
     # -- watching -------------------------------------------------------------------
     def _supervise(self, child: _Forked, job: Job, lease: int) -> str | None:
@@ -638,8 +728,15 @@ class Runner:
         return bool(cancelled), False
 
     # -- recording --------------------------------------------------------------------
-    def _record(self, child: _Forked, job: Job, lease: int, workdir: Path, reason: str | None,
-                then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
+    def _record(
+        self,
+        child: _Forked,
+        job: Job,
+        lease: int,
+        workdir: Path,
+        reason: str | None,
+        then: tuple[WorkerInfo, str] | None,
+    ) -> tuple[str, Claimed | None]:
         """Record how the job ended: what only files and the kernel's log can say is read here,
         only where it counts; the verdict is :func:`classify_end`'s."""
         code, killed_by = child.exit_code, child.signal
@@ -651,15 +748,26 @@ class Runner:
             stderr_tail = _stderr_tail(workdir / "stderr.txt", workdir)
         if killed_by == signal.SIGKILL and reason is None and not child.server_gone:
             oom_cause = child.oom.cause(child.pid)
-        end = classify_end(job.kind, child.status, child.report, server_gone=child.server_gone, stopped_for=reason,
-                           timeout=self.limits.timeout, command_results=command_results,
-                           command_error=command_error, oom_cause=oom_cause, stderr_tail=stderr_tail,
-                           malformed=child.malformed)
-        return self._finish(job, lease, then, end.outcome, results=end.results, error=end.error,
-                            exit_code=end.exit_code, why=end.why)
+        end = classify_end(
+            job.kind,
+            child.status,
+            child.report,
+            server_gone=child.server_gone,
+            stopped_for=reason,
+            timeout=self.limits.timeout,
+            command_results=command_results,
+            command_error=command_error,
+            oom_cause=oom_cause,
+            stderr_tail=stderr_tail,
+            malformed=child.malformed,
+        )
+        return self._finish(
+            job, lease, then, end.outcome, results=end.results, error=end.error, exit_code=end.exit_code, why=end.why
+        )
 
-    def _finish(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
-                **kwargs: Any) -> tuple[str, Claimed | None]:
+    def _finish(
+        self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str, **kwargs: Any
+    ) -> tuple[str, Claimed | None]:
         """Record how the job ended (and claim the next). If the database cannot be told, the job is
         marked as interrupted by it, so that it is put back without spending an attempt."""
         try:
@@ -668,8 +776,9 @@ class Runner:
             mark_interrupted(job.workdir, lease, f"its worker could not record its end: {exc}")
             raise
 
-    def _record_end(self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str,
-                    **kwargs: Any) -> tuple[str, Claimed | None]:
+    def _record_end(
+        self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str, **kwargs: Any
+    ) -> tuple[str, Claimed | None]:
         delay = 1.0
         for attempt in range(4):
             try:  # a result computed must not be dropped for a database outage: it is waited out
@@ -678,7 +787,8 @@ class Runner:
                     return self.outage.call(finish, f"recording job {job.id}").value, None
                 status, claimed = self.outage.call(
                     functools.partial(self.store.finish_and_claim, job.id, lease, outcome, *then, **kwargs),
-                    f"recording job {job.id}")
+                    f"recording job {job.id}",
+                )
                 return status.value, claimed
             except LeaseLost as exc:
                 self.log(str(exc))

@@ -39,6 +39,7 @@ RUN_JOB_COMMAND = (sys.executable, "-m", "jobman.cli.main", "run-job")
 
 # -- what each job asks of Slurm -----------------------------------------------------
 
+
 def resources_options(value: Any) -> list[str]:
     """A job's ``resources`` parameter as sbatch options.
 
@@ -61,8 +62,10 @@ def resources_options(value: Any) -> list[str]:
         return out
     if isinstance(value, (list, tuple)):
         return [str(item) for item in value]
-    raise UsageError(f"the {RESOURCES_PARAM!r} parameter must be a string, list or dict of sbatch options, "
-                     f"not {type(value).__name__}")
+    raise UsageError(
+        f"the {RESOURCES_PARAM!r} parameter must be a string, list or dict of sbatch options, "
+        f"not {type(value).__name__}"
+    )
 
 
 def parse_phase_options(values: Sequence[str]) -> dict[int, list[str]]:
@@ -82,6 +85,7 @@ def job_sbatch_options(job: Job, per_phase: Mapping[int, Sequence[str]]) -> list
 
 
 # -- the submitting side --------------------------------------------------------------
+
 
 @dataclass
 class JobPerTaskOptions:
@@ -104,9 +108,16 @@ class Submitted:
 class JobPerTaskDispatcher:
     """Submits one Slurm job per QUEUED job; with :meth:`run`, keeps doing so until the experiment ends."""
 
-    def __init__(self, store: Store, backend: SlurmBackend, spec: WorkerSpec, options: JobPerTaskOptions,
-                 watcher: Watcher | None = None, on_tick: Callable[[Tally, int], None] | None = None,
-                 on_submit: Callable[[Submitted], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: SlurmBackend,
+        spec: WorkerSpec,
+        options: JobPerTaskOptions,
+        watcher: Watcher | None = None,
+        on_tick: Callable[[Tally, int], None] | None = None,
+        on_submit: Callable[[Submitted], None] | None = None,
+    ) -> None:
         self.store = store
         self.backend = backend
         self.options = options
@@ -126,7 +137,7 @@ class JobPerTaskDispatcher:
         ready = sorted((j for j in queued if not j.awaiting_allocation), key=lambda j: (-j.priority, j.id))
         if self.options.max_outstanding is not None:
             outstanding = sum(j.awaiting_allocation for j in queued) + Tally.of(self.store)["RUNNING"]
-            ready = ready[:max(0, self.options.max_outstanding - outstanding)]
+            ready = ready[: max(0, self.options.max_outstanding - outstanding)]
         done = []
         for job in ready:
             slurm_id = self.backend.submit_job(self.argv(job), job_sbatch_options(job, self.options.per_phase))
@@ -144,8 +155,11 @@ class JobPerTaskDispatcher:
         if queued is None:
             queued = self.store.jobs(status=[Status.QUEUED], with_deps=False)
         # (job, its Slurm job): awaiting an allocation, a job has its backend_id
-        waiting = [(j, j.backend_id) for j in queued
-                   if j.awaiting_allocation and j.backend == "slurm" and j.backend_id is not None]
+        waiting = [
+            (j, j.backend_id)
+            for j in queued
+            if j.awaiting_allocation and j.backend == "slurm" and j.backend_id is not None
+        ]
         if not waiting:
             return []
         states = self.backend.allocation_states([backend_id for _, backend_id in waiting])
@@ -179,6 +193,7 @@ class JobPerTaskDispatcher:
 
 # -- the side that runs inside the Slurm job ----------------------------------------------
 
+
 class RunJob(StoppableLoop):
     """Runs one given job inside the allocation made for it (``jobman run-job``).
 
@@ -191,8 +206,14 @@ class RunJob(StoppableLoop):
 
     name = "run-job"
 
-    def __init__(self, store: Store, job_id: int, options: WorkerOptions, assignment_wait: float = 60.0,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        job_id: int,
+        options: WorkerOptions,
+        assignment_wait: float = 60.0,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(store, options, log)
         self.job_id = job_id
         self.assignment_wait = assignment_wait

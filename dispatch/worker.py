@@ -79,16 +79,27 @@ class StoppableLoop:
 
     name = "loop"  # its logger is jobman.NAME; `jobman worker` prints its lines as [jobman NAME PID] ...
 
-    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None,
-                 server: ForkServer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        options: WorkerOptions,
+        log: Callable[[str], None] | None = None,
+        server: ForkServer | None = None,
+    ) -> None:
         self.store = store
         self.options = options
         self.logger = logging.getLogger(f"jobman.{self.name}")
         self.log = log or self.logger.info
         self._stop_signal: int | None = None
         self.outage = self._outage()
-        self.runner = Runner(store, options.limits, stopping=lambda: self._stop_signal is not None, log=self.log,
-                             outage=self.outage, server=server)
+        self.runner = Runner(
+            store,
+            options.limits,
+            stopping=lambda: self._stop_signal is not None,
+            log=self.log,
+            outage=self.outage,
+            server=server,
+        )
 
     def _outage(self) -> Outage | None:
         """How a database outage is waited out (None: the runner's default)."""
@@ -112,8 +123,13 @@ class Worker(StoppableLoop):
     name = "worker"
     outage: Outage  # always one here: a worker waits out a database outage itself (see _outage)
 
-    def __init__(self, store: Store, options: WorkerOptions, log: Callable[[str], None] | None = None,
-                 server: ForkServer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        options: WorkerOptions,
+        log: Callable[[str], None] | None = None,
+        server: ForkServer | None = None,
+    ) -> None:
         one_blas_thread()
         super().__init__(store, options, log, server)
 
@@ -149,7 +165,7 @@ class Worker(StoppableLoop):
                     if not self._should_wait(idle_since):
                         break
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
-                    pause = min(self.options.poll_interval, 0.05 * 2 ** idle_polls)
+                    pause = min(self.options.poll_interval, 0.05 * 2**idle_polls)
                     idle_polls += 1
                     self.logger.debug("nothing ready; looking again in %.2f s", pause)
                     time.sleep(pause * random.uniform(0.7, 1.3))
@@ -173,9 +189,12 @@ class Worker(StoppableLoop):
 
     def _put_back(self, claimed: Claimed) -> None:
         try:
-            self.outage.call(lambda: self.store.finish(claimed.job.id, claimed.lease, "REQUEUE",
-                                                       why="its worker was stopped before starting it; put back"),
-                             f"putting job {claimed.job.id} back")
+            self.outage.call(
+                lambda: self.store.finish(
+                    claimed.job.id, claimed.lease, "REQUEUE", why="its worker was stopped before starting it; put back"
+                ),
+                f"putting job {claimed.job.id} back",
+            )
         except JobmanError as exc:  # the monitor will find it, its worker gone, and this mark
             mark_interrupted(claimed.job.workdir, claimed.lease, f"its worker could not put it back: {exc}")
             self.logger.warning("could not put job %s back: %s", claimed.job.id, exc)
@@ -187,8 +206,9 @@ class Worker(StoppableLoop):
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
         try:
-            left = self.outage.call(self.store.outstanding, "looking for jobs left",
-                                    waits=lambda exc: not isinstance(exc, ServerFull))
+            left = self.outage.call(
+                self.store.outstanding, "looking for jobs left", waits=lambda exc: not isinstance(exc, ServerFull)
+            )
         except ServerFull:  # nothing to claim, and the server has no slot to spare: leave it one more
             self.log("nothing ready to claim and the database server is full: this worker exits")
             return False

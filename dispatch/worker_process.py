@@ -39,16 +39,28 @@ def plain_log_to_stderr(fmt: str, verbose: bool = False) -> None:
     root.propagate = False
 
 
-def run_worker(target: DbTarget, settings: WorkerSettings,
-               log_to_stderr: Callable[[str, bool], None] = plain_log_to_stderr) -> WorkerSummary:
+def run_worker(
+    target: DbTarget, settings: WorkerSettings, log_to_stderr: Callable[[str, bool], None] = plain_log_to_stderr
+) -> WorkerSummary:
     """Run one worker over ``target``'s experiment until nothing is ready or a limit is hit; its summary,
     also written to stderr. ``log_to_stderr(format, verbose)`` routes the log lines (the CLI's renders
     them above a live display)."""
     processes = settings.processes
-    limits = RunLimits(settings.timeout, settings.heartbeat, settings.grace,
-                       jobs_per_process=processes.jobs_per_process, save_every=settings.save_every)
-    options = WorkerOptions(workdir_root=Path(settings.exproot), limits=limits, max_jobs=settings.max_jobs,
-                            wait=settings.wait, idle_timeout=settings.idle_timeout, outage_wait=settings.outage_wait)
+    limits = RunLimits(
+        settings.timeout,
+        settings.heartbeat,
+        settings.grace,
+        jobs_per_process=processes.jobs_per_process,
+        save_every=settings.save_every,
+    )
+    options = WorkerOptions(
+        workdir_root=Path(settings.exproot),
+        limits=limits,
+        max_jobs=settings.max_jobs,
+        wait=settings.wait,
+        idle_timeout=settings.idle_timeout,
+        outage_wait=settings.outage_wait,
+    )
     processes.set_threads()
     one_blas_thread()
     server = ForkServer(limits.jobs_per_process)
@@ -57,8 +69,10 @@ def run_worker(target: DbTarget, settings: WorkerSettings,
     # A worker never makes a database: a wrong path is named. A server away at the start is an error at
     # once, but one whose connection slots are all taken is waited for, as it would be later.
     store = Outage(logging.getLogger("jobman.worker").info, settings.outage_wait).call(
-        lambda: Store(target, create=False, worker=True), "opening the database",
-        waits=lambda exc: isinstance(exc, ServerFull))
+        lambda: Store(target, create=False, worker=True),
+        "opening the database",
+        waits=lambda exc: isinstance(exc, ServerFull),
+    )
     worker = Worker(store, options, server=server)
     if processes.gpus:
         worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)

@@ -54,8 +54,7 @@ def main() -> None:
         driver.get(link)
         shoot(driver, root + "/", HERE / "dashboard-experiments.png", "td.best b")
         shoot(driver, f"{root}/e/{args.experiment}", HERE / "dashboard-experiment.png", "figure.scatter")
-        job = args.job or int(driver.execute_script(
-            "return document.querySelector('tr.best td a').textContent;"))
+        job = args.job or int(driver.execute_script("return document.querySelector('tr.best td a').textContent;"))
         shoot(driver, f"{root}/e/{args.experiment}/job/{job}", HERE / "dashboard-job.png")
 
 

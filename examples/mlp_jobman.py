@@ -22,8 +22,11 @@ def load_data(dataset: str = "synthetic", seed: int = 0):
     """(train, valid, test) pairs of inputs and labels: a fixed shuffle, split 60/20/20."""
     from jobman.models.datasets import load
 
-    data = load(dataset, n_samples=1500, n_features=20, n_classes=3, seed=seed) if dataset == "synthetic" \
+    data = (
+        load(dataset, n_samples=1500, n_features=20, n_classes=3, seed=seed)
+        if dataset == "synthetic"
         else load(dataset)
+    )
     X, y = np.asarray(data.X, dtype=np.float64), np.asarray(data.y)
     order = np.random.default_rng(seed).permutation(len(X))
     X, y = X[order], y[order]
@@ -58,11 +61,11 @@ class MLP:
         n = len(X)
         cost = -np.mean(np.log(p[np.arange(n), y] + 1e-12))
         cost += L1_reg * (np.abs(self.W1).sum() + np.abs(self.W2).sum())
-        cost += L2_reg * ((self.W1 ** 2).sum() + (self.W2 ** 2).sum())
+        cost += L2_reg * ((self.W1**2).sum() + (self.W2**2).sum())
         d_logits = p.copy()
         d_logits[np.arange(n), y] -= 1
         d_logits /= n
-        d_hidden = (d_logits @ self.W2.T) * (1 - hidden ** 2)
+        d_hidden = (d_logits @ self.W2.T) * (1 - hidden**2)
         gW2 = hidden.T @ d_logits + L1_reg * np.sign(self.W2) + 2 * L2_reg * self.W2
         gW1 = X.T @ d_hidden + L1_reg * np.sign(self.W1) + 2 * L2_reg * self.W1
         self.W2 -= lr * gW2
@@ -72,8 +75,9 @@ class MLP:
         return float(cost)
 
 
-def sgd_optimization(learning_rate=0.01, n_hidden=500, L1_reg=0.00, L2_reg=0.0001, batch_size=20, n_iter=100,
-                     dataset="synthetic", seed=0):
+def sgd_optimization(
+    learning_rate=0.01, n_hidden=500, L1_reg=0.00, L2_reg=0.0001, batch_size=20, n_iter=100, dataset="synthetic", seed=0
+):
     """Train for at most ``n_iter`` epochs, validating once per epoch and stopping when patience runs out.
 
     Returns (best validation error, test error at that point, minutes trained, iteration of the best).
@@ -100,16 +104,25 @@ def sgd_optimization(learning_rate=0.01, n_hidden=500, L1_reg=0.00, L2_reg=0.000
         if patience <= iteration:
             break
     minutes = (time.perf_counter() - start) / 60.0
-    print(f"Optimization complete with best validation score of {best_validation_loss * 100:f} %, "
-          f"with test performance {test_score * 100:f} %")
+    print(
+        f"Optimization complete with best validation score of {best_validation_loss * 100:f} %, "
+        f"with test performance {test_score * 100:f} %"
+    )
     return best_validation_loss, test_score, minutes, best_iter
 
 
 def experiment(state, channel):
     """The tutorial's experiment: hyper-parameters from the state, results back into it."""
     (best_validation_loss, test_score, minutes_trained, iter) = sgd_optimization(
-        state.learning_rate, state.n_hidden, state.L1_reg, state.L2_reg, state.batch_size, state.n_iter,
-        state.get("dataset", "synthetic"), state.get("seed", 0))
+        state.learning_rate,
+        state.n_hidden,
+        state.L1_reg,
+        state.L2_reg,
+        state.batch_size,
+        state.n_iter,
+        state.get("dataset", "synthetic"),
+        state.get("seed", 0),
+    )
     state.best_validation_loss = best_validation_loss
     state.test_score = test_score
     state.minutes_trained = minutes_trained

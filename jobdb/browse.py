@@ -33,9 +33,17 @@ def experiments(conn: Connection) -> list[str]:
     return list(conn.execute(sa.select(t_exp.c.name).order_by(t_exp.c.name)).scalars())
 
 
-def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: int | None = None,
-         ids: Sequence[int] = (), with_deps: bool = True, limit: int | None = None,
-         params: dict[str, Any] | None = None) -> list[Job]:
+def jobs(
+    conn: Connection,
+    exp: int,
+    *,
+    status: Sequence[Status] = (),
+    phase: int | None = None,
+    ids: Sequence[int] = (),
+    with_deps: bool = True,
+    limit: int | None = None,
+    params: dict[str, Any] | None = None,
+) -> list[Job]:
     """Jobs of the experiment, by id, optionally filtered (``params``: these parameters have these values).
 
     A page (``limit``) is read from an index in id order: all jobs from ix_job_list, one status from
@@ -50,8 +58,10 @@ def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: in
     rows: Sequence[Any]
     if limit and not ids and (len(statuses) > 1 or (phase is not None and not statuses)):
         # Ordering across statuses by id is a sort of every match; a range per status is not.
-        merged = heapq.merge(*(_page(conn, q.where(t_job.c.status == s), params, limit)
-                               for s in statuses or [s.value for s in Status]), key=lambda r: r.id)
+        merged = heapq.merge(
+            *(_page(conn, q.where(t_job.c.status == s), params, limit) for s in statuses or [s.value for s in Status]),
+            key=lambda r: r.id,
+        )
         rows = list(itertools.islice(merged, limit))
     else:
         if statuses:
@@ -60,9 +70,11 @@ def jobs(conn: Connection, exp: int, *, status: Sequence[Status] = (), phase: in
     deps: dict[int, list[int]] = {}
     if with_deps and rows:
         for chunk in chunks([r.id for r in rows]):
-            for child, parent in conn.execute(sa.select(t_dep.c.job_id, t_dep.c.depends_on)
-                                              .where(t_dep.c.job_id.in_(chunk))
-                                              .order_by(t_dep.c.job_id, t_dep.c.depends_on)):
+            for child, parent in conn.execute(
+                sa.select(t_dep.c.job_id, t_dep.c.depends_on)
+                .where(t_dep.c.job_id.in_(chunk))
+                .order_by(t_dep.c.job_id, t_dep.c.depends_on)
+            ):
                 deps.setdefault(child, []).append(parent)
     return [Job.from_row(r, deps.get(r.id, [])) for r in rows]
 
@@ -121,8 +133,12 @@ def job(conn: Connection, exp: int, experiment: str, job_id: int) -> Job:
 
 def parents(conn: Connection, job_id: int) -> list[Job]:
     """The jobs ``job_id`` depends on, whole."""
-    rows = conn.execute(sa.select(t_job).join(t_dep, t_dep.c.depends_on == t_job.c.id)
-                        .where(t_dep.c.job_id == job_id).order_by(t_job.c.id)).all()
+    rows = conn.execute(
+        sa.select(t_job)
+        .join(t_dep, t_dep.c.depends_on == t_job.c.id)
+        .where(t_dep.c.job_id == job_id)
+        .order_by(t_job.c.id)
+    ).all()
     return [Job.from_row(r) for r in rows]
 
 
@@ -132,11 +148,17 @@ def events(conn: Connection, job_id: int) -> list[Event]:
     return [_event(r) for r in rows]
 
 
-def recent_events(conn: Connection, exp: int, *, to_status: Sequence[Status] = (), since: float | None = None,
-                  limit: int = 20) -> list[Event]:
+def recent_events(
+    conn: Connection, exp: int, *, to_status: Sequence[Status] = (), since: float | None = None, limit: int = 20
+) -> list[Event]:
     """The experiment's latest status changes, newest first."""
-    q = (sa.select(t_event).join(t_job, t_job.c.id == t_event.c.job_id)
-         .where(t_job.c.experiment_id == exp).order_by(t_event.c.id.desc()).limit(limit))
+    q = (
+        sa.select(t_event)
+        .join(t_job, t_job.c.id == t_event.c.job_id)
+        .where(t_job.c.experiment_id == exp)
+        .order_by(t_event.c.id.desc())
+        .limit(limit)
+    )
     if to_status:
         q = q.where(t_event.c.to_status.in_([str(s) for s in to_status]))
     if since is not None:
@@ -145,25 +167,42 @@ def recent_events(conn: Connection, exp: int, *, to_status: Sequence[Status] = (
 
 
 def _event(r: Any) -> Event:
-    return Event(r.id, r.job_id, r.at, r.from_status, r.to_status, r.attempt, r.why, r.source,
-                 json.loads(r.data) if r.data else None)
+    return Event(
+        r.id,
+        r.job_id,
+        r.at,
+        r.from_status,
+        r.to_status,
+        r.attempt,
+        r.why,
+        r.source,
+        json.loads(r.data) if r.data else None,
+    )
 
 
 def metrics(conn: Connection, job_ids: Sequence[int]) -> list[tuple[int, int, str, float]]:
     """(job_id, step, name, value) of the given jobs, in step order."""
     out: list[tuple[int, int, str, float]] = []
     for chunk in chunks(list(job_ids)):
-        out.extend(conn.execute(sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name, t_metric.c.value)
-                                .where(t_metric.c.job_id.in_(chunk))
-                                .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)).all())
+        out.extend(
+            conn.execute(
+                sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name, t_metric.c.value)
+                .where(t_metric.c.job_id.in_(chunk))
+                .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)
+            ).all()
+        )
     return out
 
 
-def report_rows(conn: Connection, exp: int,
-                phase: int | None = None) -> list[tuple[int, int, str, str, str, str | None]]:
+def report_rows(
+    conn: Connection, exp: int, phase: int | None = None
+) -> list[tuple[int, int, str, str, str, str | None]]:
     """(id, phase, status, target, params JSON, results JSON) of every job, in one query."""
-    q = sa.select(t_job.c.id, t_job.c.phase, t_job.c.status, t_job.c.target, t_job.c.params,
-                  t_job.c.results).where(t_job.c.experiment_id == exp).order_by(t_job.c.id)
+    q = (
+        sa.select(t_job.c.id, t_job.c.phase, t_job.c.status, t_job.c.target, t_job.c.params, t_job.c.results)
+        .where(t_job.c.experiment_id == exp)
+        .order_by(t_job.c.id)
+    )
     if phase is not None:
         q = q.where(t_job.c.phase == phase)
     return [tuple(r) for r in conn.execute(q)]
@@ -171,16 +210,22 @@ def report_rows(conn: Connection, exp: int,
 
 def counts(conn: Connection, exp: int) -> dict[tuple[int, str], int]:
     """Number of jobs per (phase, status)."""
-    q = sa.select(t_job.c.phase, t_job.c.status, sa.func.count()).where(t_job.c.experiment_id == exp) \
+    q = (
+        sa.select(t_job.c.phase, t_job.c.status, sa.func.count())
+        .where(t_job.c.experiment_id == exp)
         .group_by(t_job.c.phase, t_job.c.status)
+    )
     return {(p, s): n for p, s, n in conn.execute(q).all()}
 
 
 def outstanding(conn: Connection, exp: int) -> dict[str, int]:
     """How many jobs are QUEUED, RUNNING and WAITING."""
     wanted = names_of(OUTSTANDING)
-    q = sa.select(t_job.c.status, sa.func.count()).where(
-        t_job.c.experiment_id == exp, t_job.c.status.in_(wanted)).group_by(t_job.c.status)
+    q = (
+        sa.select(t_job.c.status, sa.func.count())
+        .where(t_job.c.experiment_id == exp, t_job.c.status.in_(wanted))
+        .group_by(t_job.c.status)
+    )
     found: dict[str, int] = dict(conn.execute(q).tuples().all())
     return {s: found.get(s, 0) for s in wanted}
 
@@ -205,20 +250,20 @@ def find(conn: Connection, hot: HotStatements, exp: int, hashes: Sequence[str]) 
     """The jobs of the experiment whose identity (``params_hash``) is one of ``hashes``."""
     if len(hashes) == 1:  # one call, the common case: compiled once, as the hot statements are
         names = t_job.c.keys()
-        return {r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
-                for r in hot.by_hash.rows(conn, exp=exp, h=hashes[0])}
+        return {
+            r[names.index("params_hash")]: Job.from_mapping(dict(zip(names, r)))
+            for r in hot.by_hash.rows(conn, exp=exp, h=hashes[0])
+        }
     out: dict[str, Job] = {}
     for chunk in chunks(list(hashes)):
-        rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp,
-                                                   t_job.c.params_hash.in_(chunk))).all()
+        rows = conn.execute(sa.select(t_job).where(t_job.c.experiment_id == exp, t_job.c.params_hash.in_(chunk))).all()
         out.update((r.params_hash, Job.from_row(r)) for r in rows)
     return out
 
 
 def running_select(exp: int, *columns: Any) -> sa.Select:
     """RUNNING jobs of an experiment: the monitor's scan."""
-    return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp,
-                                                   t_job.c.status == Status.RUNNING.value)
+    return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp, t_job.c.status == Status.RUNNING.value)
 
 
 def running(conn: Connection, exp: int) -> list[Job]:

@@ -26,9 +26,12 @@ def _not_json(value: Any) -> Any:
 # The standard library's C encoder, made once with the settings of _ENCODER: encode() would make
 # a new one per call, which is half the cost of encoding a sweep's 100,000 small dicts. (The C
 # accelerators are not in the standard library's stubs.)
-_C_ENCODER = (json.encoder.c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii, None,  # type: ignore[attr-defined]
-                                          ": ", ", ", True, False, False)
-              if json.encoder.c_make_encoder is not None else None)  # type: ignore[attr-defined]
+_c_make_encoder = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+_C_ENCODER = (
+    _c_make_encoder(None, _not_json, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, False)
+    if _c_make_encoder is not None
+    else None
+)
 
 
 def dump_json(value: Any, what: str = "value") -> str:
@@ -114,8 +117,10 @@ def check_nul(text: str, value: Any, what: str) -> None:
         return
     where = _nul_path(value, "")
     if where is not None:
-        raise UsageError(f"the {what} cannot be stored: {where or 'the value'!s} contains a NUL character "
-                         "(\\x00), which jobman does not store on any database")
+        raise UsageError(
+            f"the {what} cannot be stored: {where or 'the value'!s} contains a NUL character "
+            "(\\x00), which jobman does not store on any database"
+        )
 
 
 def check_nul_all(texts: Sequence[str], values: Iterable[Any], what: str) -> None:
@@ -145,8 +150,8 @@ def _nul_path(value: Any, path: str) -> str | None:
     return None
 
 
-_SCAN = (json.scanner.c_make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]  # not in the stubs either
-         if json.scanner.c_make_scanner is not None else None)  # type: ignore[attr-defined]
+_c_make_scanner = json.scanner.c_make_scanner  # type: ignore[attr-defined]  # not in the stubs either
+_SCAN = _c_make_scanner(json.JSONDecoder()) if _c_make_scanner is not None else None
 
 
 def load_json(text: str) -> Any:

@@ -92,8 +92,14 @@ def hash_state(state: Mapping[str, Any]) -> int:
     return int.from_bytes(bytes.fromhex(digest[:16]), "big", signed=True)
 
 
-def insert_dict(jobdict: Mapping[str, Any], db: Database, force_dup: bool = False, session: Any = None,
-                priority: float = 1.0, hashalgo: Callable[..., Any] | None = None) -> int | None:
+def insert_dict(
+    jobdict: Mapping[str, Any],
+    db: Database,
+    force_dup: bool = False,
+    session: Any = None,
+    priority: float = 1.0,
+    hashalgo: Callable[..., Any] | None = None,
+) -> int | None:
     """Schedule the job ``jobdict`` describes (``jobman.experiment`` names its function).
 
     Returns the new job's id, or None when an identical job is already there (unless ``force_dup``).
@@ -102,8 +108,9 @@ def insert_dict(jobdict: Mapping[str, Any], db: Database, force_dup: bool = Fals
     return _insert(jobdict, db, force_dup=force_dup, priority=priority)
 
 
-def _insert(jobdict: Mapping[str, Any], db: Database, *, force_dup: bool, priority: float,
-            code: bytes | None = None) -> int | None:
+def _insert(
+    jobdict: Mapping[str, Any], db: Database, *, force_dup: bool, priority: float, code: bytes | None = None
+) -> int | None:
     params, own = _split(jobdict)
     target = own.get(EXPERIMENT)
     if not target:
@@ -112,13 +119,18 @@ def _insert(jobdict: Mapping[str, Any], db: Database, *, force_dup: bool, priori
     dump_json(params, "parameters")  # first: a value the database cannot hold is refused before any write
     if code is not None:
         db.store.put_function(str(target), code)
-    result = db.store.schedule([JobSpec(0, "fn", str(target), params, None)], priority=priority,
-                               duplicate=force_dup)
+    result = db.store.schedule([JobSpec(0, "fn", str(target), params, None)], priority=priority, duplicate=force_dup)
     return result.job_ids[0] if result.added else None
 
 
-def insert_job(experiment_fn: Callable[..., Any], state: Mapping[str, Any], db: Database, force_dup: bool = False,
-               session: Any = None, priority: float = 1.0) -> int | None:
+def insert_job(
+    experiment_fn: Callable[..., Any],
+    state: Mapping[str, Any],
+    db: Database,
+    force_dup: bool = False,
+    session: Any = None,
+    priority: float = 1.0,
+) -> int | None:
     """Schedule ``experiment_fn(state, channel)`` on ``state``; see :func:`insert_dict`.
 
     A function a worker cannot import by name (one of the script being run, ``__main__``, or
@@ -139,6 +151,24 @@ def insert_job(experiment_fn: Callable[..., Any], state: Mapping[str, Any], db: 
     return _insert(flat, db, force_dup=force_dup, priority=priority, code=code)
 
 
-__all__ = ["db", "Database", "insert_job", "insert_dict", "hash_state", "JOBID", "EXPERIMENT", "STATUS", "HASH",
-           "PRIORITY", "HOST", "HOST_WORKDIR", "START", "RUNNING", "DONE", "ERR_START", "ERR_SYNC", "ERR_RUN",
-           "CANCELED"]
+__all__ = [
+    "db",
+    "Database",
+    "insert_job",
+    "insert_dict",
+    "hash_state",
+    "JOBID",
+    "EXPERIMENT",
+    "STATUS",
+    "HASH",
+    "PRIORITY",
+    "HOST",
+    "HOST_WORKDIR",
+    "START",
+    "RUNNING",
+    "DONE",
+    "ERR_START",
+    "ERR_SYNC",
+    "ERR_RUN",
+    "CANCELED",
+]

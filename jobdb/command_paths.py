@@ -20,7 +20,13 @@ def anchored_command(command: str, here: str) -> str:
         return command
     out: list[str] = []
     for index, token in enumerate(argv):
-        anchor = (token and not os.path.isabs(token) and not token.startswith("-") and "{" not in token
-                  and (index > 0 or "/" in token) and os.path.isfile(os.path.join(here, token)))
+        anchor = (
+            token
+            and not os.path.isabs(token)
+            and not token.startswith("-")
+            and "{" not in token
+            and (index > 0 or "/" in token)
+            and os.path.isfile(os.path.join(here, token))
+        )
         out.append(os.path.normpath(os.path.join(here, token)) if anchor else token)
     return command if out == argv else shlex.join(out)

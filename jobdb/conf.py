@@ -35,8 +35,13 @@ def is_conf_token(token: str) -> bool:
     return "<-" in token or os.path.isfile(token)
 
 
-def expand_tokens(tokens: Sequence[str], *, evaluate: Callable[[str], Any], cwd: str | os.PathLike = ".",  # noqa: C901
-                  later_wins: bool = False) -> list[str]:
+def expand_tokens(  # noqa: C901
+    tokens: Sequence[str],
+    *,
+    evaluate: Callable[[str], Any],
+    cwd: str | os.PathLike = ".",
+    later_wins: bool = False,
+) -> list[str]:
     """``tokens`` with every form of the original written as ``key=value`` tokens.
 
     A token that is neither a form nor a file is left as it is (a target, a phase separator,
@@ -148,8 +153,10 @@ def _computed(key: str, expr: str, origin: str, evaluate: Callable[[str], Any]) 
     try:
         value = json.loads(json.dumps(value, default=_plain))
     except (TypeError, ValueError) as exc:
-        raise SweepError(f"{origin}: the expression gave {type(value).__name__}, which is not a number, text, "
-                         f"bool, None, list or dict of them ({exc})") from None
+        raise SweepError(
+            f"{origin}: the expression gave {type(value).__name__}, which is not a number, text, "
+            f"bool, None, list or dict of them ({exc})"
+        ) from None
     if isinstance(value, float) and not math.isfinite(value):
         raise SweepError(f"{origin}: the expression gave {value}, which the database cannot store")
     if isinstance(value, dict):

@@ -20,9 +20,11 @@ WORKER_APPLICATION = "jobman-worker"  # a worker's connections, as pg_stat_activ
 JOBMAN_APPLICATIONS = ("jobman", WORKER_APPLICATION)  # the application names jobman's connections carry
 SPARE_VARIABLE = "JOBMAN_PG_SPARE"
 
-_USE = ("SELECT count(*), count(*) FILTER (WHERE application_name = ANY(%(names)s)), "
-        "current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int "
-        "FROM pg_stat_activity WHERE backend_type = 'client backend'")
+_USE = (
+    "SELECT count(*), count(*) FILTER (WHERE application_name = ANY(%(names)s)), "
+    "current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int "
+    "FROM pg_stat_activity WHERE backend_type = 'client backend'"
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ def refuse_past_the_spare(dbapi_conn: Any, where: str) -> None:
     spare = spare_connections(limit)
     if total > limit - reserved - spare:
         dbapi_conn.close()
-        raise ServerFull(f"{where} has no connection to spare: {total} of the {limit - reserved} it allows "
-                         f"ordinary roles are taken ({jobman} by jobman), and jobman leaves {spare} "
-                         f"free for others ({SPARE_VARIABLE})")
+        raise ServerFull(
+            f"{where} has no connection to spare: {total} of the {limit - reserved} it allows "
+            f"ordinary roles are taken ({jobman} by jobman), and jobman leaves {spare} "
+            f"free for others ({SPARE_VARIABLE})"
+        )

@@ -105,17 +105,32 @@ def experiment_summaries(store: Store, now: float | None = None) -> list[Experim
     def run(conn: Connection) -> list[ExperimentSummary]:
         exps = conn.execute(sa.select(t_exp.c.id, t_exp.c.name, t_exp.c.created_at).order_by(t_exp.c.name)).all()
         counts: dict[int, dict[str, int]] = {}
-        for exp, status, n in conn.execute(sa.select(t_job.c.experiment_id, t_job.c.status, sa.func.count())
-                                           .group_by(t_job.c.experiment_id, t_job.c.status)):
+        for exp, status, n in conn.execute(
+            sa.select(t_job.c.experiment_id, t_job.c.status, sa.func.count()).group_by(
+                t_job.c.experiment_id, t_job.c.status
+            )
+        ):
             counts.setdefault(exp, {})[status] = n
         since = at - RATE_WINDOW
         # The pace reads every started job's row: only of experiments with jobs still to run.
         busy = [e for e, c in counts.items() if any(c.get(s.value) for s in OUTSTANDING)]
-        pace = {r[0]: r[1:] for r in conn.execute(
-            sa.select(t_job.c.experiment_id, sa.func.min(t_job.c.started_at), sa.func.max(t_job.c.finished_at),
-                      sa.func.count(t_job.c.finished_at).filter(t_job.c.finished_at >= since))
-            .where(t_job.c.experiment_id.in_(busy), t_job.c.started_at.is_not(None))
-            .group_by(t_job.c.experiment_id))} if busy else {}
+        pace = (
+            {
+                r[0]: r[1:]
+                for r in conn.execute(
+                    sa.select(
+                        t_job.c.experiment_id,
+                        sa.func.min(t_job.c.started_at),
+                        sa.func.max(t_job.c.finished_at),
+                        sa.func.count(t_job.c.finished_at).filter(t_job.c.finished_at >= since),
+                    )
+                    .where(t_job.c.experiment_id.in_(busy), t_job.c.started_at.is_not(None))
+                    .group_by(t_job.c.experiment_id)
+                )
+            }
+            if busy
+            else {}
+        )
         out = []
         for exp, name, created in exps:
             first, last, recent = pace.get(exp, (None, None, 0))
@@ -125,9 +140,18 @@ def experiment_summaries(store: Store, now: float | None = None) -> list[Experim
     return store.transactions.read(run)
 
 
-def job_page(store: Store, *, status: Sequence[Status] = (), phase: int | None = None,
-             where: Sequence[Condition] = (), sort: str = "id", descending: bool = False,
-             offset: int = 0, limit: int = 50, count: bool = True) -> JobPage:
+def job_page(
+    store: Store,
+    *,
+    status: Sequence[Status] = (),
+    phase: int | None = None,
+    where: Sequence[Condition] = (),
+    sort: str = "id",
+    descending: bool = False,
+    offset: int = 0,
+    limit: int = 50,
+    count: bool = True,
+) -> JobPage:
     """One page of the experiment's jobs, filtered and sorted, and how many match in all.
 
     Filters on status and phase and the sort run in SQL; a parameter filter reads only the
@@ -142,27 +166,51 @@ def job_page(store: Store, *, status: Sequence[Status] = (), phase: int | None =
     def run(conn: Connection) -> JobPage:
         exp = experiment_id(conn, store.target)
         if not where:
-            total = conn.execute(sa.select(sa.func.count()).select_from(t_job)
-                                 .where(*_conditions(exp, status, phase))).scalar_one() if count else -1
-            rows = conn.execute(page_query(exp, status=status, phase=phase, sort=sort, descending=descending,
-                                           offset=offset, limit=limit)).all()
+            total = (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(t_job).where(*_conditions(exp, status, phase))
+                ).scalar_one()
+                if count
+                else -1
+            )
+            rows = conn.execute(
+                page_query(
+                    exp, status=status, phase=phase, sort=sort, descending=descending, offset=offset, limit=limit
+                )
+            ).all()
             return JobPage(total, [_line(r) for r in rows])
-        found = conn.execute(sa.select(t_job.c.id, t_job.c.params).where(*_conditions(exp, status, phase))
-                             .order_by(*_order(sort, descending))).all()
+        found = conn.execute(
+            sa.select(t_job.c.id, t_job.c.params)
+            .where(*_conditions(exp, status, phase))
+            .order_by(*_order(sort, descending))
+        ).all()
         params = json.loads("[" + ",".join(p for _, p in found) + "]") if found else []
         ids = [r.id for r, p in zip(found, params) if all(c.test(p) for c in where)]
-        shown = ids[offset:offset + limit]
+        shown = ids[offset : offset + limit]
         by_id = {r.id: r for r in conn.execute(_page_select().where(t_job.c.id.in_(shown)))} if shown else {}
         return JobPage(len(ids), [_line(by_id[i]) for i in shown])
 
     return store.transactions.read(run)
 
 
-def page_query(exp: int, *, status: Sequence[Status] = (), phase: int | None = None, sort: str = "id",
-               descending: bool = False, offset: int = 0, limit: int = 50) -> sa.Select:
+def page_query(
+    exp: int,
+    *,
+    status: Sequence[Status] = (),
+    phase: int | None = None,
+    sort: str = "id",
+    descending: bool = False,
+    offset: int = 0,
+    limit: int = 50,
+) -> sa.Select:
     """The statement of one page without a parameter filter (an EXPLAIN test reads its plan)."""
-    return _page_select().where(*_conditions(exp, status, phase)).order_by(*_order(sort, descending)) \
-        .offset(offset).limit(limit)
+    return (
+        _page_select()
+        .where(*_conditions(exp, status, phase))
+        .order_by(*_order(sort, descending))
+        .offset(offset)
+        .limit(limit)
+    )
 
 
 def _conditions(exp: int, status: Sequence[Status], phase: int | None) -> list[sa.ColumnElement]:
@@ -183,25 +231,54 @@ def _order(sort: str, descending: bool) -> list[sa.ColumnElement]:
 
 def _page_select() -> sa.Select:
     c = t_job.c
-    return sa.select(c.id, c.phase, c.status, c.attempt, c.max_attempts, c.priority, c.host, c.params, c.results,
-                     c.started_at, c.finished_at, c.error)
+    return sa.select(
+        c.id,
+        c.phase,
+        c.status,
+        c.attempt,
+        c.max_attempts,
+        c.priority,
+        c.host,
+        c.params,
+        c.results,
+        c.started_at,
+        c.finished_at,
+        c.error,
+    )
 
 
 def _line(r: Any) -> JobLine:
-    return JobLine(r.id, r.phase, r.status, r.attempt, r.max_attempts, r.priority, r.host, json.loads(r.params),
-                   load_results(r.results) if r.results else None, r.started_at, r.finished_at, r.error)
+    return JobLine(
+        r.id,
+        r.phase,
+        r.status,
+        r.attempt,
+        r.max_attempts,
+        r.priority,
+        r.host,
+        json.loads(r.params),
+        load_results(r.results) if r.results else None,
+        r.started_at,
+        r.finished_at,
+        r.error,
+    )
 
 
 def phase_links(store: Store) -> list[tuple[int, int, int]]:
     """(phase, phase it depends on, dependencies) for the experiment: the shape of its graph."""
+
     def run(conn: Connection) -> list[tuple[int, int, int]]:
         exp = experiment_id(conn, store.target)
         child, parent = t_job.alias("child"), t_job.alias("parent")
-        q = (sa.select(child.c.phase, parent.c.phase, sa.func.count())
-             .select_from(t_dep.join(child, child.c.id == t_dep.c.job_id)
-                          .join(parent, parent.c.id == t_dep.c.depends_on))
-             .where(child.c.experiment_id == exp).group_by(child.c.phase, parent.c.phase)
-             .order_by(child.c.phase, parent.c.phase))
+        q = (
+            sa.select(child.c.phase, parent.c.phase, sa.func.count())
+            .select_from(
+                t_dep.join(child, child.c.id == t_dep.c.job_id).join(parent, parent.c.id == t_dep.c.depends_on)
+            )
+            .where(child.c.experiment_id == exp)
+            .group_by(child.c.phase, parent.c.phase)
+            .order_by(child.c.phase, parent.c.phase)
+        )
         return [tuple(r) for r in conn.execute(q)]
 
     return store.transactions.read(run)

@@ -100,6 +100,7 @@ def check(name: str, args: Sequence[Any]) -> str | None:
 
 # -- from Python: jobman.uniform(1e-4, 1e-1) is the sweep's uniform(1e-4,1e-1) ----------------------
 
+
 def _make(name: str, *args: Any) -> Distribution:
     from .errors import UsageError
 
@@ -143,9 +144,10 @@ def choice(*values: Any) -> Distribution:
 
 # -- the numbers u ------------------------------------------------------------------------------
 
+
 def _hashed(seed: int, phase: int, key: str, index: int) -> float:
     digest = hashlib.blake2b(f"{seed}\x00{phase}\x00{key}\x00{index}".encode(), digest_size=8).digest()
-    return (struct.unpack(">Q", digest)[0] >> 11) * 2.0 ** -53
+    return (struct.unpack(">Q", digest)[0] >> 11) * 2.0**-53
 
 
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97)
@@ -167,8 +169,9 @@ def _halton(seed: int, phase: int, key: str, index: int, dim: int) -> float:
     return (_radical_inverse(index + 1, base) + _hashed(seed, phase, key, -1)) % 1.0
 
 
-def draws(dists: dict[str, Distribution], count: int, *, seed: int, phase: int = 0,
-          sampler: str = "random") -> list[dict[str, Any]]:
+def draws(
+    dists: dict[str, Distribution], count: int, *, seed: int, phase: int = 0, sampler: str = "random"
+) -> list[dict[str, Any]]:
     """``count`` points, each a value per key; point i depends on (seed, phase, key, i) only."""
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r}")

@@ -37,8 +37,21 @@ SQLITE_BUSY_TIMEOUT_S = 60.0
 # A write lock found held is tried again this soon, before SQLite's own waits (see begin_immediate).
 SQLITE_LOCK_RETRY_S = 100e-6
 SQLITE_CACHE_KIB = 64 * 1024
-NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "lustre", "gpfs", "fuse.sshfs", "9p",
-                       "ceph", "fuse.glusterfs", "afs", "beegfs"}
+NETWORK_FILESYSTEMS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smbfs",
+    "smb3",
+    "lustre",
+    "gpfs",
+    "fuse.sshfs",
+    "9p",
+    "ceph",
+    "fuse.glusterfs",
+    "afs",
+    "beegfs",
+}
 
 
 def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
@@ -53,12 +66,16 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
         return _sqlite_engine(target)
     # No server-side prepared statements (psycopg prepares a query run five times): they live in one
     # server session, which a PgBouncer in transaction pooling mode does not keep between transactions.
-    connect_args: dict = {"connect_timeout": 10, "application_name": WORKER_APPLICATION if worker else "jobman",
-                          "prepare_threshold": None}
+    connect_args: dict = {
+        "connect_timeout": 10,
+        "application_name": WORKER_APPLICATION if worker else "jobman",
+        "prepare_threshold": None,
+    }
     if target.schema:  # every statement, raw or not, resolves its tables in that schema
         connect_args["options"] = f"-c search_path={target.schema}"
-    pooling: dict[str, Any] = ({"poolclass": sa.pool.NullPool} if worker
-                               else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4})
+    pooling: dict[str, Any] = (
+        {"poolclass": sa.pool.NullPool} if worker else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+    )
     engine = sa.create_engine(target.sqlalchemy_url, connect_args=connect_args, **pooling)
 
     @event.listens_for(engine, "connect")
@@ -67,6 +84,7 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
     if worker:  # the many: they leave a lab's server its spare connections
+
         @event.listens_for(engine, "connect")
         def _leave_spare(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
             refuse_past_the_spare(dbapi_conn, target.display)
@@ -178,8 +196,9 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
         try:
             driver.commit()  # type: ignore[union-attr]  # None only once closed
         except conn.dialect.loaded_dbapi.Error as exc:
-            raise sa.exc.DBAPIError.instance("COMMIT", (), exc, conn.dialect.loaded_dbapi.Error,
-                                             dialect=conn.dialect) from exc
+            raise sa.exc.DBAPIError.instance(
+                "COMMIT", (), exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect
+            ) from exc
     return result
 
 
@@ -224,7 +243,8 @@ def refuse_network_filesystem(path: Path, mounts: Path = Path("/proc/mounts")) -
     if fstype in NETWORK_FILESYSTEMS:
         raise DatabaseError(
             f"{path} is on a network filesystem ({fstype}), where SQLite's WAL mode does not work "
-            "(sqlite.org/wal.html): use PostgreSQL for a database shared between machines")
+            "(sqlite.org/wal.html): use PostgreSQL for a database shared between machines"
+        )
 
 
 def filesystem_type(directory: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
@@ -246,6 +266,7 @@ def filesystem_type(directory: Path, mounts: Path = Path("/proc/mounts")) -> str
 
 
 # -- migrations ----------------------------------------------------------------
+
 
 def alembic_config(connection: Connection) -> Config:
     """An alembic Config that runs the shipped migrations on ``connection``."""
@@ -300,11 +321,15 @@ def check_search_path(conn: Connection) -> None:
     path = [p.strip().strip('"') for p in str(conn.exec_driver_sql("SHOW search_path").scalar()).split(",")]
     schema = next((p for p in path if p and p != "$user"), "public")
     if conn.execute(sa.text("SELECT to_regnamespace(:name)"), {"name": schema}).scalar() is None:
-        raise SchemaError(f"schema {schema!r} does not exist in this database: an administrator makes it "
-                          f"(CREATE SCHEMA {schema}) and runs `jobman db upgrade` with ?schema={schema}")
+        raise SchemaError(
+            f"schema {schema!r} does not exist in this database: an administrator makes it "
+            f"(CREATE SCHEMA {schema}) and runs `jobman db upgrade` with ?schema={schema}"
+        )
     role = conn.exec_driver_sql("SELECT current_user").scalar()
-    raise DatabaseError(f"permission denied: role {role!r} may not use schema {schema!r} "
-                        f"(an administrator can GRANT USAGE ON SCHEMA {schema} TO {role}, and access to its tables)")
+    raise DatabaseError(
+        f"permission denied: role {role!r} may not use schema {schema!r} "
+        f"(an administrator can GRANT USAGE ON SCHEMA {schema} TO {role}, and access to its tables)"
+    )
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
@@ -335,8 +360,12 @@ def create_schema(engine: Engine) -> None:
         rev = current_revision(conn)
         if rev is None:
             metadata.create_all(conn)
-            version = sa.Table(VERSION_TABLE, sa.MetaData(), sa.Column("version_num", sa.String(32), nullable=False),
-                               sa.PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"))
+            version = sa.Table(
+                VERSION_TABLE,
+                sa.MetaData(),
+                sa.Column("version_num", sa.String(32), nullable=False),
+                sa.PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
+            )
             version.create(conn)
             conn.execute(version.insert(), {"version_num": HEAD_REVISION})
             return
@@ -352,22 +381,26 @@ def ensure_schema(engine: Engine, create: bool = True) -> None:
         return
     if rev is None:
         if not create:
-            raise SchemaError("this database has no jobman tables yet: schedule a sweep first "
-                              "(or run `jobman db upgrade`)")
+            raise SchemaError(
+                "this database has no jobman tables yet: schedule a sweep first (or run `jobman db upgrade`)"
+            )
         create_schema(engine)
         return
     head = head_revision()
     if rev == head:
         return
     if rev in known_revisions():
-        raise SchemaError(f"the database schema is at revision {rev}, older than this jobman's {head}: "
-                          "run `jobman db upgrade`")
+        raise SchemaError(
+            f"the database schema is at revision {rev}, older than this jobman's {head}: run `jobman db upgrade`"
+        )
     raise _newer_schema(rev)
 
 
 def _newer_schema(rev: str) -> SchemaError:
-    return SchemaError(f"the database schema is at revision {rev}, which this jobman does not know: "
-                       "it was made by a newer jobman, so upgrade jobman")
+    return SchemaError(
+        f"the database schema is at revision {rev}, which this jobman does not know: "
+        "it was made by a newer jobman, so upgrade jobman"
+    )
 
 
 class translated_errors:
@@ -391,20 +424,45 @@ class translated_errors:
 
 
 # What a server that is down, restarting or failing over says; not a bad URL, password or database.
-_OUTAGE = ("connection refused", "server closed the connection", "terminating connection", "connection reset",
-           "the database system is starting up", "the database system is shutting down",
-           "the database system is in recovery mode", "the database system is not yet accepting",
-           "connection timed out", "timeout expired", "no connection to the server", "connection is closed",
-           "consuming input failed", "ssl connection has been closed", "broken pipe", "connection to server",
-           "network is unreachable", "no route to host", "cannot connect now")
-_NOT_OUTAGE = ("password", "does not exist", "no pg_hba.conf entry", "could not translate host name",
-               "name or service not known")
+_OUTAGE = (
+    "connection refused",
+    "server closed the connection",
+    "terminating connection",
+    "connection reset",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting",
+    "connection timed out",
+    "timeout expired",
+    "no connection to the server",
+    "connection is closed",
+    "consuming input failed",
+    "ssl connection has been closed",
+    "broken pipe",
+    "connection to server",
+    "network is unreachable",
+    "no route to host",
+    "cannot connect now",
+)
+_NOT_OUTAGE = (
+    "password",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "could not translate host name",
+    "name or service not known",
+)
 
 
 # A server (or PgBouncer) with every connection slot taken: SQLSTATE 53300, which psycopg gives only in words
 # when it is refused at connect time.
-_FULL = ("too many clients", "remaining connection slots are reserved", "no more connections allowed",
-         "too many connections for role", "too many connections for database")
+_FULL = (
+    "too many clients",
+    "remaining connection slots are reserved",
+    "no more connections allowed",
+    "too many connections for role",
+    "too many connections for database",
+)
 
 
 def is_server_full(exc: BaseException) -> bool:
@@ -450,28 +508,43 @@ def describe_db_error(exc: BaseException, target: DbTarget) -> str:
     where = target.display
     if "readonly database" in low or "read-only" in low:
         return f"cannot write to {where}: the database file or its directory is read-only"
-    if "disk is full" in low or "no space left" in low or "disk full" in low or (
-            "disk i/o error" in low and _no_space_beside(target.sqlite_path)):
+    if (
+        "disk is full" in low
+        or "no space left" in low
+        or "disk full" in low
+        or ("disk i/o error" in low and _no_space_beside(target.sqlite_path))
+    ):
         return f"cannot write to {where}: the disk is full"
     if "unable to open database file" in low:
         path = target.sqlite_path
-        if path and os.path.exists(path) and not (
-                os.access(path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK)):
+        if (
+            path
+            and os.path.exists(path)
+            and not (os.access(path, os.W_OK) and os.access(os.path.dirname(os.path.abspath(path)), os.W_OK))
+        ):
             return f"cannot open {where}: the database file or its directory is read-only (SQLite writes beside it)"
         return f"cannot open {where}: the file or its directory does not exist or is not accessible"
     if "password authentication failed" in low:
         return f"cannot connect to {where}: the password was refused"
     if "no password supplied" in low:
-        return (f"cannot connect to {where}: the server asks for a password and none was given "
-                "(put it in the URL, ~/.pgpass or PGPASSWORD)")
+        return (
+            f"cannot connect to {where}: the server asks for a password and none was given "
+            "(put it in the URL, ~/.pgpass or PGPASSWORD)"
+        )
     if "does not exist" in low and "role" in low:
         return f"cannot connect to {where}: that role (user) does not exist"
     if "does not exist" in low and "database" in low:
         return f"cannot connect to {where}: that database does not exist"
     if is_server_full(exc):
         return f"{where} refused a connection: the server has no free connection slot ({mask_password(text)})"
-    if "connection refused" in low or "could not connect" in low or "timeout" in low or "timed out" in low \
-            or "could not translate host name" in low or "name or service not known" in low:
+    if (
+        "connection refused" in low
+        or "could not connect" in low
+        or "timeout" in low
+        or "timed out" in low
+        or "could not translate host name" in low
+        or "name or service not known" in low
+    ):
         return f"cannot connect to {where}: the server is unreachable ({mask_password(text)})"
     if is_outage(exc):
         return f"lost the connection to {where}: the server went away ({mask_password(text)})"

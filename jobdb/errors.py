@@ -60,8 +60,14 @@ class JobFailed(JobmanError):
     ``job_id``, ``status`` and ``error`` (the job's traceback or reason, as stored) are attributes.
     """
 
-    def __init__(self, message: str | None = None, *, job_id: int | None = None, status: str | None = None,
-                 error: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        job_id: int | None = None,
+        status: str | None = None,
+        error: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.job_id, self.status, self.error = job_id, status, error
 

@@ -27,28 +27,37 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
     if not job_ids:
         return
     p = t_job.alias("p")
-    bad_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
-                                   p.c.status.in_(names_of(BLOCKING)))
-    open_parent = sa.exists().where(t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id,
-                                    p.c.status != Status.DONE.value)
+    bad_parent = sa.exists().where(
+        t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id, p.c.status.in_(names_of(BLOCKING))
+    )
+    open_parent = sa.exists().where(
+        t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id, p.c.status != Status.DONE.value
+    )
     blocked: set[int] = set()
     size = in_list_size(conn)
     for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves
         moved = False
         for chunk in chunks(list(job_ids), size):
-            rows = conn.execute(sa.select(
-                t_job.c.id, t_job.c.status, t_job.c.attempt,
-                sa.case((bad_parent, Status.BLOCKED.value), (open_parent, Status.WAITING.value),
-                        else_=Status.QUEUED.value).label("want"),
-            ).where(t_job.c.id.in_(chunk),
-                    t_job.c.status.in_(names_of(PENDING)))).all()
+            rows = conn.execute(
+                sa.select(
+                    t_job.c.id,
+                    t_job.c.status,
+                    t_job.c.attempt,
+                    sa.case(
+                        (bad_parent, Status.BLOCKED.value),
+                        (open_parent, Status.WAITING.value),
+                        else_=Status.QUEUED.value,
+                    ).label("want"),
+                ).where(t_job.c.id.in_(chunk), t_job.c.status.in_(names_of(PENDING)))
+            ).all()
             moves: dict[str, list[int]] = {}
             events = []
             for r in rows:
                 if r.want != r.status:
                     moves.setdefault(r.want, []).append(r.id)
-                    events.append({"job_id": r.id, "from_status": r.status, "to_status": r.want,
-                                   "attempt": r.attempt, "why": why})
+                    events.append(
+                        {"job_id": r.id, "from_status": r.status, "to_status": r.want, "attempt": r.attempt, "why": why}
+                    )
             now = time.time()
             for status, ids in moves.items():
                 values: dict[str, Any] = {"status": status}
@@ -61,9 +70,15 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
         if not moved or len(job_ids) == 1:
             break
     if blocked:  # their dependents outside the set can no longer run either
-        still = [i for chunk in chunks(sorted(blocked), size) for i in conn.execute(
-            sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)).scalars()]
+        still = [
+            i
+            for chunk in chunks(sorted(blocked), size)
+            for i in conn.execute(
+                sa.select(t_job.c.id).where(t_job.c.id.in_(chunk), t_job.c.status == Status.BLOCKED.value)
+            ).scalars()
+        ]
         block_many(conn, log, still, "a dependency is BLOCKED")
+
 
 def dependents(conn: Connection, job_ids: Sequence[int]) -> list[int]:
     """The jobs that depend directly on any of ``job_ids``, by id."""
@@ -72,16 +87,23 @@ def dependents(conn: Connection, job_ids: Sequence[int]) -> list[int]:
         out.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
     return sorted(out)
 
+
 def parent_ids(conn: Connection, job_id: int) -> list[int]:
     """The ids of the jobs ``job_id`` depends on, in order."""
     return sorted(conn.execute(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == job_id)).scalars())
+
 
 def with_parent_outside(conn: Connection, job_ids: Sequence[int], among: set[int]) -> list[int]:
     """Those of ``job_ids`` that depend on some job not in ``among`` (job_dep's key, read in chunks)."""
     out: set[int] = set()
     for chunk in chunks(list(job_ids), in_list_size(conn)):
-        out.update(child for child, parent in conn.execute(
-            sa.select(t_dep.c.job_id, t_dep.c.depends_on).where(t_dep.c.job_id.in_(chunk))) if parent not in among)
+        out.update(
+            child
+            for child, parent in conn.execute(
+                sa.select(t_dep.c.job_id, t_dep.c.depends_on).where(t_dep.c.job_id.in_(chunk))
+            )
+            if parent not in among
+        )
     return sorted(out)
 
 
@@ -91,11 +113,11 @@ def descendants(conn: Connection, roots: Sequence[int]) -> list[int]:
         return []
     out: set[int] = set()
     for chunk in chunks(list(roots)):
-        down = sa.select(t_dep.c.job_id.label("id")).where(t_dep.c.depends_on.in_(chunk)) \
-            .cte("down", recursive=True)
+        down = sa.select(t_dep.c.job_id.label("id")).where(t_dep.c.depends_on.in_(chunk)).cte("down", recursive=True)
         down = down.union(sa.select(t_dep.c.job_id).join(down, t_dep.c.depends_on == down.c.id))
         out.update(conn.execute(sa.select(down.c.id)).scalars())
     return sorted(out - set(roots))
+
 
 def block_many(conn: Connection, log: Log, dead: Sequence[int], why: str) -> int:
     """Block the WAITING and QUEUED dependents of many jobs: one recursive query, not one per job."""
@@ -105,11 +127,21 @@ def block_many(conn: Connection, log: Log, dead: Sequence[int], why: str) -> int
     events, ids = [], []
     size = in_list_size(conn)
     for chunk in chunks(down, size):
-        for r in conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
-                t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value]))):
+        for r in conn.execute(
+            sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt).where(
+                t_job.c.id.in_(chunk), t_job.c.status.in_([Status.WAITING.value, Status.QUEUED.value])
+            )
+        ):
             ids.append(r.id)
-            events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.BLOCKED.value,
-                           "attempt": r.attempt, "why": why})
+            events.append(
+                {
+                    "job_id": r.id,
+                    "from_status": r.status,
+                    "to_status": Status.BLOCKED.value,
+                    "attempt": r.attempt,
+                    "why": why,
+                }
+            )
     for chunk in chunks(ids, size):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.BLOCKED.value))
     log(conn, events)

@@ -83,14 +83,13 @@ def sampled(space: Mapping[str, Distribution], rules: Halving | None = None) -> 
 
 def sweep_space(sweep: Any) -> dict[str, Distribution]:
     """The parameters a parsed sweep draws, and their distributions (the last phase's, if several)."""
-    return {a.key: a.distribution for phase in sweep.phases for a in phase.assignments
-            if a.distribution is not None}
+    return {a.key: a.distribution for phase in sweep.phases for a in phase.assignments if a.distribution is not None}
 
 
 def rung_values(low: float, high: float, eta: int) -> list[Any]:
     """``low``, ``low*eta``, ... below ``high``, then ``high``: the resource at each rung."""
     count = int(math.floor(math.log(high / low) / math.log(eta) + 1e-9))
-    values = [low * eta ** k for k in range(max(1, count))] + [high]
+    values = [low * eta**k for k in range(max(1, count))] + [high]
     if isinstance(low, int) and isinstance(high, int):
         values = [int(round(v)) for v in values]
     return list(dict.fromkeys(values))
@@ -159,8 +158,15 @@ def allowed(finished: int, total: int, eta: int, closed: bool = True) -> int:
     return max(1, total // eta) if closed and finished >= total and total else finished // eta
 
 
-def choose(scores: Mapping[str, float | None], total: int, promoted: Sequence[str], eta: int, mode: str,
-           asynchronous: bool, closed: bool = True) -> list[str]:
+def choose(
+    scores: Mapping[str, float | None],
+    total: int,
+    promoted: Sequence[str],
+    eta: int,
+    mode: str,
+    asynchronous: bool,
+    closed: bool = True,
+) -> list[str]:
     """The configurations to promote now. ``scores``: the finished ones (None: failed, never promoted).
 
     Synchronous: nothing until all ``total`` are finished, then the best ``max(1, total // eta)``.
@@ -185,14 +191,17 @@ def config_of(params: Mapping[str, Any], resource: str) -> str:
     from .selection import default_group_keys
 
     drop = {resource, *default_group_keys(params)}
-    return hashlib.sha256(dump_json({k: v for k, v in params.items() if k not in drop},
-                                    "parameters").encode()).hexdigest()[:32]
+    return hashlib.sha256(
+        dump_json({k: v for k, v in params.items() if k not in drop}, "parameters").encode()
+    ).hexdigest()[:32]
 
 
 # -- the database side ----------------------------------------------------------------------------
 
-def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
-             params: Sequence[Mapping[str, Any]]) -> int:
+
+def register(
+    conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int], params: Sequence[Mapping[str, Any]]
+) -> int:
     """Record a search over the rung-0 jobs ``job_ids``; the same search twice is one row.
 
     A search scheduled again with more samples is the same search grown: the jobs it already holds
@@ -202,44 +211,64 @@ def register(conn: Connection, exp: int, rules: Halving, job_ids: Sequence[int],
     only_draws = not rules.rungs and not rules.prune  # it remembers the distributions; no job needs it
     members = "" if only_draws else "|" + ",".join(map(str, sorted(job_ids)))
     key = hashlib.sha256((spec + members).encode()).hexdigest()
-    found = conn.execute(sa.select(t_search.c.id).where(t_search.c.experiment_id == exp,
-                                                        t_search.c.key == key)).scalar()
+    found = conn.execute(
+        sa.select(t_search.c.id).where(t_search.c.experiment_id == exp, t_search.c.key == key)
+    ).scalar()
     if found is None and not only_draws and job_ids:
         found = _grown(conn, exp, spec, job_ids, params, rules.resource)
     if found is not None:
         return found
-    search_id = conn.execute(sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec,
-                                                        created_at=time.time())).inserted_primary_key[0]  # type: ignore[index]
+    search_id = conn.execute(
+        sa.insert(t_search).values(experiment_id=exp, key=key, spec=spec, created_at=time.time())
+    ).inserted_primary_key[0]  # type: ignore[index]
     if only_draws or not job_ids:
         return search_id
-    conn.execute(sa.insert(t_sjob), [{"job_id": j, "search_id": search_id, "rung": 0,
-                                      "config": config_of(p, rules.resource)} for j, p in zip(job_ids, params)])
+    conn.execute(
+        sa.insert(t_sjob),
+        [
+            {"job_id": j, "search_id": search_id, "rung": 0, "config": config_of(p, rules.resource)}
+            for j, p in zip(job_ids, params)
+        ],
+    )
     return search_id
 
 
-def _grown(conn: Connection, exp: int, spec: str, job_ids: Sequence[int], params: Sequence[Mapping[str, Any]],
-           resource: str) -> int | None:
+def _grown(
+    conn: Connection, exp: int, spec: str, job_ids: Sequence[int], params: Sequence[Mapping[str, Any]], resource: str
+) -> int | None:
     """The search of these rules that already holds some of ``job_ids`` at its first rung, given the
     others as new first-rung members; None when no search holds any of them."""
-    def first_rung(*where: Any) -> sa.Select:
-        return (sa.select(t_sjob.c.search_id, t_sjob.c.job_id).join(t_search, t_search.c.id == t_sjob.c.search_id)
-                .where(t_search.c.experiment_id == exp, t_search.c.spec == spec, t_sjob.c.rung == 0, *where))
 
-    chunks = [job_ids[i:i + 900] for i in range(0, len(job_ids), 900)]
+    def first_rung(*where: Any) -> sa.Select:
+        return (
+            sa.select(t_sjob.c.search_id, t_sjob.c.job_id)
+            .join(t_search, t_search.c.id == t_sjob.c.search_id)
+            .where(t_search.c.experiment_id == exp, t_search.c.spec == spec, t_sjob.c.rung == 0, *where)
+        )
+
+    chunks = [job_ids[i : i + 900] for i in range(0, len(job_ids), 900)]
     holders = {row.search_id for chunk in chunks for row in conn.execute(first_rung(t_sjob.c.job_id.in_(chunk)))}
     if not holders:
         return None
     found = min(holders)
     held = {row.job_id for row in conn.execute(first_rung(t_sjob.c.search_id == found))}
-    new = [{"job_id": j, "search_id": found, "rung": 0, "config": config_of(p, resource)}
-           for j, p in zip(job_ids, params) if j not in held]
+    new = [
+        {"job_id": j, "search_id": found, "rung": 0, "config": config_of(p, resource)}
+        for j, p in zip(job_ids, params)
+        if j not in held
+    ]
     if new:
         conn.execute(sa.insert(t_sjob), new)
     return found
 
 
-def after_finish(conn: Connection, job_id: int, refresh: Callable[[Connection, list[int], str], None],
-                 hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float] = time.time) -> list[int]:
+def after_finish(
+    conn: Connection,
+    job_id: int,
+    refresh: Callable[[Connection, list[int], str], None],
+    hash_of: Callable[[int, str, str, dict], str],
+    now: Callable[[], float] = time.time,
+) -> list[int]:
     """Promote what the end of ``job_id`` allows, in the caller's transaction; the new jobs' ids.
 
     ``refresh`` re-derives the status of new jobs from their parents (the store's), ``hash_of``
@@ -252,17 +281,26 @@ def after_finish(conn: Connection, job_id: int, refresh: Callable[[Connection, l
     return new
 
 
-def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Connection, list[int], str], None],
-             hash_of: Callable[[int, str, str, dict], str], now: Callable[[], float]) -> list[int]:
-    exp, spec = conn.execute(sa.select(t_search.c.experiment_id, t_search.c.spec)
-                             .where(t_search.c.id == search_id)).one()
+def _promote(
+    conn: Connection,
+    search_id: int,
+    rung: int,
+    refresh: Callable[[Connection, list[int], str], None],
+    hash_of: Callable[[int, str, str, dict], str],
+    now: Callable[[], float],
+) -> list[int]:
+    exp, spec = conn.execute(
+        sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id)
+    ).one()
     rules = Halving.from_json(spec)
     if rung + 1 >= len(rules.rungs):
         return []
-    rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
-                        .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
-                        .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)
-                        .order_by(t_job.c.id)).all()
+    rows = conn.execute(
+        sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
+        .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
+        .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)
+        .order_by(t_job.c.id)
+    ).all()
     jobs: dict[str, list[Any]] = {}
     promoted: set[str] = set()
     # The rung is closed when every job below it has ended: no configuration can join it any more.
@@ -275,9 +313,10 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
-            values: list[Any] = [(load_json(m.results) if m.results else {}).get(rules.metric)
-                      if m.status == Status.DONE.value else None
-                      for m in members]
+            values: list[Any] = [
+                (load_json(m.results) if m.results else {}).get(rules.metric) if m.status == Status.DONE.value else None
+                for m in members
+            ]
             ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
             scores[config] = sum(values) / len(values) if ok else None
     chosen = choose(scores, len(jobs), sorted(promoted), rules.eta, rules.mode, rules.asynchronous, closed)
@@ -285,9 +324,11 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     ranked = sorted(valued, key=lambda c: ((-1 if rules.mode == "max" else 1) * valued[c], c))
     new: list[int] = []
     for config in chosen:
-        why = (f"promoted to rung {rung + 1} ({rules.resource}={rules.rungs[rung + 1]}): ranked "
-               f"{ranked.index(config) + 1} of {len(scores)} finished at rung {rung}, "
-               f"{rules.metric} {scores[config]:.6g}")
+        why = (
+            f"promoted to rung {rung + 1} ({rules.resource}={rules.rungs[rung + 1]}): ranked "
+            f"{ranked.index(config) + 1} of {len(scores)} finished at rung {rung}, "
+            f"{rules.metric} {scores[config]:.6g}"
+        )
         for member in jobs[config]:
             new += _child(conn, exp, search_id, member.id, rung + 1, config, rules, why, hash_of, now())
     if new:
@@ -295,50 +336,103 @@ def _promote(conn: Connection, search_id: int, rung: int, refresh: Callable[[Con
     return new
 
 
-def _child(conn: Connection, exp: int, search_id: int, parent: int, rung: int, config: str, rules: Halving,
-           why: str, hash_of: Callable[[int, str, str, dict], str], now: float) -> list[int]:
+def _child(
+    conn: Connection,
+    exp: int,
+    search_id: int,
+    parent: int,
+    rung: int,
+    config: str,
+    rules: Halving,
+    why: str,
+    hash_of: Callable[[int, str, str, dict], str],
+    now: float,
+) -> list[int]:
     """The job that continues ``parent`` at ``rung``; made unless it exists, linked unless it is.
 
     Runs of one configuration with equal parameters (``sqlschedule -r`` copies) are promoted together,
     each to a child of its own: the first keeps the parameters' identity, the others take one derived
     from their parent's id, so that deciding the promotion again finds the same children.
     """
-    child: Any = conn.execute(sa.select(t_dep.c.job_id).join(t_sjob, t_sjob.c.job_id == t_dep.c.job_id)
-                         .where(t_dep.c.depends_on == parent, t_sjob.c.rung == rung).limit(1)).scalar()
-    p = conn.execute(sa.select(t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority,
-                               t_job.c.max_attempts).where(t_job.c.id == parent)).one()
+    child: Any = conn.execute(
+        sa.select(t_dep.c.job_id)
+        .join(t_sjob, t_sjob.c.job_id == t_dep.c.job_id)
+        .where(t_dep.c.depends_on == parent, t_sjob.c.rung == rung)
+        .limit(1)
+    ).scalar()
+    p = conn.execute(
+        sa.select(
+            t_job.c.phase, t_job.c.kind, t_job.c.target, t_job.c.params, t_job.c.priority, t_job.c.max_attempts
+        ).where(t_job.c.id == parent)
+    ).one()
     params = {**load_json(p.params), rules.resource: rules.rungs[rung]}
     digest = hash_of(p.phase + 1, p.kind, p.target, params)
     if child is None:
-        child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
-                                                         t_job.c.params_hash == digest)).scalar()
-        if child is not None and conn.execute(sa.select(t_sjob.c.job_id).where(
-                t_sjob.c.job_id == child, t_sjob.c.search_id == search_id, t_sjob.c.rung == rung)).first():
+        child = conn.execute(
+            sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.params_hash == digest)
+        ).scalar()
+        if (
+            child is not None
+            and conn.execute(
+                sa.select(t_sjob.c.job_id).where(
+                    t_sjob.c.job_id == child, t_sjob.c.search_id == search_id, t_sjob.c.rung == rung
+                )
+            ).first()
+        ):
             # Another run of this configuration was promoted to that job: this run is a copy.
             digest = hashlib.sha256(f"{digest}\x1fcontinues\x1f{parent}".encode()).hexdigest()
-            child = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
-                                                             t_job.c.params_hash == digest)).scalar()
+            child = conn.execute(
+                sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.params_hash == digest)
+            ).scalar()
     made = child is None
     if made:
-        child = conn.execute(sa.insert(t_job).values(
-            experiment_id=exp, phase=p.phase + 1, kind=p.kind, target=p.target, params=dump_json(params, "parameters"),
-            params_hash=digest, status=Status.WAITING.value, priority=p.priority, max_attempts=p.max_attempts,
-            created_at=now)).inserted_primary_key[0]  # type: ignore[index]
+        child = conn.execute(
+            sa.insert(t_job).values(
+                experiment_id=exp,
+                phase=p.phase + 1,
+                kind=p.kind,
+                target=p.target,
+                params=dump_json(params, "parameters"),
+                params_hash=digest,
+                status=Status.WAITING.value,
+                priority=p.priority,
+                max_attempts=p.max_attempts,
+                created_at=now,
+            )
+        ).inserted_primary_key[0]  # type: ignore[index]
         conn.execute(sa.insert(t_dep).values(job_id=child, depends_on=parent))
-        conn.execute(sa.insert(t_event).values(job_id=child, at=now, from_status=None, to_status=Status.WAITING.value,
-                                               attempt=0, why=why, source=None, data=None))
-    if conn.execute(sa.select(t_sjob.c.job_id).where(t_sjob.c.job_id == child,
-                                                     t_sjob.c.search_id == search_id)).first() is None:
+        conn.execute(
+            sa.insert(t_event).values(
+                job_id=child,
+                at=now,
+                from_status=None,
+                to_status=Status.WAITING.value,
+                attempt=0,
+                why=why,
+                source=None,
+                data=None,
+            )
+        )
+    if (
+        conn.execute(
+            sa.select(t_sjob.c.job_id).where(t_sjob.c.job_id == child, t_sjob.c.search_id == search_id)
+        ).first()
+        is None
+    ):
         conn.execute(sa.insert(t_sjob).values(job_id=child, search_id=search_id, rung=rung, config=config))
     return [child] if made else []
 
 
 def continues_from(conn: Connection, job_id: int) -> str | None:
     """The workdir a promoted job starts from: its parent's, the job it continues at a higher rung."""
-    row = conn.execute(sa.select(t_job.c.workdir).select_from(t_sjob)
-                       .join(t_dep, t_dep.c.job_id == t_sjob.c.job_id)
-                       .join(t_job, t_job.c.id == t_dep.c.depends_on)
-                       .where(t_sjob.c.job_id == job_id, t_sjob.c.rung > 0).limit(1)).first()
+    row = conn.execute(
+        sa.select(t_job.c.workdir)
+        .select_from(t_sjob)
+        .join(t_dep, t_dep.c.job_id == t_sjob.c.job_id)
+        .join(t_job, t_job.c.id == t_dep.c.depends_on)
+        .where(t_sjob.c.job_id == job_id, t_sjob.c.rung > 0)
+        .limit(1)
+    ).first()
     return row[0] if row else None
 
 
@@ -346,41 +440,55 @@ def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str
     """Why the job that logged ``metrics`` at ``step`` should stop, or None: its search prunes by the
     median, and its value is worse than the median of the search's finished (DONE, unpruned) jobs at
     that step."""
-    for search_id, spec in conn.execute(sa.select(t_sjob.c.search_id, t_search.c.spec)
-                                        .join(t_search, t_search.c.id == t_sjob.c.search_id)
-                                        .where(t_sjob.c.job_id == job_id)):
+    for search_id, spec in conn.execute(
+        sa.select(t_sjob.c.search_id, t_search.c.spec)
+        .join(t_search, t_search.c.id == t_sjob.c.search_id)
+        .where(t_sjob.c.job_id == job_id)
+    ):
         rules = Halving.from_json(spec)
         if rules.prune != "median" or rules.metric not in metrics:
             continue
         last: dict[int, float] = {}
-        rows = conn.execute(sa.select(t_metric.c.job_id, t_metric.c.value, t_job.c.results)
-                            .join(t_sjob, t_sjob.c.job_id == t_metric.c.job_id)
-                            .join(t_job, t_job.c.id == t_metric.c.job_id)
-                            .where(t_sjob.c.search_id == search_id, t_metric.c.name == rules.metric,
-                                   t_metric.c.step == step, t_job.c.status == Status.DONE.value,
-                                   t_metric.c.job_id != job_id).order_by(t_metric.c.id))
+        rows = conn.execute(
+            sa.select(t_metric.c.job_id, t_metric.c.value, t_job.c.results)
+            .join(t_sjob, t_sjob.c.job_id == t_metric.c.job_id)
+            .join(t_job, t_job.c.id == t_metric.c.job_id)
+            .where(
+                t_sjob.c.search_id == search_id,
+                t_metric.c.name == rules.metric,
+                t_metric.c.step == step,
+                t_job.c.status == Status.DONE.value,
+                t_metric.c.job_id != job_id,
+            )
+            .order_by(t_metric.c.id)
+        )
         for other, value, results in rows:
             if not (load_json(results) if results else {}).get("pruned"):
                 last[other] = value
         value = float(metrics[rules.metric])
         median = median_says_stop(value, list(last.values()), rules.mode)
         if median is not None:
-            return (f"pruned at step {step}: {rules.metric} {value:.4g} is worse than {median:.4g}, the median "
-                    f"of {len(last)} finished jobs at that step")
+            return (
+                f"pruned at step {step}: {rules.metric} {value:.4g} is worse than {median:.4g}, the median "
+                f"of {len(last)} finished jobs at that step"
+            )
     return None
 
 
 def summaries(conn: Connection, exp: int) -> list[str]:
     """One line per search of the experiment: how many configurations reached each rung, and were pruned."""
     lines = []
-    for search_id, spec in conn.execute(sa.select(t_search.c.id, t_search.c.spec)
-                                        .where(t_search.c.experiment_id == exp).order_by(t_search.c.id)):
+    for search_id, spec in conn.execute(
+        sa.select(t_search.c.id, t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
+    ):
         rules = Halving.from_json(spec)
         reached: dict[int, set[str]] = {}
         pruned = 0
         for rung, config, results in conn.execute(
-                sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.results).join(t_job, t_job.c.id == t_sjob.c.job_id)
-                .where(t_sjob.c.search_id == search_id)):
+            sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.results)
+            .join(t_job, t_job.c.id == t_sjob.c.job_id)
+            .where(t_sjob.c.search_id == search_id)
+        ):
             reached.setdefault(rung, set()).add(config)
             pruned += bool(results and load_json(results).get("pruned"))
         parts = []
@@ -388,8 +496,9 @@ def summaries(conn: Connection, exp: int) -> list[str]:
             continue
         if rules.rungs:
             steps = [f"{len(reached.get(k, ()))} at {rules.resource}={v}" for k, v in enumerate(rules.rungs)]
-            parts.append(f"successive halving by {rules.metric}: configurations reaching each rung: "
-                         + ", ".join(steps))
+            parts.append(
+                f"successive halving by {rules.metric}: configurations reaching each rung: " + ", ".join(steps)
+            )
         if rules.prune:
             parts.append(f"{pruned} job{'s' if pruned != 1 else ''} pruned by the median of {rules.metric}")
         lines.append(f"search {search_id}: " + "; ".join(parts))
@@ -399,8 +508,11 @@ def summaries(conn: Connection, exp: int) -> list[str]:
 def rungs_of(conn: Connection, exp: int, job_ids: Sequence[int] | None = None) -> dict[int, tuple[int, int, str]]:
     """Each job of the experiment's searches (or of ``job_ids`` only): (rung, number of rungs, resource name)."""
     out: dict[int, tuple[int, int, str]] = {}
-    q = (sa.select(t_sjob.c.job_id, t_sjob.c.rung, t_search.c.spec).join(t_search, t_search.c.id == t_sjob.c.search_id)
-         .where(t_search.c.experiment_id == exp))
+    q = (
+        sa.select(t_sjob.c.job_id, t_sjob.c.rung, t_search.c.spec)
+        .join(t_search, t_search.c.id == t_sjob.c.search_id)
+        .where(t_search.c.experiment_id == exp)
+    )
     if job_ids is not None:
         q = q.where(t_sjob.c.job_id.in_(list(job_ids)))
     for job_id, rung, spec in conn.execute(q):
@@ -415,8 +527,9 @@ def rungs_of(conn: Connection, exp: int, job_ids: Sequence[int] | None = None) -
 def space_of(conn: Connection, exp: int) -> dict[str, Distribution]:
     """Every parameter the experiment's searches drew, and its distribution (the latest search's)."""
     out: dict[str, Distribution] = {}
-    for (spec,) in conn.execute(sa.select(t_search.c.spec).where(t_search.c.experiment_id == exp)
-                                .order_by(t_search.c.id)):
+    for (spec,) in conn.execute(
+        sa.select(t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
+    ):
         out.update(Halving.from_json(spec).distributions())
     return out
 
@@ -434,23 +547,28 @@ class Rungs:
 def rungs_detail(conn: Connection, exp: int) -> list[Rungs]:
     """The experiment's successive-halving searches, for plots of the metric against the resource."""
     out = []
-    for search_id, spec in conn.execute(sa.select(t_search.c.id, t_search.c.spec)
-                                        .where(t_search.c.experiment_id == exp).order_by(t_search.c.id)):
+    for search_id, spec in conn.execute(
+        sa.select(t_search.c.id, t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
+    ):
         rules = Halving.from_json(spec)
         if not rules.rungs:
             continue
         values: dict[str, dict[int, list[float]]] = {}
         params: dict[str, dict[str, Any]] = {}
         for rung, config, status, job_params, results in conn.execute(
-                sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.status, t_job.c.params, t_job.c.results)
-                .join(t_job, t_job.c.id == t_sjob.c.job_id).where(t_sjob.c.search_id == search_id)
-                .order_by(t_job.c.id)):
+            sa.select(t_sjob.c.rung, t_sjob.c.config, t_job.c.status, t_job.c.params, t_job.c.results)
+            .join(t_job, t_job.c.id == t_sjob.c.job_id)
+            .where(t_sjob.c.search_id == search_id)
+            .order_by(t_job.c.id)
+        ):
             params.setdefault(config, {k: v for k, v in load_json(job_params).items() if k != rules.resource})
             runs = values.setdefault(config, {}).setdefault(rung, [])
             value = (load_json(results) if results else {}).get(rules.metric) if status == Status.DONE.value else None
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 runs.append(float(value))
-        means = {c: {r: (sum(v) / len(v) if v else None) for r, v in sorted(by_rung.items())}
-                 for c, by_rung in values.items()}
+        means = {
+            c: {r: (sum(v) / len(v) if v else None) for r, v in sorted(by_rung.items())}
+            for c, by_rung in values.items()
+        }
         out.append(Rungs(search_id, rules, means, params))
     return out

@@ -40,8 +40,7 @@ def execute_raw(conn: Connection, sql: str, args: Any = (), *, many: bool = Fals
             cursor.execute(sql, args)
     except conn.dialect.loaded_dbapi.Error as exc:
         cursor.close()
-        raise sa.exc.DBAPIError.instance(sql, args, exc, conn.dialect.loaded_dbapi.Error,
-                                         dialect=conn.dialect) from exc
+        raise sa.exc.DBAPIError.instance(sql, args, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect) from exc
     return cursor
 
 
@@ -116,20 +115,38 @@ def claim_values() -> dict[str, Any]:
     """What a claim sets: RUNNING at a new lease, the claiming worker (``:host``, ``:pid``, ...), the
     time (``:now``), and a workdir under ``:root`` unless it has one (``:root`` NULL: left as it is)."""
     return dict(
-        status=const(Status.RUNNING.value), lease=t_job.c.lease + const(1),
+        status=const(Status.RUNNING.value),
+        lease=t_job.c.lease + const(1),
         attempt=t_job.c.attempt + sa.case((t_job.c.resume, const(0)), else_=const(1)),
-        resume=const(False), stop_requested=const(False), host=b("host"), pid=b("pid"),
-        pid_started_at=b("pid_started_at", type_=sa.Float), backend=b("backend"),
-        backend_id=b("backend_id", type_=sa.String), log_path=b("log_path", type_=sa.Text),
-        started_at=b("now"), heartbeat_at=b("now"), finished_at=sa.null(), error=sa.null(), exit_code=sa.null(),
-        workdir=sa.func.coalesce(t_job.c.workdir, b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)))
+        resume=const(False),
+        stop_requested=const(False),
+        host=b("host"),
+        pid=b("pid"),
+        pid_started_at=b("pid_started_at", type_=sa.Float),
+        backend=b("backend"),
+        backend_id=b("backend_id", type_=sa.String),
+        log_path=b("log_path", type_=sa.Text),
+        started_at=b("now"),
+        heartbeat_at=b("now"),
+        finished_at=sa.null(),
+        error=sa.null(),
+        exit_code=sa.null(),
+        workdir=sa.func.coalesce(t_job.c.workdir, b("root", type_=sa.String) + sa.cast(t_job.c.id, sa.String)),
+    )
 
 
 def claim_args(worker: WorkerInfo, workdir_root: str | None, now: float) -> dict[str, Any]:
     """The values a claim binds (:func:`claim_values`): the claiming worker, the time, the workdir root."""
-    return dict(host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at, backend=worker.backend,
-                backend_id=worker.backend_id, log_path=worker.log_path, now=now,
-                root=workdir_root.rstrip("/") + "/" if workdir_root is not None else None)
+    return dict(
+        host=worker.host,
+        pid=worker.pid,
+        pid_started_at=worker.pid_started_at,
+        backend=worker.backend,
+        backend_id=worker.backend_id,
+        log_path=worker.log_path,
+        now=now,
+        root=workdir_root.rstrip("/") + "/" if workdir_root is not None else None,
+    )
 
 
 class HotStatements:
@@ -139,10 +156,13 @@ class HotStatements:
         """``claimed_columns``: the job's columns a claim returns, in that order (then has_parents)."""
         self.dialect = dialect
         queued = const(Status.QUEUED.value)
-        pick = (sa.select(t_job.c.id)
-                .where(t_job.c.experiment_id == b("exp"), t_job.c.status == queued)
-                .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
-                .limit(const(1)).offset(const(0)))
+        pick = (
+            sa.select(t_job.c.id)
+            .where(t_job.c.experiment_id == b("exp"), t_job.c.status == queued)
+            .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
+            .limit(const(1))
+            .offset(const(0))
+        )
         if dialect.name == "postgresql":
             pick = pick.with_for_update(skip_locked=True)
         self.claim_pick = pick
@@ -150,36 +170,62 @@ class HotStatements:
             sa.update(t_job)
             .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == queued)
             .values(**claim_values())
-            .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()), dialect)
+            .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()),
+            dialect,
+        )
         self.heartbeat = Prepared(
-            sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested),
-            dialect)
+            sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested), dialect
+        )
         self.save = Prepared(
-            sa.update(t_job).where(owned()).values(results=b("results", type_=t_job.c.results.type),
-                                                   heartbeat_at=b("now"))
-            .returning(t_job.c.id), dialect)
+            sa.update(t_job)
+            .where(owned())
+            .values(results=b("results", type_=t_job.c.results.type), heartbeat_at=b("now"))
+            .returning(t_job.c.id),
+            dialect,
+        )
         self.finish_done = Prepared(
-            sa.update(t_job).where(owned())
-            .values(status=const(Status.DONE.value), finished_at=b("now"), heartbeat_at=b("now"),
-                    results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results),
-                    error=sa.null(),
-                    exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code))
-            .returning(t_job.c.attempt, _has_children(), _in_search()), dialect)
+            sa.update(t_job)
+            .where(owned())
+            .values(
+                status=const(Status.DONE.value),
+                finished_at=b("now"),
+                heartbeat_at=b("now"),
+                results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results),
+                error=sa.null(),
+                exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code),
+            )
+            .returning(t_job.c.attempt, _has_children(), _in_search()),
+            dialect,
+        )
         self.event = Prepared(
-            sa.insert(t_event).values(job_id=b("job_id"), at=b("at"), from_status=b("from_status", type_=sa.String),
-                                      to_status=b("to_status", type_=sa.String),
-                                      attempt=b("attempt", type_=sa.Integer), why=b("why"),
-                                      source=b("source"), data=b("data", type_=sa.Text)), dialect)
+            sa.insert(t_event).values(
+                job_id=b("job_id"),
+                at=b("at"),
+                from_status=b("from_status", type_=sa.String),
+                to_status=b("to_status", type_=sa.String),
+                attempt=b("attempt", type_=sa.Integer),
+                why=b("why"),
+                source=b("source"),
+                data=b("data", type_=sa.Text),
+            ),
+            dialect,
+        )
         self.children = Prepared(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == b("id")), dialect)
-        self.parents = Prepared(sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == b("id"))
-                                .order_by(t_dep.c.depends_on), dialect)
+        self.parents = Prepared(
+            sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == b("id")).order_by(t_dep.c.depends_on), dialect
+        )
         # A sweep's jobs by identity: every one of an experiment, or those past an id (just inserted).
-        self.ids_by_hash = Prepared(sa.select(t_job.c.params_hash, t_job.c.id)
-                                    .where(t_job.c.experiment_id == b("exp"), t_job.c.id > b("after")), dialect)
+        self.ids_by_hash = Prepared(
+            sa.select(t_job.c.params_hash, t_job.c.id).where(
+                t_job.c.experiment_id == b("exp"), t_job.c.id > b("after")
+            ),
+            dialect,
+        )
 
     @functools.cached_property
     def by_hash(self) -> Prepared:
         """One job of an experiment (``:exp``) by identity (``:h``), every column: a call from Python
         looks its job up so (compiled on first use: a worker never does)."""
-        return Prepared(sa.select(t_job).where(t_job.c.experiment_id == b("exp"), t_job.c.params_hash == b("h")),
-                        self.dialect)
+        return Prepared(
+            sa.select(t_job).where(t_job.c.experiment_id == b("exp"), t_job.c.params_hash == b("h")), self.dialect
+        )

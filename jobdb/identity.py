@@ -18,8 +18,10 @@ def canonical_specs(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     """
     if not any(s.params_json is None and needs_canonical(s.params) for s in specs):
         return specs
-    return [s._replace(params=canonical_params(s.params))
-            if s.params_json is None and needs_canonical(s.params) else s for s in specs]
+    return [
+        s._replace(params=canonical_params(s.params)) if s.params_json is None and needs_canonical(s.params) else s
+        for s in specs
+    ]
 
 
 def duplicate_hashes(hashes: Sequence[str]) -> list[str]:

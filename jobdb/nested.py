@@ -111,5 +111,6 @@ def check_names(names: Any) -> None:
             raise UsageError(f"parameter {name!r}: the name {RESERVED!r} is jobman's own (state.{RESERVED}.id, ...)")
         for i in range(1, len(parts)):
             if ".".join(parts[:i]) in present:
-                raise UsageError(f"parameter {'.'.join(parts[:i])!r} is both a value and a group of values "
-                                 f"({name!r}); rename one")
+                raise UsageError(
+                    f"parameter {'.'.join(parts[:i])!r} is both a value and a group of values ({name!r}); rename one"
+                )

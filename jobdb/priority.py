@@ -6,7 +6,7 @@ import math
 
 from .errors import UsageError
 
-_INT64 = 2 ** 63
+_INT64 = 2**63
 
 
 def check_priority(value: object) -> int | float:

@@ -55,15 +55,36 @@ class Job:
     @classmethod
     def from_mapping(cls, m: Any, deps: list[int] | None = None) -> Job:
         return cls(
-            id=m["id"], experiment_id=m["experiment_id"], phase=m["phase"], kind=m["kind"], target=m["target"],
-            params=json.loads(m["params"]), status=Status(m["status"]), priority=m["priority"],
-            attempt=m["attempt"], max_attempts=m["max_attempts"], lease=m["lease"],
-            results=load_results(m["results"]) if m["results"] else None, host=m["host"], pid=m["pid"],
-            pid_started_at=m["pid_started_at"], backend=m["backend"], backend_id=m["backend_id"],
-            log_path=m["log_path"], workdir=m["workdir"], created_at=m["created_at"], queued_at=m["queued_at"],
-            started_at=m["started_at"], heartbeat_at=m["heartbeat_at"], finished_at=m["finished_at"],
-            error=m["error"], exit_code=m["exit_code"], stop_requested=bool(m["stop_requested"]),
-            resume=bool(m["resume"]), depends_on=deps or [], gpus=m.get("gpus"),
+            id=m["id"],
+            experiment_id=m["experiment_id"],
+            phase=m["phase"],
+            kind=m["kind"],
+            target=m["target"],
+            params=json.loads(m["params"]),
+            status=Status(m["status"]),
+            priority=m["priority"],
+            attempt=m["attempt"],
+            max_attempts=m["max_attempts"],
+            lease=m["lease"],
+            results=load_results(m["results"]) if m["results"] else None,
+            host=m["host"],
+            pid=m["pid"],
+            pid_started_at=m["pid_started_at"],
+            backend=m["backend"],
+            backend_id=m["backend_id"],
+            log_path=m["log_path"],
+            workdir=m["workdir"],
+            created_at=m["created_at"],
+            queued_at=m["queued_at"],
+            started_at=m["started_at"],
+            heartbeat_at=m["heartbeat_at"],
+            finished_at=m["finished_at"],
+            error=m["error"],
+            exit_code=m["exit_code"],
+            stop_requested=bool(m["stop_requested"]),
+            resume=bool(m["resume"]),
+            depends_on=deps or [],
+            gpus=m.get("gpus"),
         )
 
     @classmethod
@@ -72,10 +93,24 @@ class Job:
         the values it set itself (the claiming worker, ``now``)."""
         m = dict(zip(CLAIMED_COLUMNS, row))
         params, results = m.pop("params"), m.pop("results")
-        return cls(**m, params=load_json(params), results=load_results(results) if results else None,
-                   status=Status.RUNNING, host=worker.host, pid=worker.pid, pid_started_at=worker.pid_started_at,
-                   backend=worker.backend, backend_id=worker.backend_id, log_path=worker.log_path, started_at=now,
-                   heartbeat_at=now, finished_at=None, error=None, exit_code=None, depends_on=deps)
+        return cls(
+            **m,
+            params=load_json(params),
+            results=load_results(results) if results else None,
+            status=Status.RUNNING,
+            host=worker.host,
+            pid=worker.pid,
+            pid_started_at=worker.pid_started_at,
+            backend=worker.backend,
+            backend_id=worker.backend_id,
+            log_path=worker.log_path,
+            started_at=now,
+            heartbeat_at=now,
+            finished_at=None,
+            error=None,
+            exit_code=None,
+            depends_on=deps,
+        )
 
     @property
     def awaiting_allocation(self) -> bool:
@@ -84,8 +119,22 @@ class Job:
 
 
 # The columns a claim returns: those of Job it does not set itself (see Job.from_claimed).
-CLAIMED_COLUMNS = ("id", "experiment_id", "phase", "kind", "target", "params", "priority", "attempt", "max_attempts",
-                   "lease", "results", "workdir", "created_at", "queued_at")
+CLAIMED_COLUMNS = (
+    "id",
+    "experiment_id",
+    "phase",
+    "kind",
+    "target",
+    "params",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "lease",
+    "results",
+    "workdir",
+    "created_at",
+    "queued_at",
+)
 CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
 
 

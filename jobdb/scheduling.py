@@ -60,8 +60,19 @@ def params_hashes(specs: Sequence[JobSpec], encoded: Sequence[str]) -> list[str]
 SCHEDULE_CHUNK = 10_000  # jobs a schedule holds at once: made, hashed, checked, inserted, then let go
 _LOOKUP = 5_000  # identities per lookup (two per job at most with older spellings: under SQLite's limit)
 ANALYZE_AFTER = 50_000  # jobs, then twice as many each time
-_JOB_COLUMNS = ("experiment_id", "phase", "kind", "target", "params", "params_hash", "status", "priority",
-                "max_attempts", "created_at", "queued_at")
+_JOB_COLUMNS = (
+    "experiment_id",
+    "phase",
+    "kind",
+    "target",
+    "params",
+    "params_hash",
+    "status",
+    "priority",
+    "max_attempts",
+    "created_at",
+    "queued_at",
+)
 
 
 class ReadyChunk(NamedTuple):
@@ -77,8 +88,9 @@ def ready_chunk(index: int, batch: Sequence[JobSpec], duplicate: bool) -> ReadyC
     before children, parameters that JSON and the database can hold)."""
     for i, s in enumerate(batch, index):
         if s.parent is not None and not 0 <= s.parent < i:
-            raise UsageError(f"job {i} of the sweep names job {s.parent} as its parent; "
-                             "a parent must come before its children")
+            raise UsageError(
+                f"job {i} of the sweep names job {s.parent} as its parent; a parent must come before its children"
+            )
     for i, s in enumerate(batch, index):  # before flattening, which would follow a deep nest
         if s.params_json is None or not json_within_limits(s.params_json):
             check_shape(s.params, f"the parameters of job {i} of the sweep")
@@ -128,27 +140,51 @@ class ReadySweep:
         return len(self.specs) if isinstance(self.specs, Sized) else sum(1 for _ in self.specs)
 
 
-def schedule(conn: Connection, log: Log, hot: HotStatements, exp: int, experiment: str, sweep: ReadySweep, *,
-             after: Sequence[int], priority: float, max_attempts: int, progress: Callable[[int], None] | None,
-             halving: _halving.Halving | None, keep_ids: bool = True) -> ScheduleResult:
+def schedule(
+    conn: Connection,
+    log: Log,
+    hot: HotStatements,
+    exp: int,
+    experiment: str,
+    sweep: ReadySweep,
+    *,
+    after: Sequence[int],
+    priority: float,
+    max_attempts: int,
+    progress: Callable[[int], None] | None,
+    halving: _halving.Halving | None,
+    keep_ids: bool = True,
+) -> ScheduleResult:
     """Insert a sweep's new jobs and their dependencies into experiment ``exp`` (named ``experiment``),
     in the caller's write transaction, a chunk at a time; see :meth:`Store.schedule`."""
     lock_experiment(conn, exp)
     if after:
         found: set[int] = set()
         for part in chunks(list(after)):
-            found.update(conn.execute(sa.select(t_job.c.id).where(
-                t_job.c.experiment_id == exp, t_job.c.id.in_(part))).scalars())
+            found.update(
+                conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.id.in_(part))).scalars()
+            )
         missing = sorted(set(after) - found)
         if missing:
             raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {experiment!r}")
     # The experiment is locked for this transaction: the ids past ``before`` are this sweep's.
     before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
     empty = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp).limit(1)).first() is None
-    writer = SweepWriter(conn, log, hot, exp, before, after=after, priority=priority, max_attempts=max_attempts,
-                         lookup=not sweep.duplicate and not (empty and sweep.distinct),
-                         with_parents=sweep.parents or sweep.repeat > 1, keep_ids=keep_ids or halving is not None,
-                         members=halving is not None, counted=None if sweep.distinct else set())
+    writer = SweepWriter(
+        conn,
+        log,
+        hot,
+        exp,
+        before,
+        after=after,
+        priority=priority,
+        max_attempts=max_attempts,
+        lookup=not sweep.duplicate and not (empty and sweep.distinct),
+        with_parents=sweep.parents or sweep.repeat > 1,
+        keep_ids=keep_ids or halving is not None,
+        members=halving is not None,
+        counted=None if sweep.distinct else set(),
+    )
     done = 0
     for index, chunk in sweep.chunks():
         writer.write(index, chunk, lookup=writer.lookup)
@@ -178,9 +214,23 @@ class SweepWriter:
     ``after``, the caller).
     """
 
-    def __init__(self, conn: Connection, log: Log, hot: HotStatements, exp: int, before: int, *,
-                 after: Sequence[int], priority: float, max_attempts: int, lookup: bool, with_parents: bool,
-                 keep_ids: bool, members: bool, counted: set[int] | None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        log: Log,
+        hot: HotStatements,
+        exp: int,
+        before: int,
+        *,
+        after: Sequence[int],
+        priority: float,
+        max_attempts: int,
+        lookup: bool,
+        with_parents: bool,
+        keep_ids: bool,
+        members: bool,
+        counted: set[int] | None,
+    ) -> None:
         self.conn, self.log, self.hot, self.exp, self.before = conn, log, hot, exp, before
         self.after, self.priority, self.max_attempts = list(after), priority, max_attempts
         self.lookup, self.keep_ids = lookup, keep_ids
@@ -219,9 +269,21 @@ class SweepWriter:
         for h, k in fresh.items():
             s = specs[k]
             root = s.parent is None
-            rows.append((self.exp, s.phase, s.kind, s.target, encoded[k], h,
-                         self.root_status if root else Status.WAITING.value, self.priority, self.max_attempts,
-                         self.now, self.root_queued_at if root else None))
+            rows.append(
+                (
+                    self.exp,
+                    s.phase,
+                    s.kind,
+                    s.target,
+                    encoded[k],
+                    h,
+                    self.root_status if root else Status.WAITING.value,
+                    self.priority,
+                    self.max_attempts,
+                    self.now,
+                    self.root_queued_at if root else None,
+                )
+            )
         bulk_insert(self.conn, t_job, _JOB_COLUMNS, rows)
         self.added += len(rows)
         if self.added >= self.analyze_at and self.conn.dialect.name == "postgresql":
@@ -265,12 +327,21 @@ class SweepWriter:
         wanted = set(hashes)
         older = self._dotted_positions(specs)
         if older:
-            wanted.update(params_hashes([specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older],
-                                        [encoded[k] for k in older]))
+            wanted.update(
+                params_hashes(
+                    [specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older],
+                    [encoded[k] for k in older],
+                )
+            )
         out: dict[str, int] = {}
         for part in chunks(sorted(wanted), _LOOKUP):
-            out.update(self.conn.execute(sa.select(t_job.c.params_hash, t_job.c.id).where(
-                t_job.c.experiment_id == self.exp, t_job.c.params_hash.in_(part))).all())
+            out.update(
+                self.conn.execute(
+                    sa.select(t_job.c.params_hash, t_job.c.id).where(
+                        t_job.c.experiment_id == self.exp, t_job.c.params_hash.in_(part)
+                    )
+                ).all()
+            )
         return out
 
     def _dotted_positions(self, specs: list[JobSpec]) -> list[int]:
@@ -278,21 +349,31 @@ class SweepWriter:
         unknown = {s.target for s in specs if s.kind == "fn" and s.target not in self.dotted}
         if unknown:
             spelled = {t: t.replace(":", ".") for t in unknown}
-            stored = set(self.conn.execute(sa.select(t_job.c.target).distinct().where(
-                t_job.c.experiment_id == self.exp, t_job.c.kind == "fn",
-                t_job.c.target.in_(sorted(set(spelled.values()))))).scalars())
+            stored = set(
+                self.conn.execute(
+                    sa.select(t_job.c.target)
+                    .distinct()
+                    .where(
+                        t_job.c.experiment_id == self.exp,
+                        t_job.c.kind == "fn",
+                        t_job.c.target.in_(sorted(set(spelled.values()))),
+                    )
+                ).scalars()
+            )
             self.dotted.update((t, d in stored) for t, d in spelled.items())
         return [k for k, s in enumerate(specs) if s.kind == "fn" and self.dotted[s.target]]
 
-    def _older_spellings(self, specs: list[JobSpec], encoded: list[str], hashes: list[str],
-                         found: dict[str, int]) -> list[str]:
+    def _older_spellings(
+        self, specs: list[JobSpec], encoded: list[str], hashes: list[str], found: dict[str, int]
+    ) -> list[str]:
         """``hashes``, where a job stored before targets had one spelling (``pkg.mod.fn``, hashed so)
         is the same job: its stored hash, so that it is found, not added again. Stored rows keep theirs."""
         older = self._dotted_positions(specs)
         if not older:
             return hashes
-        legacy = params_hashes([specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older],
-                               [encoded[k] for k in older])
+        legacy = params_hashes(
+            [specs[k]._replace(target=specs[k].target.replace(":", ".")) for k in older], [encoded[k] for k in older]
+        )
         out = list(hashes)
         for k, h in zip(older, legacy):
             if h in found and hashes[k] not in found:
@@ -306,8 +387,9 @@ class SweepWriter:
             return {}
         start, n = self.last_id, len(hashes)
         if self.conn.dialect.name == "sqlite":
-            last, count = self.conn.execute(sa.select(sa.func.max(t_job.c.id), sa.func.count())
-                                            .where(t_job.c.id > start)).one()
+            last, count = self.conn.execute(
+                sa.select(sa.func.max(t_job.c.id), sa.func.count()).where(t_job.c.id > start)
+            ).one()
             if (last, count) == (start + n, n):
                 self.last_id = last
                 return dict(zip(hashes, range(start + 1, start + n + 1)))
@@ -350,13 +432,17 @@ def canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
 def search_moves_on(log: Log, now: Callable[[Connection], float]) -> Ended:
     """The one place where the end of a job moves a search on: its promotions are scheduled in the
     finishing commit (``transitions``' ``after_end``), stamped with ``now``."""
+
     def after_end(conn: Connection, job_id: int) -> None:
-        _halving.after_finish(conn, job_id, lambda c, ids, why: graph.refresh(c, log, ids, why=why),
-                              params_hash, lambda: now(conn))
+        _halving.after_finish(
+            conn, job_id, lambda c, ids, why: graph.refresh(c, log, ids, why=why), params_hash, lambda: now(conn)
+        )
+
     return after_end
 
 
 # -- functions run by value ------------------------------------------------------------------
+
 
 def pickled_by_value(fn: Callable[..., Any], name: str) -> tuple[str, bytes]:
     """A function run by value: the target it is stored and called under, ``name#digest``, and its code
@@ -380,6 +466,7 @@ def _code_digest(fn: Callable[..., Any], cloudpickle: Any) -> str:
     but with sets in a fixed order (a set of strings, a constant ``{"a", "b"}`` included, iterates in
     an order that changes from one process to the next), and without the random ids cloudpickle
     gives the classes of a script."""
+
     def stable(obj: Any) -> bytes:
         buffer = io.BytesIO()
         _StablePickler(buffer, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
@@ -406,14 +493,16 @@ def put_function(conn: Connection, exp: int, target: str, code: bytes) -> None:
     key = (t_code.c.experiment_id == exp) & (t_code.c.target == target)
     old = conn.execute(sa.select(t_code.c.digest).where(key)).scalar()
     if old is None:
-        conn.execute(sa.insert(t_code).values(experiment_id=exp, target=target, digest=digest, code=code,
-                                              stored_at=time.time()))
+        conn.execute(
+            sa.insert(t_code).values(experiment_id=exp, target=target, digest=digest, code=code, stored_at=time.time())
+        )
     elif old != digest:
         conn.execute(sa.update(t_code).where(key).values(digest=digest, code=code, stored_at=time.time()))
 
 
 def function_code(conn: Connection, exp: int, target: str) -> bytes | None:
     """The stored code of a function run by value, or None."""
-    code = conn.execute(sa.select(t_code.c.code).where(t_code.c.experiment_id == exp,
-                                                          t_code.c.target == target)).scalar()
+    code = conn.execute(
+        sa.select(t_code.c.code).where(t_code.c.experiment_id == exp, t_code.c.target == target)
+    ).scalar()
     return bytes(code) if code is not None else None

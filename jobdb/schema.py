@@ -127,8 +127,11 @@ Index("ix_job_phase", job.c.experiment_id, job.c.phase, job.c.status, job.c.id)
 # PostgreSQL only: a parameter filter (params @> '{"lr": 0.1}'). Not an ``Index`` of the metadata,
 # which would build a plain index over SQLite's JSON text.
 PARAMS_INDEX = "ix_job_params"
-event.listen(job, "after_create", DDL(f"CREATE INDEX {PARAMS_INDEX} ON job USING gin (params jsonb_path_ops)")
-             .execute_if(dialect="postgresql"))
+event.listen(
+    job,
+    "after_create",
+    DDL(f"CREATE INDEX {PARAMS_INDEX} ON job USING gin (params jsonb_path_ops)").execute_if(dialect="postgresql"),
+)
 
 job_dep = Table(
     "job_dep",

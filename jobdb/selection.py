@@ -26,6 +26,7 @@ LIST_DIGITS = 4
 
 # -- the --where language -------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Condition:
     """``key OP value`` on a job's parameters; a job without the key never matches."""
@@ -55,8 +56,9 @@ def parse_where(text: str) -> Condition:
 
     match = _WHERE.match(text)
     if not match or not match.group(3):
-        raise UsageError(f"--where {text!r}: write KEY OP VALUE with OP one of ==, !=, <, <=, >, >= "
-                         "(for example nhid>=128)")
+        raise UsageError(
+            f"--where {text!r}: write KEY OP VALUE with OP one of ==, !=, <, <=, >, >= (for example nhid>=128)"
+        )
     key, op, raw = match.groups()
     if raw[0] in "<>=!":
         raise UsageError(f"--where {text!r}: {op + raw[0]!r} is not an operator; use ==, !=, <, <=, >, >=")
@@ -69,6 +71,7 @@ def parse_where(text: str) -> Condition:
 
 
 # -- folds, seeds and outer folds -------------------------------------------------------------------
+
 
 def group_kind(key: str) -> str | None:
     """``fold`` or ``seed`` when the parameter names one (``fold``, ``*_fold``, ``fold_*``, ...), else None:
@@ -85,8 +88,7 @@ def group_kind(key: str) -> str | None:
 def is_outer_key(key: str) -> bool:
     """Whether the parameter names an outer fold of nested cross-validation (``id_outer_fold``, ...)."""
     parts = key.lower().split("_")
-    return "outer" in parts and any(p.startswith("fold") for p in parts) and not key.lower().startswith(
-        _COUNT_PREFIXES)
+    return "outer" in parts and any(p.startswith("fold") for p in parts) and not key.lower().startswith(_COUNT_PREFIXES)
 
 
 def default_group_keys(keys: Iterable[str]) -> list[str]:
@@ -101,6 +103,7 @@ def default_outer_key(keys: Iterable[str]) -> str | None:
 
 
 # -- comparing and ordering values ----------------------------------------------------------------
+
 
 def is_number(v: Any) -> bool:
     """A finite int or float (not a bool): what a report averages and a chart draws."""
@@ -140,6 +143,7 @@ def sort_key(v: Any) -> tuple:
 
 
 # -- printing --------------------------------------------------------------------------------------
+
 
 def format_number(value: float | None, digits: int = 4) -> str:
     """A result as the report prints it: four significant digits for a mean, two for a spread."""

@@ -34,8 +34,12 @@ CODES: dict[Status, int] = {
     Status.BLOCKED: 8,
 }
 # ERR_START (a job that could not start) is FAILED here, with the reason in its error.
-ALIASES: dict[str, Status] = {"START": Status.QUEUED, "ERR_RUN": Status.FAILED, "ERR_START": Status.FAILED,
-                              "CANCELLED": Status.CANCELED}
+ALIASES: dict[str, Status] = {
+    "START": Status.QUEUED,
+    "ERR_RUN": Status.FAILED,
+    "ERR_START": Status.FAILED,
+    "CANCELLED": Status.CANCELED,
+}
 
 # The groups the status machine, the CLI and dispatch speak of, defined here only.
 #: Ended: nothing more happens to these jobs without a repair (reset, retry, set-status). What progress
@@ -56,8 +60,16 @@ OUTSTANDING = (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
 
 #: The order statuses are shown in wherever several are (counts, bars, live views): the status machine's.
-DISPLAY_ORDER = (Status.WAITING, Status.QUEUED, Status.RUNNING, Status.DONE, Status.FAILED, Status.CRASHED,
-                 Status.BLOCKED, Status.CANCELED)
+DISPLAY_ORDER = (
+    Status.WAITING,
+    Status.QUEUED,
+    Status.RUNNING,
+    Status.DONE,
+    Status.FAILED,
+    Status.CRASHED,
+    Status.BLOCKED,
+    Status.CANCELED,
+)
 
 
 def names_of(statuses: tuple[Status, ...]) -> list[str]:

@@ -44,8 +44,15 @@ T = TypeVar("T")
 class Store:
     """One experiment of one database, spoken to in domain verbs."""
 
-    def __init__(self, target: DbTarget, engine: Engine | None = None, *, check_schema: bool = True,
-                 create: bool = True, worker: bool = False) -> None:
+    def __init__(
+        self,
+        target: DbTarget,
+        engine: Engine | None = None,
+        *,
+        check_schema: bool = True,
+        create: bool = True,
+        worker: bool = False,
+    ) -> None:
         self.target = target
         path = target.sqlite_path
         if not create and path and path != ":memory:" and not os.path.exists(path):
@@ -54,15 +61,17 @@ class Store:
         self.hot = HotStatements(self.engine.dialect, CLAIMED_COLUMNS)
         self.clock = ServerClock(self.engine.dialect.name)  # claims, heartbeats, finishes: the server's time
         # A worker on PostgreSQL holds one connection at most, and none while a job runs on (keep_connection).
-        self._tx = self.transactions = Transactions(target, self.engine, self.hot,
-                                                    one_connection=worker and self.engine.dialect.name == "postgresql")
+        self._tx = self.transactions = Transactions(
+            target, self.engine, self.hot, one_connection=worker and self.engine.dialect.name == "postgresql"
+        )
         self.keep_connection = self._tx.keep_connection
         # The plumbing every verb goes through (jobdb/txn.py).
         self._write, self._read, self._events = self._tx.write, self._tx.read, self._tx.log
         self._exp = self._tx.experiment  # the experiment's id, read once
         # What the end of a run needs beyond its transaction: the server's time, and the searches it moves on.
-        self._ends: dict[str, Any] = dict(clock=self.clock.now,
-                                          after_end=scheduling.search_moves_on(self._events, self.clock.now))
+        self._ends: dict[str, Any] = dict(
+            clock=self.clock.now, after_end=scheduling.search_moves_on(self._events, self.clock.now)
+        )
         if check_schema:
             with _engine.translated_errors(target):
                 _engine.ensure_schema(self.engine, create=create)
@@ -85,10 +94,19 @@ class Store:
         return self._read(browse.experiments)
 
     # -- schedule -------------------------------------------------------------------
-    def schedule(self, specs: Iterable[JobSpec], *, after: Sequence[int] = (), priority: float = 0,
-                 max_attempts: int = 3, progress: Callable[[int], None] | None = None,
-                 halving: _halving.Halving | None = None, duplicate: bool = False,
-                 repeat: int = 1, keep_ids: bool = True) -> ScheduleResult:
+    def schedule(
+        self,
+        specs: Iterable[JobSpec],
+        *,
+        after: Sequence[int] = (),
+        priority: float = 0,
+        max_attempts: int = 3,
+        progress: Callable[[int], None] | None = None,
+        halving: _halving.Halving | None = None,
+        duplicate: bool = False,
+        repeat: int = 1,
+        keep_ids: bool = True,
+    ) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
         Roots (phase 0) depend on ``after`` (fan-in); other jobs on their parent. With ``halving``,
@@ -105,15 +123,34 @@ class Store:
         """
         check_priority(priority)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
-        return self._write(lambda conn: scheduling.schedule(
-            conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, after=after,
-            priority=priority, max_attempts=max_attempts, progress=progress, halving=halving, keep_ids=keep_ids))
+        return self._write(
+            lambda conn: scheduling.schedule(
+                conn,
+                self._events,
+                self.hot,
+                self._exp(conn, create=True),
+                self.experiment,
+                sweep,
+                after=after,
+                priority=priority,
+                max_attempts=max_attempts,
+                progress=progress,
+                halving=halving,
+                keep_ids=keep_ids,
+            )
+        )
 
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
-        return to_claimed(self._write(lambda conn: transitions.claim(
-            conn, self._events, self.hot, self._exp(conn), worker, workdir_root, self.clock.now(conn))), worker)
+        return to_claimed(
+            self._write(
+                lambda conn: transitions.claim(
+                    conn, self._events, self.hot, self._exp(conn), worker, workdir_root, self.clock.now(conn)
+                )
+            ),
+            worker,
+        )
 
     def claim_query(self) -> sa.Select:
         """The select ``claim`` picks its job with, for this experiment (to EXPLAIN: it must use ix_job_claim)."""
@@ -129,22 +166,28 @@ class Store:
     def assign(self, job_id: int, backend: str, backend_id: str, log_path: str | None = None) -> bool:
         """Record that allocation ``backend_id`` was made to run this QUEUED job; False if the job is
         not QUEUED any more or another allocation already waits for it (then cancel ``backend_id``)."""
-        return self._write(lambda conn: transitions.assign(conn, self._events, self._exp(conn), job_id, backend,
-                                                           backend_id, log_path))
+        return self._write(
+            lambda conn: transitions.assign(conn, self._events, self._exp(conn), job_id, backend, backend_id, log_path)
+        )
 
-    def claim_job(self, job_id: int, worker: WorkerInfo, workdir_root: str | None = None, *,
-                  assigned_to: str | None = None) -> Claimed | None:
+    def claim_job(
+        self, job_id: int, worker: WorkerInfo, workdir_root: str | None = None, *, assigned_to: str | None = None
+    ) -> Claimed | None:
         """Atomically take one given QUEUED job, or None; with ``assigned_to``, only if that backend id
         is the job's (the allocation it was assigned to, or the one that last ran it)."""
-        return self._write(lambda conn: transitions.claim_job(conn, self._events, self._exp(conn), job_id, worker,
-                                                              workdir_root, self.clock.now(conn), assigned_to))
+        return self._write(
+            lambda conn: transitions.claim_job(
+                conn, self._events, self._exp(conn), job_id, worker, workdir_root, self.clock.now(conn), assigned_to
+            )
+        )
 
     def release(self, job_id: int, backend_id: str, reason: str) -> Status | None:
         """Allocation ``backend_id`` ended without claiming its job: that counts as an attempt; the job
         stays QUEUED for another allocation, or is CRASHED once max_attempts are spent. None if the
         job no longer waits for that allocation."""
-        return self._write(lambda conn: transitions.release(conn, self._events, self._exp(conn), job_id,
-                                                            backend_id, reason))
+        return self._write(
+            lambda conn: transitions.release(conn, self._events, self._exp(conn), job_id, backend_id, reason)
+        )
 
     def _refused(self, job_id: int, lease: int, what: str) -> LeaseLost:
         """A refused write from a caller that lost the job, logged: the error to raise."""
@@ -152,6 +195,7 @@ class Store:
 
     def heartbeat(self, job_id: int, lease: int) -> bool:
         """Prove the job alive; returns True when a stop was requested (cancel --running)."""
+
         def run(conn: Connection) -> bool | None:
             rows = self.hot.heartbeat.rows(conn, id=job_id, lease=lease, now=self.clock.now(conn))
             return bool(rows[0][0]) if rows else None
@@ -180,25 +224,57 @@ class Store:
         if not self._write(lambda conn: transitions.log_metrics(conn, job_id, lease, rows)):
             raise self._refused(job_id, lease, "metrics")
 
-    def finish(self, job_id: int, lease: int, outcome: str, *, results: dict[str, Any] | None = None,
-               error: str | None = None, exit_code: int | None = None, why: str | None = None,
-               relaunch: bool = True) -> Status:
+    def finish(
+        self,
+        job_id: int,
+        lease: int,
+        outcome: str,
+        *,
+        results: dict[str, Any] | None = None,
+        error: str | None = None,
+        exit_code: int | None = None,
+        why: str | None = None,
+        relaunch: bool = True,
+    ) -> Status:
         """Record how an owned run ended and move the graph on; returns the job's new status.
 
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
-        status = self._write(lambda conn: transitions.finish(conn, self._events, self.hot, job_id, lease, outcome,
-                                                             blob, error, exit_code, why, relaunch, **self._ends))
+        status = self._write(
+            lambda conn: transitions.finish(
+                conn,
+                self._events,
+                self.hot,
+                job_id,
+                lease,
+                outcome,
+                blob,
+                error,
+                exit_code,
+                why,
+                relaunch,
+                **self._ends,
+            )
+        )
         if status is None:
             raise self._refused(job_id, lease, "finish")
         return status
 
-    def finish_and_claim(self, job_id: int, lease: int, outcome: str, worker: WorkerInfo,
-                         workdir_root: str | None = None, *, results: dict[str, Any] | None = None,
-                         error: str | None = None, exit_code: int | None = None,
-                         why: str | None = None) -> tuple[Status, Claimed | None]:
+    def finish_and_claim(
+        self,
+        job_id: int,
+        lease: int,
+        outcome: str,
+        worker: WorkerInfo,
+        workdir_root: str | None = None,
+        *,
+        results: dict[str, Any] | None = None,
+        error: str | None = None,
+        exit_code: int | None = None,
+        why: str | None = None,
+    ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
         The claim may take a dependent that this finish has just queued. Nothing is claimed
@@ -208,10 +284,28 @@ class Store:
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
-            status = transitions.finish(conn, self._events, self.hot, job_id, lease, outcome, blob, error, exit_code,
-                                        why, True, log, **self._ends)
-            claimed = (transitions.claim(conn, self._events, self.hot, self._exp(conn), worker, workdir_root,
-                                         self.clock.now(conn), log) if status is not None else None)
+            status = transitions.finish(
+                conn,
+                self._events,
+                self.hot,
+                job_id,
+                lease,
+                outcome,
+                blob,
+                error,
+                exit_code,
+                why,
+                True,
+                log,
+                **self._ends,
+            )
+            claimed = (
+                transitions.claim(
+                    conn, self._events, self.hot, self._exp(conn), worker, workdir_root, self.clock.now(conn), log
+                )
+                if status is not None
+                else None
+            )
             self._events(conn, log)
             return status, claimed
 
@@ -229,12 +323,21 @@ class Store:
         """Declare a RUNNING job crashed (found dead); relaunch within max_attempts."""
         return self.finish(job_id, lease, "CRASHED", why=reason, relaunch=relaunch)
 
-    def relaunch(self, job_ids: Sequence[int], why: str, *, include_failed: bool = False,
-                 ignore_limit: bool = False, dry_run: bool = False) -> list[int]:
+    def relaunch(
+        self,
+        job_ids: Sequence[int],
+        why: str,
+        *,
+        include_failed: bool = False,
+        ignore_limit: bool = False,
+        dry_run: bool = False,
+    ) -> list[int]:
         """Put CRASHED (and, if asked, FAILED) jobs back in the queue within max_attempts, cascading."""
+
         def run(conn: Connection) -> list[int]:
-            chosen = transitions.relaunchable(conn, self._exp(conn), include_failed=include_failed,
-                                              ids=job_ids, ignore_limit=ignore_limit)
+            chosen = transitions.relaunchable(
+                conn, self._exp(conn), include_failed=include_failed, ids=job_ids, ignore_limit=ignore_limit
+            )
             if not dry_run:
                 transitions.reset(conn, self._events, chosen, cascade=True, why=why, fresh=False)
             return chosen
@@ -244,8 +347,9 @@ class Store:
     def retry(self, job_ids: Sequence[int], why: str = "retried by hand", *, fresh: bool = False) -> list[int]:
         """Queue the FAILED and CRASHED jobs of ``job_ids`` again, their dependents back to WAITING: resuming
         from their checkpoint whatever their attempt limit, or started over (``fresh``). Returns those retried."""
-        return self._write(lambda conn: transitions.retry(conn, self._events, self._exp(conn), job_ids, why=why,
-                                                          fresh=fresh))
+        return self._write(
+            lambda conn: transitions.retry(conn, self._events, self._exp(conn), job_ids, why=why, fresh=fresh)
+        )
 
     def server_time(self) -> float:
         """The database server's time now (seconds since the epoch): what heartbeats are stamped with."""
@@ -255,8 +359,9 @@ class Store:
         """Every RUNNING job of the experiment, only the columns a liveness check needs: one query."""
         return self._read(lambda conn: browse.running_brief(conn, self._exp(conn)))
 
-    def crash_many(self, found: Sequence[tuple[int, int, str]], *, relaunch: bool = True,
-                   max_attempts: int | None = None) -> dict[int, Status]:
+    def crash_many(
+        self, found: Sequence[tuple[int, int, str]], *, relaunch: bool = True, max_attempts: int | None = None
+    ) -> dict[int, Status]:
         """Declare many RUNNING jobs crashed in one transaction: the monitor's batch of ``crash``.
 
         ``found`` holds (job id, lease, reason). A job no longer RUNNING at that lease (it finished or
@@ -268,20 +373,39 @@ class Store:
         wanted: dict[int, dict[int, str]] = {}
         for job_id, lease, reason in found:
             wanted.setdefault(job_id, {})[lease] = reason
-        return self._write(lambda conn: transitions.crash_found(
-            conn, self._events, self._exp(conn), wanted, relaunch=relaunch, max_attempts=max_attempts,
-            now=self.clock.now(conn))) \
-            if wanted else {}
+        return (
+            self._write(
+                lambda conn: transitions.crash_found(
+                    conn,
+                    self._events,
+                    self._exp(conn),
+                    wanted,
+                    relaunch=relaunch,
+                    max_attempts=max_attempts,
+                    now=self.clock.now(conn),
+                )
+            )
+            if wanted
+            else {}
+        )
 
-    def relaunch_due(self, *, include_failed: bool = False, max_attempts: int | None = None,
-                     why: str = "relaunched by the monitor", dry_run: bool = False) -> list[int]:
+    def relaunch_due(
+        self,
+        *,
+        include_failed: bool = False,
+        max_attempts: int | None = None,
+        why: str = "relaunched by the monitor",
+        dry_run: bool = False,
+    ) -> list[int]:
         """Relaunch every CRASHED (and, if asked, FAILED) job with attempts left, cascading; one transaction.
 
         ``max_attempts`` overrides each job's own limit. The jobs keep their workdir and checkpoint.
         """
+
         def due(conn: Connection) -> list[int]:
-            return transitions.relaunchable(conn, self._exp(conn), include_failed=include_failed,
-                                            max_attempts=max_attempts)
+            return transitions.relaunchable(
+                conn, self._exp(conn), include_failed=include_failed, max_attempts=max_attempts
+            )
 
         def run(conn: Connection) -> list[int]:
             ids = due(conn)
@@ -293,11 +417,13 @@ class Store:
         ids = self._read(due)
         return ids if dry_run or not ids else self._write(run)
 
-    def recent_events(self, *, to_status: Sequence[Status] = (), since: float | None = None,
-                      limit: int = 20) -> list[Event]:
+    def recent_events(
+        self, *, to_status: Sequence[Status] = (), since: float | None = None, limit: int = 20
+    ) -> list[Event]:
         """The experiment's latest status changes, newest first (the monitor's "recent crashes")."""
-        return self._read(lambda conn: browse.recent_events(conn, self._exp(conn), to_status=to_status, since=since,
-                                                            limit=limit))
+        return self._read(
+            lambda conn: browse.recent_events(conn, self._exp(conn), to_status=to_status, since=since, limit=limit)
+        )
 
     def changes_of(self, verb: Callable[[], T], *, dry_run: bool = False) -> tuple[T, list[dict[str, Any]]]:
         """Run ``verb`` (a call of this store's write verbs); return its answer and the status changes it made.
@@ -313,17 +439,21 @@ class Store:
     # -- a user's repairs ----------------------------------------------------------------
     def _checked(self, job_ids: Sequence[int], move: Callable[[Connection], T]) -> T:
         """Run ``move`` in one write transaction once every id is known to be one of this experiment's."""
+
         def run(conn: Connection) -> T:
             transitions.check_ids(conn, self._exp(conn), self.experiment, job_ids)
             return move(conn)
+
         return self._write(run)
 
-    def reset(self, job_ids: Sequence[int], *, cascade: bool = True, why: str = "reset by hand",
-              force_running: bool = False) -> list[int]:
+    def reset(
+        self, job_ids: Sequence[int], *, cascade: bool = True, why: str = "reset by hand", force_running: bool = False
+    ) -> list[int]:
         """Put jobs back to run again (fresh attempt budget); their dependents back to WAITING.
 
         Returns every job whose status changed. The results they had go into the event log.
         """
+
         def move(conn: Connection) -> list[int]:
             if not force_running:
                 transitions.check_not_running(conn, job_ids)
@@ -333,8 +463,9 @@ class Store:
 
     def cancel(self, job_ids: Sequence[int], *, running: bool = False, why: str = "cancelled by hand") -> list[int]:
         """Cancel jobs that have not finished; with ``running``, ask running ones to stop."""
-        return self._checked(job_ids, lambda conn: transitions.cancel(conn, self._events, job_ids, running=running,
-                                                                      why=why))
+        return self._checked(
+            job_ids, lambda conn: transitions.cancel(conn, self._events, job_ids, running=running, why=why)
+        )
 
     def set_status(self, job_ids: Sequence[int], status: Status, why: str = "status set by hand") -> list[int]:
         """Force a status (jobman's --set_status), keeping the graph consistent around it.
@@ -347,20 +478,37 @@ class Store:
     def set_priority(self, job_ids: Sequence[int], priority: float, why: str = "by hand") -> int:
         """Higher runs first among QUEUED jobs. Each change is in the event log (status unchanged)."""
         check_priority(priority)
-        return self._checked(job_ids, lambda conn: transitions.set_priority(conn, self._events, job_ids, priority,
-                                                                            why))
+        return self._checked(job_ids, lambda conn: transitions.set_priority(conn, self._events, job_ids, priority, why))
 
     def delete(self, job_ids: Sequence[int]) -> int:
         """Remove jobs with their events and metrics; their dependents lose that dependency."""
         return self._checked(job_ids, lambda conn: transitions.delete(conn, self._events, job_ids))
 
     # -- reading ------------------------------------------------------------------------
-    def jobs(self, *, status: Sequence[Status] = (), phase: int | None = None, ids: Sequence[int] = (),
-             with_deps: bool = True, limit: int | None = None, params: dict[str, Any] | None = None) -> list[Job]:
+    def jobs(
+        self,
+        *,
+        status: Sequence[Status] = (),
+        phase: int | None = None,
+        ids: Sequence[int] = (),
+        with_deps: bool = True,
+        limit: int | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> list[Job]:
         """Jobs of the experiment, by id, optionally filtered (``params``: these parameters have these values);
         a page (``limit``) is read from an index."""
-        return self._read(lambda conn: browse.jobs(conn, self._exp(conn), status=status, phase=phase, ids=ids,
-                                                   with_deps=with_deps, limit=limit, params=params))
+        return self._read(
+            lambda conn: browse.jobs(
+                conn,
+                self._exp(conn),
+                status=status,
+                phase=phase,
+                ids=ids,
+                with_deps=with_deps,
+                limit=limit,
+                params=params,
+            )
+        )
 
     def job(self, job_id: int) -> Job:
         """One job, with the ids it depends on."""
@@ -423,8 +571,14 @@ class Store:
         """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""
         return self._read(lambda conn: browse.outstanding(conn, self._exp(conn)))
 
-    def select_ids(self, *, status: Sequence[Status] = (), phase: int | None = None,
-                   params: dict[str, Any] | None = None, target: str | None = None) -> list[int]:
+    def select_ids(
+        self,
+        *,
+        status: Sequence[Status] = (),
+        phase: int | None = None,
+        params: dict[str, Any] | None = None,
+        target: str | None = None,
+    ) -> list[int]:
         """Ids of jobs matching a selector (``--after``, ``retry --failed --phase 1`` and the like)."""
         return browse.matching(self.jobs(status=status, phase=phase, with_deps=False, params=params), params, target)
 
@@ -434,12 +588,14 @@ class Store:
 
         What a call from Python looks up first: a DONE call is answered without a write.
         """
+
         def run(conn: Connection) -> dict[str, Job]:
             try:
                 exp = self._exp(conn)
             except NoSuchExperiment:
                 return {}
             return browse.find(conn, self.hot, exp, hashes)
+
         return self._read(run)
 
     def put_function(self, target: str, code: bytes) -> None:
@@ -451,5 +607,16 @@ class Store:
         return self._read(lambda conn: scheduling.function_code(conn, self._exp(conn), target))
 
 
-__all__ = ["Store", "Job", "Event", "Claimed", "RunningJob", "WorkerInfo", "ScheduleResult", "DatabaseError",
-           "params_hash", "source_tag", "MAX_STATE_BYTES"]
+__all__ = [
+    "Store",
+    "Job",
+    "Event",
+    "Claimed",
+    "RunningJob",
+    "WorkerInfo",
+    "ScheduleResult",
+    "DatabaseError",
+    "params_hash",
+    "source_tag",
+    "MAX_STATE_BYTES",
+]

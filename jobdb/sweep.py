@@ -100,6 +100,7 @@ def _fail(arg_index: int, token: str, message: str, pos: int | None = None) -> S
 
 # -- values ----------------------------------------------------------------------
 
+
 class _Quotes:
     """Which characters of a value, read left to right, belong to a quoted string ('...' or "...",
     a backslash escaping in the latter): the scanners below skip them."""
@@ -211,8 +212,10 @@ def _bracket_depth(text: str) -> int:
 def _distribution(call: re.Match, lead: int) -> Distribution:
     name = call.group(1)
     if name not in distributions.NAMES:
-        raise ValueError(f"{name}(...) is not a distribution (they are {', '.join(distributions.NAMES)}); "
-                         f"quote the value to pass it as text@{lead}")
+        raise ValueError(
+            f"{name}(...) is not a distribution (they are {', '.join(distributions.NAMES)}); "
+            f"quote the value to pass it as text@{lead}"
+        )
     inner, start = call.group(2), lead + len(name) + 1
     args = [] if not inner.strip() else [_plain(p, pos, "a distribution") for p, pos in split_top_level(inner, start)]
     why = distributions.check(name, args)
@@ -254,11 +257,16 @@ def format_value(value: Any) -> str:
 
 # -- expressions -------------------------------------------------------------------
 
+
 def parse_assignment(token: str, arg_index: int) -> Assignment:
     """``k=v`` or ``k={{a,b,c}}``."""
     if "=" not in token:
-        raise _fail(arg_index, token, "'=' is missing: parameters are written key=value"
-                    + (" (and no such configuration file exists)" if token.endswith(".conf") else ""))
+        raise _fail(
+            arg_index,
+            token,
+            "'=' is missing: parameters are written key=value"
+            + (" (and no such configuration file exists)" if token.endswith(".conf") else ""),
+        )
     key, _, raw = token.partition("=")
     if not _KEY.match(key):
         raise _fail(arg_index, token, f"{key!r} is not a valid parameter name", 0)
@@ -266,9 +274,11 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
     try:
         if raw.startswith("{{"):
             closes = _find_unquoted(raw[2:], ("}}",))
-            if 0 <= closes < len(raw) - 4 and _find_unquoted(raw[2:2 + closes], ("{{",)) < 0:
-                raise ValueError(f"the grid closes here and more follows: give one key one grid "
-                                 f"(write every value inside one {{{{...}}}})@{start + 2 + closes}")
+            if 0 <= closes < len(raw) - 4 and _find_unquoted(raw[2 : 2 + closes], ("{{",)) < 0:
+                raise ValueError(
+                    f"the grid closes here and more follows: give one key one grid "
+                    f"(write every value inside one {{{{...}}}})@{start + 2 + closes}"
+                )
             if not raw.endswith("}}") or len(raw) < 4:
                 raise ValueError(f"'{{{{' is never closed with '}}}}'@{start}")
             inner = raw[2:-2]
@@ -402,8 +412,9 @@ def _combos(phase: Phase, number: int, samples: int | None, seed: int, sampler: 
     return list(_points(phase, number, samples, seed, sampler)())
 
 
-def _points(phase: Phase, number: int, samples: int | None, seed: int,
-            sampler: str) -> Callable[[], Iterator[dict[str, Any]]]:
+def _points(
+    phase: Phase, number: int, samples: int | None, seed: int, sampler: str
+) -> Callable[[], Iterator[dict[str, Any]]]:
     """A maker of fresh iterators over the points of a phase (see :func:`_combos`): the grid is
     walked as it is read; only the ``samples`` draws, if any, are held."""
     drawn = _drawn(phase)
@@ -421,11 +432,11 @@ def check_samples(sweep: Sweep, samples: int | None) -> None:
     if drawn and samples is None:
         first = drawn[0]
         arg, token = first.where or (0, f"{first.key}={format_value(first.values[0])}")
-        raise _fail(arg, token, "a distribution needs --samples N, the number of points to draw",
-                    len(first.key) + 1)
+        raise _fail(arg, token, "a distribution needs --samples N, the number of points to draw", len(first.key) + 1)
     if samples is not None and not drawn:
-        raise SweepError("--samples draws from distributions such as lr=loguniform(1e-4,1e-1), "
-                         "and no parameter of this sweep is one")
+        raise SweepError(
+            "--samples draws from distributions such as lr=loguniform(1e-4,1e-1), and no parameter of this sweep is one"
+        )
     if samples is not None and samples < 1:
         raise SweepError(f"--samples must be at least 1, not {samples}")
 
@@ -463,8 +474,9 @@ class Expansion:
     the same arguments give the same jobs, and a larger ``samples`` only adds to them.
     """
 
-    def __init__(self, sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random",
-                 phase_offset: int = 0) -> None:
+    def __init__(
+        self, sweep: Sweep, *, samples: int | None = None, seed: int = 0, sampler: str = "random", phase_offset: int = 0
+    ) -> None:
         check_samples(sweep, samples)
         self.sweep, self.samples, self.seed, self.sampler = sweep, samples, seed, sampler
         self.phase_offset = phase_offset  # a fan-in sweep's phases come after the jobs it waits for
@@ -482,8 +494,7 @@ class Expansion:
 
     def shifted(self, offset: int) -> Expansion:
         """The same jobs with their phases numbered from ``offset``."""
-        return Expansion(self.sweep, samples=self.samples, seed=self.seed, sampler=self.sampler,
-                         phase_offset=offset)
+        return Expansion(self.sweep, samples=self.samples, seed=self.seed, sampler=self.sampler, phase_offset=offset)
 
     def function_parameters(self) -> list[tuple[str, list[str]]]:
         """The function each phase of kind "fn" runs, with the names of the parameters its jobs get:
@@ -528,8 +539,9 @@ class Expansion:
         if encoded is None:
             yield from (new(JobSpec, (phase, kind, target, combo, None, None)) for combo in points())
         else:
-            yield from (new(JobSpec, (phase, kind, target, combo, None, text))
-                        for combo, text in zip(points(), encoded))
+            yield from (
+                new(JobSpec, (phase, kind, target, combo, None, text)) for combo, text in zip(points(), encoded)
+            )
         start = 0  # index of the first job of the phase before
         for number in range(1, len(self._phases)):
             kind, target, _points_of = self._phases[number]

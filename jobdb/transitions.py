@@ -70,8 +70,14 @@ def current(conn: Connection, job_ids: Sequence[int]) -> list[Any]:
     """Jobs' id, status and attempt as they are now in this transaction, by id, their rows locked."""
     rows: list[Any] = []
     for chunk in chunks(sorted(set(job_ids))):
-        rows.extend(conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
-                                 .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id).with_for_update()))
+        rows.extend(
+            conn.execute(
+                sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt)
+                .where(t_job.c.id.in_(chunk))
+                .order_by(t_job.c.id)
+                .with_for_update()
+            )
+        )
     return rows
 
 
@@ -84,8 +90,17 @@ def named(ids: Sequence[int]) -> str:
 
 # -- the claim ------------------------------------------------------------------------------
 
-def claim(conn: Connection, log: Log, hot: HotStatements, exp: int, worker: WorkerInfo, workdir_root: str | None,
-          now: float, pending: list[dict[str, Any]] | None = None) -> Found | None:
+
+def claim(
+    conn: Connection,
+    log: Log,
+    hot: HotStatements,
+    exp: int,
+    worker: WorkerInfo,
+    workdir_root: str | None,
+    now: float,
+    pending: list[dict[str, Any]] | None = None,
+) -> Found | None:
     """Take the first QUEUED job of ``exp`` (by priority, then order, then id), or None. With
     ``pending``, its event is left there for the caller to write; the answer becomes a
     :class:`Claimed` (``records.to_claimed``) once the write lock is released."""
@@ -97,14 +112,24 @@ def claim(conn: Connection, log: Log, hot: HotStatements, exp: int, worker: Work
     return row, [r[0] for r in hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
 
 
-def claim_job(conn: Connection, log: Log, exp: int, job_id: int, worker: WorkerInfo, workdir_root: str | None,
-              now: float, assigned_to: str | None = None) -> Claimed | None:
+def claim_job(
+    conn: Connection,
+    log: Log,
+    exp: int,
+    job_id: int,
+    worker: WorkerInfo,
+    workdir_root: str | None,
+    now: float,
+    assigned_to: str | None = None,
+) -> Claimed | None:
     """Take one given QUEUED job, or None; with ``assigned_to``, only if that backend id is the job's."""
     where = [t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == _QUEUED]
     if assigned_to is not None:
         where.append(t_job.c.backend_id == assigned_to)
-    row = conn.execute(sa.update(t_job).where(*where).values(**claim_values()).returning(*t_job.c),
-                       claim_args(worker, workdir_root, now)).first()
+    row = conn.execute(
+        sa.update(t_job).where(*where).values(**claim_values()).returning(*t_job.c),
+        claim_args(worker, workdir_root, now),
+    ).first()
     if row is None:
         return None
     job = Job.from_row(row, graph.parent_ids(conn, row.id))
@@ -112,39 +137,67 @@ def claim_job(conn: Connection, log: Log, exp: int, job_id: int, worker: WorkerI
     return Claimed(job, job.lease)
 
 
-def log_claim(conn: Connection, log: Log, job_id: int, attempt: int, worker: WorkerInfo,
-              pending: list[dict[str, Any]] | None = None) -> None:
+def log_claim(
+    conn: Connection,
+    log: Log,
+    job_id: int,
+    attempt: int,
+    worker: WorkerInfo,
+    pending: list[dict[str, Any]] | None = None,
+) -> None:
     """Log a claim (QUEUED -> RUNNING) in the claiming transaction, or leave its event in ``pending``."""
-    event = {"job_id": job_id, "from_status": _QUEUED, "to_status": _RUNNING, "attempt": attempt,
-             "why": f"claimed by {worker.host}:{worker.pid}"
-             + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else "")}
+    event = {
+        "job_id": job_id,
+        "from_status": _QUEUED,
+        "to_status": _RUNNING,
+        "attempt": attempt,
+        "why": f"claimed by {worker.host}:{worker.pid}"
+        + (f" ({worker.backend} {worker.backend_id})" if worker.backend_id else ""),
+    }
     if pending is None:
         log(conn, [event])
     else:
         pending.append(event)
 
 
-def assign(conn: Connection, log: Log, exp: int, job_id: int, backend: str, backend_id: str,
-           log_path: str | None) -> bool:
+def assign(
+    conn: Connection, log: Log, exp: int, job_id: int, backend: str, backend_id: str, log_path: str | None
+) -> bool:
     """Allocation ``backend_id`` was made to run this QUEUED job; False if the job is not QUEUED any
     more or another allocation already waits for it."""
-    row = conn.execute(sa.update(t_job).where(
-        t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == _QUEUED,
-        sa.or_(t_job.c.backend_id.is_(None), t_job.c.pid.isnot(None)))
-        .values(backend=backend, backend_id=backend_id, log_path=log_path, host=None, pid=None,
-                pid_started_at=None).returning(t_job.c.attempt)).first()
+    row = conn.execute(
+        sa.update(t_job)
+        .where(
+            t_job.c.id == job_id,
+            t_job.c.experiment_id == exp,
+            t_job.c.status == _QUEUED,
+            sa.or_(t_job.c.backend_id.is_(None), t_job.c.pid.isnot(None)),
+        )
+        .values(backend=backend, backend_id=backend_id, log_path=log_path, host=None, pid=None, pid_started_at=None)
+        .returning(t_job.c.attempt)
+    ).first()
     if row is not None:
-        log(conn, [{"job_id": job_id, "from_status": _QUEUED, "to_status": _QUEUED, "attempt": row.attempt,
-                    "why": f"submitted as {backend} job {backend_id}"}])
+        log(
+            conn,
+            [
+                {
+                    "job_id": job_id,
+                    "from_status": _QUEUED,
+                    "to_status": _QUEUED,
+                    "attempt": row.attempt,
+                    "why": f"submitted as {backend} job {backend_id}",
+                }
+            ],
+        )
     return row is not None
 
 
 # -- a run's writes, under its lease -----------------------------------------------------------
 
+
 def refusal(conn: Connection, job_id: int, lease: int, what: str) -> LeaseLost:
     """The error for a write (``what``) from lease ``lease`` of a job the caller no longer owns."""
-    row = conn.execute(sa.select(t_job.c.status, t_job.c.lease, t_job.c.attempt)
-                       .where(t_job.c.id == job_id)).first()
+    row = conn.execute(sa.select(t_job.c.status, t_job.c.lease, t_job.c.attempt).where(t_job.c.id == job_id)).first()
     if row is None:
         return LeaseLost(f"job {job_id} was deleted while it ran; its {what} was dropped")
     return LeaseLost(f"job {job_id} is {row.status} at lease {row.lease}; the {what} of lease {lease} was refused")
@@ -154,8 +207,17 @@ def refuse_logged(conn: Connection, log: Log, job_id: int, lease: int, what: str
     """Record a refused write from a caller that lost the job, then return the error to raise."""
     err = refusal(conn, job_id, lease, what)
     if conn.execute(sa.select(t_job.c.id).where(t_job.c.id == job_id)).first() is not None:
-        log(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
-                    "why": f"refused a stale {what} from lease {lease}"}])
+        log(
+            conn,
+            [
+                {
+                    "job_id": job_id,
+                    "from_status": None,
+                    "to_status": None,
+                    "why": f"refused a stale {what} from lease {lease}",
+                }
+            ],
+        )
     return err
 
 
@@ -166,13 +228,16 @@ def checkpoint_blob(job_id: int, results: dict[str, Any]) -> str:
         raise StateTooLarge(f"job {job_id}'s state cannot be stored: {problem}")
     blob = dump_results(results, "job state")
     if len(blob) > MAX_STATE_BYTES:
-        raise StateTooLarge(f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
-                            "limit: keep large arrays in files in the job's workdir")
+        raise StateTooLarge(
+            f"job {job_id}'s state is {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+            "limit: keep large arrays in files in the job's workdir"
+        )
     return blob
 
 
-def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
-                why: str | None) -> tuple[str | None, str, str | None, str | None]:
+def result_blob(
+    results: dict[str, Any] | None, outcome: str, error: str | None, why: str | None
+) -> tuple[str | None, str, str | None, str | None]:
     """The results as stored JSON; results too large to keep make the run FAILED with why. The error
     and why texts as they can be stored: a NUL character (which PostgreSQL refuses) spelled \\x00."""
     problem = shape_problem(results)
@@ -182,8 +247,10 @@ def result_blob(results: dict[str, Any] | None, outcome: str, error: str | None,
     blob = dump_results(results, "job results") if results is not None else None
     error, why = _no_nul(error), _no_nul(why)
     if blob is not None and len(blob) > MAX_STATE_BYTES:
-        error = (f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
-                 "limit: keep large arrays in files in its workdir")
+        error = (
+            f"the job's results are {len(blob)} bytes, over the {MAX_STATE_BYTES}-byte "
+            "limit: keep large arrays in files in its workdir"
+        )
         blob, outcome = None, Outcome.FAILED.value
     return blob, outcome, error, why
 
@@ -197,8 +264,18 @@ def set_gpus(conn: Connection, log: Log, job_id: int, lease: int, gpus: str) -> 
     mine = sa.and_(t_job.c.id == job_id, t_job.c.lease == lease, t_job.c.status == _RUNNING)
     if not conn.execute(sa.update(t_job).where(mine).values(gpus=gpus)).rowcount:
         return False
-    log(conn, [{"job_id": job_id, "from_status": None, "to_status": None,
-                "why": f"on GPU {gpus}", "data": json.dumps({"gpus": gpus})}])
+    log(
+        conn,
+        [
+            {
+                "job_id": job_id,
+                "from_status": None,
+                "to_status": None,
+                "why": f"on GPU {gpus}",
+                "data": json.dumps({"gpus": gpus}),
+            }
+        ],
+    )
     return True
 
 
@@ -206,8 +283,10 @@ def log_metrics(conn: Connection, job_id: int, lease: int, rows: list[dict[str, 
     """Append learning-curve points of a job the caller owns; False if not owned."""
     for row in rows:
         if "\x00" in str(row["name"]):
-            raise UsageError(f"metric {row['name']!r} cannot be stored: its name contains a NUL character "
-                             "(\\x00), which jobman does not store on any database")
+            raise UsageError(
+                f"metric {row['name']!r} cannot be stored: its name contains a NUL character "
+                "(\\x00), which jobman does not store on any database"
+            )
     if conn.execute(sa.select(t_job.c.id).where(owned()), {"id": job_id, "lease": lease}).first() is None:
         return False
     if rows:
@@ -217,10 +296,24 @@ def log_metrics(conn: Connection, job_id: int, lease: int, rows: list[dict[str, 
 
 # -- the end of a run ------------------------------------------------------------------------
 
-def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, outcome: str,
-           blob: str | None, error: str | None, exit_code: int | None, why: str | None, relaunch: bool,
-           pending: list[dict[str, Any]] | None = None, *, clock: Clock = _local_time,
-           after_end: Ended | None = None) -> Status | None:
+
+def finish(
+    conn: Connection,
+    log: Log,
+    hot: HotStatements,
+    job_id: int,
+    lease: int,
+    outcome: str,
+    blob: str | None,
+    error: str | None,
+    exit_code: int | None,
+    why: str | None,
+    relaunch: bool,
+    pending: list[dict[str, Any]] | None = None,
+    *,
+    clock: Clock = _local_time,
+    after_end: Ended | None = None,
+) -> Status | None:
     """Record how the run at ``lease`` ended; None if the caller no longer owns the job.
 
     With ``pending``, a DONE job without dependents leaves its event there, for the caller to
@@ -229,14 +322,17 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
     badly for good), in the same transaction (a search moves on); a DONE job only if the finishing
     statement found it in a search."""
     if outcome == Outcome.DONE:  # the hot path: one statement
-        return finish_done(conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock,
-                           after_end=after_end)
+        return finish_done(
+            conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock, after_end=after_end
+        )
     try:
         outcome = Outcome(outcome)
     except ValueError:
         raise ValueError(f"unknown outcome {outcome!r}") from None
-    row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
-                       .where(owned()).with_for_update(), {"id": job_id, "lease": lease}).first()  # vs. a crash
+    row = conn.execute(
+        sa.select(t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested).where(owned()).with_for_update(),
+        {"id": job_id, "lease": lease},
+    ).first()  # vs. a crash
     if row is None:
         return None
     now = clock(conn)
@@ -250,8 +346,10 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
     elif outcome is Outcome.CRASHED:
         new, reason = Status.CRASHED, why or "crashed"
     else:  # INCOMPLETE or REQUEUE: queued again, first in line, to resume
-        new, reason = Status.QUEUED, why or ("returned INCOMPLETE" if outcome is Outcome.INCOMPLETE
-                                             else "put back by its stopping worker")
+        new, reason = (
+            Status.QUEUED,
+            why or ("returned INCOMPLETE" if outcome is Outcome.INCOMPLETE else "put back by its stopping worker"),
+        )
         values.update(resume=True, queue_order=-1, queued_at=now)
     values["status"] = new.value
     if new is not Status.QUEUED:
@@ -261,8 +359,10 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
     if exit_code is not None:
         values["exit_code"] = exit_code
     conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(**values))
-    log(conn, [{"job_id": job_id, "from_status": _RUNNING, "to_status": new.value, "attempt": row.attempt,
-                "why": reason}])
+    log(
+        conn,
+        [{"job_id": job_id, "from_status": _RUNNING, "to_status": new.value, "attempt": row.attempt, "why": reason}],
+    )
     if new is Status.CRASHED and relaunch and row.attempt < row.max_attempts:
         return relaunch_crashed(conn, log, [(job_id, row.attempt, row.max_attempts, reason)])[job_id]
     if new is Status.QUEUED:  # put back while it ran, a parent may have been reset meanwhile
@@ -274,16 +374,32 @@ def finish(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: i
     return new
 
 
-def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lease: int, blob: str | None,
-                exit_code: int | None, why: str | None, pending: list[dict[str, Any]] | None = None, *,
-                clock: Clock = _local_time, after_end: Ended | None = None) -> Status | None:
+def finish_done(
+    conn: Connection,
+    log: Log,
+    hot: HotStatements,
+    job_id: int,
+    lease: int,
+    blob: str | None,
+    exit_code: int | None,
+    why: str | None,
+    pending: list[dict[str, Any]] | None = None,
+    *,
+    clock: Clock = _local_time,
+    after_end: Ended | None = None,
+) -> Status | None:
     """The common end: mark DONE, log it (or leave its event in ``pending``), queue ready dependents."""
     rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code)
     if not rows:
         return None
     attempt, has_children, in_search = rows[0]
-    event = {"job_id": job_id, "from_status": _RUNNING, "to_status": _DONE, "attempt": attempt,
-             "why": why or "finished"}
+    event = {
+        "job_id": job_id,
+        "from_status": _RUNNING,
+        "to_status": _DONE,
+        "attempt": attempt,
+        "why": why or "finished",
+    }
     if pending is not None and not has_children:
         pending.append(event)
     else:  # written before the promotions it causes, so that the log reads in order
@@ -295,17 +411,28 @@ def finish_done(conn: Connection, log: Log, hot: HotStatements, job_id: int, lea
     return Status.DONE
 
 
-def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int, str]], *, relaunch: bool,
-                max_attempts: int | None, now: float | None = None) -> dict[int, Status]:
+def crash_found(
+    conn: Connection,
+    log: Log,
+    exp: int,
+    found: dict[int, dict[int, str]],
+    *,
+    relaunch: bool,
+    max_attempts: int | None,
+    now: float | None = None,
+) -> dict[int, Status]:
     """RUNNING jobs found dead (``found``: job id -> {lease: reason}) end CRASHED, or CANCELED when
     their stop was asked; those with attempts left (``max_attempts``, or each job's own) are
     relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer."""
     rows: list[Any] = []
     for chunk in chunks(sorted(found)):
-        rows.extend(conn.execute(
-            sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
-            .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk), t_job.c.status == _RUNNING)
-            .with_for_update()).all())
+        rows.extend(
+            conn.execute(
+                sa.select(t_job.c.id, t_job.c.lease, t_job.c.attempt, t_job.c.max_attempts, t_job.c.stop_requested)
+                .where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk), t_job.c.status == _RUNNING)
+                .with_for_update()
+            ).all()
+        )
     ended: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     again: list[tuple[int, int, int, str]] = []
@@ -315,16 +442,27 @@ def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int,
         if reason is None:
             continue
         new = Status.CANCELED if r.stop_requested else Status.CRASHED
-        events.append({"job_id": r.id, "from_status": _RUNNING, "to_status": new.value, "attempt": r.attempt,
-                       "why": reason if new is Status.CRASHED else f"cancelled while running ({reason})"})
+        events.append(
+            {
+                "job_id": r.id,
+                "from_status": _RUNNING,
+                "to_status": new.value,
+                "attempt": r.attempt,
+                "why": reason if new is Status.CRASHED else f"cancelled while running ({reason})",
+            }
+        )
         ended.append({"_id": r.id, "_status": new.value, "_error": reason})
         out[r.id] = new
         limit = r.max_attempts if max_attempts is None else max_attempts
         if new is Status.CRASHED and relaunch and r.attempt < limit:
             again.append((r.id, r.attempt, limit, reason))
     if ended:
-        conn.execute(sa.update(t_job).where(t_job.c.id == sa.bindparam("_id")).values(
-            status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now or time.time()), ended)
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id == sa.bindparam("_id"))
+            .values(status=sa.bindparam("_status"), error=sa.bindparam("_error"), finished_at=now or time.time()),
+            ended,
+        )
     log(conn, events)
     dead = {i: s for i, s in out.items() if i not in {a[0] for a in again}}
     out.update(relaunch_crashed(conn, log, again, now=now))
@@ -332,8 +470,9 @@ def crash_found(conn: Connection, log: Log, exp: int, found: dict[int, dict[int,
     return out
 
 
-def relaunch_crashed(conn: Connection, log: Log, crashed: Sequence[tuple[int, int, int, str]],
-                     now: float | None = None) -> dict[int, Status]:
+def relaunch_crashed(
+    conn: Connection, log: Log, crashed: Sequence[tuple[int, int, int, str]], now: float | None = None
+) -> dict[int, Status]:
     """CRASHED jobs (id, attempt, attempt limit, reason) queued again, keeping their checkpoint; a parent
     reset while one ran leaves it WAITING instead. Returns each one's new status."""
     if not crashed:
@@ -341,16 +480,37 @@ def relaunch_crashed(conn: Connection, log: Log, crashed: Sequence[tuple[int, in
     now = now or time.time()
     ids = [c[0] for c in crashed]
     for chunk in chunks(ids):
-        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(
-            status=Status.QUEUED.value, queued_at=now, queue_order=0, resume=False, stop_requested=False,
-            finished_at=None))
-    log(conn, [{"job_id": i, "from_status": Status.CRASHED.value, "to_status": Status.QUEUED.value, "attempt": a,
-                "why": f"relaunch after crash ({reason}), attempt {a} of {limit}"} for i, a, limit, reason in crashed])
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id.in_(chunk))
+            .values(
+                status=Status.QUEUED.value,
+                queued_at=now,
+                queue_order=0,
+                resume=False,
+                stop_requested=False,
+                finished_at=None,
+            )
+        )
+    log(
+        conn,
+        [
+            {
+                "job_id": i,
+                "from_status": Status.CRASHED.value,
+                "to_status": Status.QUEUED.value,
+                "attempt": a,
+                "why": f"relaunch after crash ({reason}), attempt {a} of {limit}",
+            }
+            for i, a, limit, reason in crashed
+        ],
+    )
     graph.refresh(conn, log, ids, why=_RECHECK)
     out: dict[int, Status] = {}
     for chunk in chunks(ids):
-        out.update((i, Status(s)) for i, s in conn.execute(
-            sa.select(t_job.c.id, t_job.c.status).where(t_job.c.id.in_(chunk))))
+        out.update(
+            (i, Status(s)) for i, s in conn.execute(sa.select(t_job.c.id, t_job.c.status).where(t_job.c.id.in_(chunk)))
+        )
     return out
 
 
@@ -367,22 +527,44 @@ def ended_downstream(conn: Connection, log: Log, dead: dict[int, Status]) -> Non
 def release(conn: Connection, log: Log, exp: int, job_id: int, backend_id: str, reason: str) -> Status | None:
     """Allocation ``backend_id`` ended without claiming its QUEUED job: an attempt spent; QUEUED for
     another allocation, or CRASHED once max_attempts are spent. None if the job no longer waits for it."""
-    row = conn.execute(sa.select(t_job.c.attempt, t_job.c.max_attempts).where(
-        t_job.c.id == job_id, t_job.c.experiment_id == exp, t_job.c.status == Status.QUEUED.value,
-        t_job.c.backend_id == backend_id, t_job.c.pid.is_(None)).with_for_update()).first()
+    row = conn.execute(
+        sa.select(t_job.c.attempt, t_job.c.max_attempts)
+        .where(
+            t_job.c.id == job_id,
+            t_job.c.experiment_id == exp,
+            t_job.c.status == Status.QUEUED.value,
+            t_job.c.backend_id == backend_id,
+            t_job.c.pid.is_(None),
+        )
+        .with_for_update()
+    ).first()
     if row is None:
         return None
     attempt = row.attempt + 1
     if attempt < row.max_attempts:
-        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(attempt=attempt, backend=None,
-                                                                           backend_id=None))
+        conn.execute(
+            sa.update(t_job).where(t_job.c.id == job_id).values(attempt=attempt, backend=None, backend_id=None)
+        )
         new, why = Status.QUEUED, f"{reason} (attempt {attempt} of {row.max_attempts}; to be submitted again)"
     else:
-        conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
-            attempt=attempt, status=Status.CRASHED.value, error=reason, finished_at=time.time()))
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id == job_id)
+            .values(attempt=attempt, status=Status.CRASHED.value, error=reason, finished_at=time.time())
+        )
         new, why = Status.CRASHED, f"{reason} (attempt {attempt} of {row.max_attempts})"
-    log(conn, [{"job_id": job_id, "from_status": Status.QUEUED.value, "to_status": new.value, "attempt": attempt,
-                "why": why}])
+    log(
+        conn,
+        [
+            {
+                "job_id": job_id,
+                "from_status": Status.QUEUED.value,
+                "to_status": new.value,
+                "attempt": attempt,
+                "why": why,
+            }
+        ],
+    )
     if new is Status.CRASHED:
         ended_downstream(conn, log, {job_id: new})
     return new
@@ -390,14 +572,16 @@ def release(conn: Connection, log: Log, exp: int, job_id: int, backend_id: str, 
 
 # -- repairs -------------------------------------------------------------------------------
 
+
 def check_ids(conn: Connection, exp: int, experiment: str, job_ids: Sequence[int]) -> None:
     """Refuse an empty selection, or one naming a job not in experiment ``exp`` (``experiment``)."""
     if not job_ids:
         raise UsageError("no job was selected")
     found: set[int] = set()
     for chunk in chunks(list(job_ids)):
-        found.update(conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp,
-                                                              t_job.c.id.in_(chunk))).scalars())
+        found.update(
+            conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk))).scalars()
+        )
     missing = sorted(set(job_ids) - found)
     if missing:
         raise NoSuchJob(f"no job {missing[0]} in experiment {experiment!r}")
@@ -415,10 +599,21 @@ def set_priority(conn: Connection, log: Log, job_ids: Sequence[int], priority: f
     """Higher runs first among QUEUED jobs; each change is in the event log (status unchanged)."""
     events = []
     for chunk in chunks(list(job_ids)):
-        events += [{"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
-                    "why": f"priority set to {priority} {why}"}
-                   for r in conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(priority=priority)
-                                         .returning(t_job.c.id, t_job.c.status, t_job.c.attempt))]
+        events += [
+            {
+                "job_id": r.id,
+                "from_status": r.status,
+                "to_status": r.status,
+                "attempt": r.attempt,
+                "why": f"priority set to {priority} {why}",
+            }
+            for r in conn.execute(
+                sa.update(t_job)
+                .where(t_job.c.id.in_(chunk))
+                .values(priority=priority)
+                .returning(t_job.c.id, t_job.c.status, t_job.c.attempt)
+            )
+        ]
     log(conn, events)
     return len(events)
 
@@ -429,16 +624,27 @@ def delete(conn: Connection, log: Log, job_ids: Sequence[int]) -> int:
     n = 0
     for chunk in chunks(list(job_ids)):
         affected.update(conn.execute(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on.in_(chunk))).scalars())
-        for table, col in ((t_metric, t_metric.c.job_id), (t_event, t_event.c.job_id),
-                           (t_dep, t_dep.c.job_id), (t_dep, t_dep.c.depends_on)):
+        for table, col in (
+            (t_metric, t_metric.c.job_id),
+            (t_event, t_event.c.job_id),
+            (t_dep, t_dep.c.job_id),
+            (t_dep, t_dep.c.depends_on),
+        ):
             conn.execute(sa.delete(table).where(col.in_(chunk)))
         n += conn.execute(sa.delete(t_job).where(t_job.c.id.in_(chunk))).rowcount
     graph.refresh(conn, log, sorted(affected - set(job_ids)), why="a dependency was deleted")
     return n
 
 
-def relaunchable(conn: Connection, exp: int, *, include_failed: bool, ids: Sequence[int] | None = None,
-                 max_attempts: int | None = None, ignore_limit: bool = False) -> list[int]:
+def relaunchable(
+    conn: Connection,
+    exp: int,
+    *,
+    include_failed: bool,
+    ids: Sequence[int] | None = None,
+    max_attempts: int | None = None,
+    ignore_limit: bool = False,
+) -> list[int]:
     """CRASHED (and, if asked, FAILED) jobs with attempts left (``max_attempts`` overrides each job's
     own limit; ``ignore_limit``: any), of ``ids`` or of the whole experiment, their rows locked."""
     statuses = [Status.CRASHED.value] + ([Status.FAILED.value] if include_failed else [])
@@ -477,8 +683,11 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
     cleared: list[int] = []
     for group, is_root in ((roots, True), (down, False)):
         for chunk in chunks(group, size):
-            rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
-                                .where(t_job.c.id.in_(chunk)).order_by(t_job.c.id)).all()
+            rows = conn.execute(
+                sa.select(t_job.c.id, t_job.c.status, t_job.c.attempt, t_job.c.results)
+                .where(t_job.c.id.in_(chunk))
+                .order_by(t_job.c.id)
+            ).all()
             for r in rows:
                 if not is_root and not cascade and r.status != Status.BLOCKED.value:
                     continue
@@ -486,13 +695,28 @@ def reset(conn: Connection, log: Log, job_ids: Sequence[int], *, cascade: bool, 
                     continue
                 # The stored results, as they are (JSON already): a cascade may clear a hundred thousand.
                 data = f'{{"results": {r.results}}}' if r.results and (fresh or not is_root) else None
-                events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.WAITING.value,
-                               "attempt": r.attempt, "data": data,
-                               "why": why if is_root else f"{why}: upstream job reset"})
+                events.append(
+                    {
+                        "job_id": r.id,
+                        "from_status": r.status,
+                        "to_status": Status.WAITING.value,
+                        "attempt": r.attempt,
+                        "data": data,
+                        "why": why if is_root else f"{why}: upstream job reset",
+                    }
+                )
                 cleared.append(r.id)
-    values: dict[str, Any] = dict(status=Status.WAITING.value, results=None, error=None, exit_code=None,
-                                  finished_at=None, stop_requested=False, resume=False, queue_order=0,
-                                  queued_at=None)
+    values: dict[str, Any] = dict(
+        status=Status.WAITING.value,
+        results=None,
+        error=None,
+        exit_code=None,
+        finished_at=None,
+        stop_requested=False,
+        resume=False,
+        queue_order=0,
+        queued_at=None,
+    )
     # A relaunch keeps the job's last checkpoint so it resumes; a reset by hand starts afresh.
     root_values = {**values, "attempt": 0} if fresh else {k: v for k, v in values.items() if k != "results"}
     for chunk in chunks([i for i in cleared if i in root_set], size):
@@ -525,16 +749,31 @@ def cancel(conn: Connection, log: Log, job_ids: Sequence[int], *, running: bool,
     for chunk in chunks(busy):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(stop_requested=True))
     for chunk in chunks(stopped):
-        conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.CANCELED.value,
-                                                                           finished_at=now))
+        conn.execute(
+            sa.update(t_job).where(t_job.c.id.in_(chunk)).values(status=Status.CANCELED.value, finished_at=now)
+        )
     events = []
     for r in rows:  # by id, as a job at a time would log them
         if r.status == _RUNNING:
-            events.append({"job_id": r.id, "from_status": r.status, "to_status": r.status, "attempt": r.attempt,
-                           "why": f"{why}: stop requested"})
+            events.append(
+                {
+                    "job_id": r.id,
+                    "from_status": r.status,
+                    "to_status": r.status,
+                    "attempt": r.attempt,
+                    "why": f"{why}: stop requested",
+                }
+            )
         elif r.status in names_of(PENDING):
-            events.append({"job_id": r.id, "from_status": r.status, "to_status": Status.CANCELED.value,
-                           "attempt": r.attempt, "why": why})
+            events.append(
+                {
+                    "job_id": r.id,
+                    "from_status": r.status,
+                    "to_status": Status.CANCELED.value,
+                    "attempt": r.attempt,
+                    "why": why,
+                }
+            )
     log(conn, events)
     ended_downstream(conn, log, dict.fromkeys(stopped, Status.CANCELED))
     return sorted(busy + stopped)
@@ -552,8 +791,13 @@ def set_status(conn: Connection, log: Log, job_ids: Sequence[int], status: Statu
         values.update(queued_at=time.time(), resume=False)
     for chunk in chunks(ids):
         conn.execute(sa.update(t_job).where(t_job.c.id.in_(chunk)).values(**values))
-    log(conn, [{"job_id": r.id, "from_status": r.status, "to_status": status.value, "attempt": r.attempt, "why": why}
-               for r in rows])
+    log(
+        conn,
+        [
+            {"job_id": r.id, "from_status": r.status, "to_status": status.value, "attempt": r.attempt, "why": why}
+            for r in rows
+        ],
+    )
     if not ids:
         return []
     if status in BLOCKING:  # everything downstream is BLOCKED

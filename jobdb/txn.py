@@ -28,8 +28,15 @@ from .url import DbTarget
 
 T = TypeVar("T")
 CHUNK = 900  # ids per IN (...) list: under SQLite's bound-parameter limit with room to spare
-_TRANSIENT = ("database is locked", "database table is locked", "could not serialize", "deadlock detected",
-              "server closed the connection", "connection reset", "terminating connection")
+_TRANSIENT = (
+    "database is locked",
+    "database table is locked",
+    "could not serialize",
+    "deadlock detected",
+    "server closed the connection",
+    "connection reset",
+    "terminating connection",
+)
 CHANGE_KEYS = ("job_id", "from_status", "to_status", "why")  # what a recorder keeps of a logged change
 
 _SOURCE: tuple[int, str] = (0, "")
@@ -59,8 +66,7 @@ def _copy_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
             for r in rows:
                 copy.write_row(tuple(r[k] for k in _EVENT_COLUMNS))
     except conn.dialect.loaded_dbapi.Error as exc:
-        raise sa.exc.DBAPIError.instance(sql, None, exc, conn.dialect.loaded_dbapi.Error,
-                                         dialect=conn.dialect) from exc
+        raise sa.exc.DBAPIError.instance(sql, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect) from exc
     finally:
         cursor.close()
 
@@ -77,7 +83,7 @@ def in_list_size(conn: Connection) -> int:
 
 def chunks(items: Sequence[T], size: int = CHUNK) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def bulk_insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequence[tuple]) -> None:
@@ -114,6 +120,7 @@ class Recorder:
             if self.rehearse:
                 raise _Rehearsed(result)
             return result
+
         return run
 
     def record(self, rows: list[dict[str, Any]]) -> None:
@@ -265,8 +272,12 @@ def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -
     from sqlalchemy.dialects import postgresql, sqlite
 
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    found = conn.execute(dialect.insert(t_exp).values(name=name, created_at=time.time())
-                         .on_conflict_do_nothing(index_elements=["name"]).returning(t_exp.c.id)).scalar()
+    found = conn.execute(
+        dialect.insert(t_exp)
+        .values(name=name, created_at=time.time())
+        .on_conflict_do_nothing(index_elements=["name"])
+        .returning(t_exp.c.id)
+    ).scalar()
     if found is None:
         found = conn.execute(sa.select(t_exp.c.id).where(t_exp.c.name == name)).scalar_one()
     return found

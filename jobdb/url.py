@@ -38,7 +38,7 @@ class DbTarget:
     def sqlite_path(self) -> str | None:
         if self.dialect != "sqlite":
             return None
-        path = self.sqlalchemy_url[len("sqlite:///"):].split("?", 1)[0]
+        path = self.sqlalchemy_url[len("sqlite:///") :].split("?", 1)[0]
         return path or None
 
     def with_table(self) -> str:
@@ -54,7 +54,8 @@ class DbTarget:
 # A URL's password: what follows "user:" up to the last "@" that a host and then the end of the
 # authority follow, so that a raw "@", "#", "?" or space in the password is masked with the rest of it.
 _USERINFO_PASSWORD = re.compile(
-    r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/\n]*)(@[^\s@/?#]*(?=[/?#\s'\"]|$))", re.I | re.M)
+    r"(\b[a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^/\n]*)(@[^\s@/?#]*(?=[/?#\s'\"]|$))", re.I | re.M
+)
 # A password given as a query parameter (libpq and psycopg take ?password=), plain or percent-encoded.
 _QUERY_PASSWORD = re.compile(r"((?:[?&;]|%26|%3F)(?:password|pass|pwd)(?:=|%3D))([^&\s'\"]*)", re.I)
 
@@ -75,8 +76,12 @@ def split_path_table(path: str, dialect: str) -> tuple[str, str | None]:
     if not sep or not last:
         return path, None
     if dialect == "sqlite":
-        if head.startswith("/") and len(head) > 1 and not last.endswith(_DB_SUFFIXES) and (
-                head.endswith(_DB_SUFFIXES) or os.path.isfile(head[1:])):
+        if (
+            head.startswith("/")
+            and len(head) > 1
+            and not last.endswith(_DB_SUFFIXES)
+            and (head.endswith(_DB_SUFFIXES) or os.path.isfile(head[1:]))
+        ):
             return head, last
         return path, None
     # postgresql: netloc/dbname/table (a bare netloc/dbname has no second slash)
@@ -95,12 +100,13 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
         if raw.endswith((".db", ".sqlite", ".sqlite3")) or os.sep in raw:
             raw = "sqlite:///" + raw
         else:
-            raise UsageError(f"{mask_password(raw)!r} is not a database URL (try sqlite:///file.db or postgresql://user@host/db)")
+            raise UsageError(
+                f"{mask_password(raw)!r} is not a database URL (try sqlite:///file.db or postgresql://user@host/db)"
+            )
     scheme, _, rest = raw.partition("://")
     dialect = _SCHEMES.get(scheme.lower())
     if dialect is None:
-        raise UsageError(
-            f"unknown database scheme {scheme!r}: use sqlite:///path.db or postgresql://user@host/db")
+        raise UsageError(f"unknown database scheme {scheme!r}: use sqlite:///path.db or postgresql://user@host/db")
     path, _, query_text = rest.partition("?")
     query = dict(parse_qsl(query_text, keep_blank_values=True))
     path, path_table = split_path_table(path, dialect)
@@ -114,6 +120,8 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
     clean = f"{dialect}://{path}" + (f"?{urlencode(query)}" if query else "")
     if dialect == "sqlite":
         if not path.startswith("/") or len(path) < 2:
-            raise UsageError("a SQLite URL has three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db")
+            raise UsageError(
+                "a SQLite URL has three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db"
+            )
         return DbTarget(clean, experiment, "sqlite")
     return DbTarget(clean, experiment, "postgresql", schema)

@@ -25,8 +25,15 @@ _VIEW_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 # Keys a view can name safely inside a JSON path literal.
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9_.\- ]{1,200}$")
 
-FIXED_COLUMNS = ("id", "jobman_status", "jobman_sql_priority", "jobman_hash", "jobman_experiment",
-                 "jobman_sql_hostname", "jobman_sql_hostworkdir")
+FIXED_COLUMNS = (
+    "id",
+    "jobman_status",
+    "jobman_sql_priority",
+    "jobman_hash",
+    "jobman_experiment",
+    "jobman_sql_hostname",
+    "jobman_sql_hostworkdir",
+)
 
 
 @dataclass(frozen=True)
@@ -55,14 +62,27 @@ def check_view_name(name: str) -> str:
 
 def _kinds_sql(conn: Connection, column: str, experiment_id: int) -> sa.TextClause:
     if conn.dialect.name == "sqlite":
-        return sa.text(f"SELECT DISTINCT e.key, e.type FROM job, json_each(job.{column}) AS e "
-                       f"WHERE job.experiment_id = :exp AND job.{column} IS NOT NULL")
-    return sa.text(f"SELECT DISTINCT e.key, jsonb_typeof(e.value) FROM job, jsonb_each(job.{column}::jsonb) AS e "
-                   f"WHERE job.experiment_id = :exp AND job.{column} IS NOT NULL")
+        return sa.text(
+            f"SELECT DISTINCT e.key, e.type FROM job, json_each(job.{column}) AS e "
+            f"WHERE job.experiment_id = :exp AND job.{column} IS NOT NULL"
+        )
+    return sa.text(
+        f"SELECT DISTINCT e.key, jsonb_typeof(e.value) FROM job, jsonb_each(job.{column}::jsonb) AS e "
+        f"WHERE job.experiment_id = :exp AND job.{column} IS NOT NULL"
+    )
 
 
-_KIND = {"integer": "number", "real": "number", "number": "number", "text": "string", "string": "string",
-         "true": "boolean", "false": "boolean", "boolean": "boolean", "null": "null"}
+_KIND = {
+    "integer": "number",
+    "real": "number",
+    "number": "number",
+    "text": "string",
+    "string": "string",
+    "true": "boolean",
+    "false": "boolean",
+    "boolean": "boolean",
+    "null": "null",
+}
 
 
 def view_columns(conn: Connection, experiment_id: int) -> list[ViewColumn]:
@@ -84,8 +104,9 @@ def view_columns(conn: Connection, experiment_id: int) -> list[ViewColumn]:
             name, n = f"{base}_{n}", n + 1
         taken.add(name)
         info = found[key]
-        out.append(ViewColumn(name, key, bool(info["params"]), bool(info["results"]),
-                              frozenset(info["kinds"] - {"null"})))
+        out.append(
+            ViewColumn(name, key, bool(info["params"]), bool(info["results"]), frozenset(info["kinds"] - {"null"}))
+        )
     return out
 
 
@@ -103,19 +124,29 @@ def _value_sql(dialect: str, source: str, col: ViewColumn) -> str:
 def view_sql(dialect: str, name: str, experiment_id: int, columns: list[ViewColumn]) -> str:
     """The CREATE VIEW statement of an experiment's view."""
     status = " ".join(f"WHEN '{s.value}' THEN {code}" for s, code in CODES.items())
-    parts = ["job.id AS id", f"CASE job.status {status} END AS jobman_status",
-             "job.priority AS jobman_sql_priority", "job.params_hash AS jobman_hash",
-             # the original named a function module.function
-             "CASE job.kind WHEN 'fn' THEN replace(job.target, ':', '.') ELSE job.target END AS jobman_experiment",
-             "job.host AS jobman_sql_hostname",
-             "job.workdir AS jobman_sql_hostworkdir"]
+    parts = [
+        "job.id AS id",
+        f"CASE job.status {status} END AS jobman_status",
+        "job.priority AS jobman_sql_priority",
+        "job.params_hash AS jobman_hash",
+        # the original named a function module.function
+        "CASE job.kind WHEN 'fn' THEN replace(job.target, ':', '.') ELSE job.target END AS jobman_experiment",
+        "job.host AS jobman_sql_hostname",
+        "job.workdir AS jobman_sql_hostworkdir",
+    ]
     for col in columns:
-        sources = [_value_sql(dialect, s, col) for s, present in (("results", col.in_results),
-                                                                   ("params", col.in_params)) if present]
+        sources = [
+            _value_sql(dialect, s, col)
+            for s, present in (("results", col.in_results), ("params", col.in_params))
+            if present
+        ]
         value = sources[0] if len(sources) == 1 else f"COALESCE({', '.join(sources)})"
         parts.append(f'{value} AS "{col.name}"')
-    return (f'CREATE VIEW {name} AS SELECT ' + ", ".join(parts)
-            + f" FROM job WHERE job.experiment_id = {int(experiment_id)}")
+    return (
+        f"CREATE VIEW {name} AS SELECT "
+        + ", ".join(parts)
+        + f" FROM job WHERE job.experiment_id = {int(experiment_id)}"
+    )
 
 
 def _is_table(conn: Connection, name: str) -> bool:
@@ -134,7 +165,7 @@ def create_view(engine: Engine, experiment: str, name: str) -> list[ViewColumn]:
         if _is_table(conn, name):
             raise UsageError(f"{name!r} is a table of this database, not a view; choose another view name")
         columns = view_columns(conn, experiment_id)
-        conn.exec_driver_sql(f'DROP VIEW IF EXISTS {name}')
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {name}")
         conn.exec_driver_sql(view_sql(conn.dialect.name, name, experiment_id, columns))
     return columns
 
@@ -145,4 +176,4 @@ def drop_view(engine: Engine, name: str) -> None:
     with engine.begin() as conn:
         if not _has_view(conn, name):
             raise UsageError(f"no view named {name!r} in this database")
-        conn.exec_driver_sql(f'DROP VIEW {name}')
+        conn.exec_driver_sql(f"DROP VIEW {name}")

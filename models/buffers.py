@@ -27,7 +27,7 @@ def views_of(buf: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
     views, offset = {}, 0
     for k, shape in shapes.items():
         size = int(np.prod(shape, dtype=np.int64))
-        views[k] = buf[offset:offset + size].reshape(shape)
+        views[k] = buf[offset : offset + size].reshape(shape)
         offset += size
     if offset != buf.size:
         raise ValueError(f"the shapes need {offset} elements, the buffer has {buf.size}")

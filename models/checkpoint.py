@@ -50,7 +50,7 @@ def prefixed(prefix: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndar
 def unprefixed(prefix: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays under ``prefix/``, with the prefix stripped."""
     head = prefix + "/"
-    return {k[len(head):]: v for k, v in arrays.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in arrays.items() if k.startswith(head)}
 
 
 def json_array(value: Any) -> np.ndarray:

@@ -77,9 +77,14 @@ class BestWeights:
         self.copy = {k: arrays[k].copy() for k in self.params} if arrays else None
 
 
-def standard_plugins(p: Mapping[str, Any], *, evaluate: pl.Plugin | None = None,
-                     early: pl.Plugin | None = None, extra: Sequence[pl.Plugin] = (),
-                     log_prefix: str = "") -> list[pl.Plugin]:
+def standard_plugins(
+    p: Mapping[str, Any],
+    *,
+    evaluate: pl.Plugin | None = None,
+    early: pl.Plugin | None = None,
+    extra: Sequence[pl.Plugin] = (),
+    log_prefix: str = "",
+) -> list[pl.Plugin]:
     """The plugins every bundled trainer runs, in order; ``extra`` run before checkpoint and stop.
 
     Learning curves are written after each epoch (step: the epoch), with the metrics measured during it.
@@ -95,12 +100,22 @@ def standard_plugins(p: Mapping[str, Any], *, evaluate: pl.Plugin | None = None,
     return out
 
 
-def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, state: dict,
-        rng: np.random.Generator, *, plugins: Sequence[pl.Plugin] = (), log_prefix: str = "") -> str:
+def fit(
+    net: Network,
+    split: Split,
+    p: Mapping[str, Any],
+    channel: Channel,
+    state: dict,
+    rng: np.random.Generator,
+    *,
+    plugins: Sequence[pl.Plugin] = (),
+    log_prefix: str = "",
+) -> str:
     """Train ``net`` on ``split`` as ``p`` says; COMPLETE with results in ``state``, or INCOMPLETE."""
     started = time.perf_counter()
-    opt = make_optimizer(p["optimizer"], net.params, p["lr"], p["momentum"], p["weight_decay"],
-                         flat=(net.flat_params, net.flat_grads))
+    opt = make_optimizer(
+        p["optimizer"], net.params, p["lr"], p["momentum"], p["weight_decay"], flat=(net.flat_params, net.flat_grads)
+    )
     best = BestWeights(net.params)
     X, y = split.X_train, split.y_train
 
@@ -133,12 +148,25 @@ def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, stat
     every = int(p["eval_every"])
     when = (pl.each(every), "examples") if every > 0 else (pl.each(1), "epochs")
     evaluate = pl.evaluate(validate, *when) if has_valid else None
-    early = pl.early_stopping(monitor, int(p["patience"]), on_improve=best.capture, schedule=when[0],
-                              timeline=when[1]) if has_valid else None
+    early = (
+        pl.early_stopping(monitor, int(p["patience"]), on_improve=best.capture, schedule=when[0], timeline=when[1])
+        if has_valid
+        else None
+    )
     extra = list(plugins)
     if has_valid and int(p["lr_patience"]) > 0 and int(p["lr_reductions"]) > 0:
-        extra.insert(0, pl.reduce_on_plateau(opt, monitor, int(p["lr_patience"]), float(p["lr_factor"]),
-                                             int(p["lr_reductions"]), schedule=when[0], timeline=when[1]))
+        extra.insert(
+            0,
+            pl.reduce_on_plateau(
+                opt,
+                monitor,
+                int(p["lr_patience"]),
+                float(p["lr_factor"]),
+                int(p["lr_reductions"]),
+                schedule=when[0],
+                timeline=when[1],
+            ),
+        )
 
     def progress_results(loop: Loop) -> None:
         state["epochs"] = int(loop.clock.epochs)
@@ -146,12 +174,19 @@ def fit(net: Network, split: Split, p: Mapping[str, Any], channel: Channel, stat
         if "valid_error" in loop.metrics:
             state["valid_error"] = float(loop.metrics["valid_error"])
 
-    loop = Loop(n_examples=len(y), batch_size=int(p["batch_size"]), max_epochs=int(p["epochs"]), step=step,
-                rng=rng, channel=channel, plugins=standard_plugins(p, evaluate=evaluate, early=early, extra=extra,
-                                                                   log_prefix=log_prefix),
-                parts={"net": net, "opt": opt, "best": best},
-                checkpoint_path=channel.workdir / CHECKPOINT_FILE,
-                fingerprint=fingerprint(p), on_checkpoint=progress_results)
+    loop = Loop(
+        n_examples=len(y),
+        batch_size=int(p["batch_size"]),
+        max_epochs=int(p["epochs"]),
+        step=step,
+        rng=rng,
+        channel=channel,
+        plugins=standard_plugins(p, evaluate=evaluate, early=early, extra=extra, log_prefix=log_prefix),
+        parts={"net": net, "opt": opt, "best": best},
+        checkpoint_path=channel.workdir / CHECKPOINT_FILE,
+        fingerprint=fingerprint(p),
+        on_checkpoint=progress_results,
+    )
     loop.restore()
     resumed_seconds = loop.clock.wall_time
     if loop.run() == INCOMPLETE:

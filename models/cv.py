@@ -43,8 +43,15 @@ class SubChannel(Channel):
     """The channel of a run nested in a job: its own workdir, the job's stop flag, log and checkpoint."""
 
     def __init__(self, outer: Channel, workdir: Path, params: Mapping[str, Any], log_prefix: str = "") -> None:
-        super().__init__(job_id=outer.job_id, phase=outer.phase, attempt=outer.attempt, workdir=Path(workdir),
-                         params=dict(params), parents=[], deadline=outer.deadline)
+        super().__init__(
+            job_id=outer.job_id,
+            phase=outer.phase,
+            attempt=outer.attempt,
+            workdir=Path(workdir),
+            params=dict(params),
+            parents=[],
+            deadline=outer.deadline,
+        )
         self._outer, self._prefix = outer, log_prefix
 
     def request_stop(self, reason: str) -> None:
@@ -69,6 +76,7 @@ def _trainer_for(target: str) -> Callable[[dict, Channel], str]:
     module_name, _, name = target.partition(":") if ":" in target else target.rpartition(".")
     if module_name == "jobman.models.dbn" and name in ("finetune", "train"):
         from . import dbn
+
         return dbn.train
     fn = getattr(importlib.import_module(module_name), name)
     return fn
@@ -84,8 +92,14 @@ def _with_metric(parents: list[Parent], metric: str) -> list[Parent]:
     return out
 
 
-def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, workdir: Path,
-                 overrides: Mapping[str, Any], log_prefix: str) -> dict[str, Any] | None:
+def _retrain_one(
+    parents: list[Parent],
+    p: Mapping[str, Any],
+    channel: Channel,
+    workdir: Path,
+    overrides: Mapping[str, Any],
+    log_prefix: str,
+) -> dict[str, Any] | None:
     """Select among ``parents``, retrain the winner in ``workdir``; its results, or None if stopped."""
     ranked = _with_metric(parents, p["metric"])
     if not ranked:
@@ -106,9 +120,14 @@ def _retrain_one(parents: list[Parent], p: Mapping[str, Any], channel: Channel, 
     found = [par.results.get("test_error") for par in ranked if par.job_id in job_ids]
     tests = [t for t in found if isinstance(t, (int, float))]
     out = {k: sub_state[k] for k in STANDARD_RESULTS if k in sub_state}
-    out.update(best_params={k: v for k, v in dict(winner.params).items()}, best_target=first.target,
-               cv_mean=float(winner.mean),
-               cv_std=None if winner.std is None else float(winner.std), cv_n=int(winner.n), cv_job_ids=job_ids)
+    out.update(
+        best_params={k: v for k, v in dict(winner.params).items()},
+        best_target=first.target,
+        cv_mean=float(winner.mean),
+        cv_std=None if winner.std is None else float(winner.std),
+        cv_n=int(winner.n),
+        cv_job_ids=job_ids,
+    )
     if tests:
         out["cv_test_error"] = float(np.mean(tests))
     return out
@@ -122,8 +141,9 @@ def retrain(state: dict, channel: Channel) -> str:
     parents = list(channel.parents)
     if not parents:
         raise ValueError("cv:retrain needs the cross-validation jobs as parents (schedule it with --after)")
-    outer_ids = sorted({int(par.params.get("id_outer_fold", 0)) for par in parents
-                        if int(par.params.get("nb_outer_fold", 0) or 0)})
+    outer_ids = sorted(
+        {int(par.params.get("id_outer_fold", 0)) for par in parents if int(par.params.get("nb_outer_fold", 0) or 0)}
+    )
     if not outer_ids:
         out = _retrain_one(parents, p, channel, channel.workdir / "retrain", {"test_fraction": 0.0}, "retrain_")
         if out is None:
@@ -136,8 +156,11 @@ def retrain(state: dict, channel: Channel) -> str:
     for o in outer_ids:
         if o in done:
             continue
-        group = [par for par in parents if int(par.params.get("id_outer_fold", 0)) == o
-                 and int(par.params.get("nb_outer_fold", 0) or 0)]
+        group = [
+            par
+            for par in parents
+            if int(par.params.get("id_outer_fold", 0)) == o and int(par.params.get("nb_outer_fold", 0) or 0)
+        ]
         nb_outer = int(group[0].params["nb_outer_fold"])
         # The outer fold is the test set and the other outer folds the training set: plain CV over outer folds.
         overrides = {"nb_cross_fold": nb_outer, "id_cross_fold": o, "nb_outer_fold": 0}

@@ -52,8 +52,15 @@ class Dataset:
         return self.X_test is not None
 
 
-def load(name: str = "digits", data_dir: str | os.PathLike | None = None, *, n_samples: int = 600,
-         n_features: int = 20, n_classes: int = 3, seed: int = 0) -> Dataset:
+def load(
+    name: str = "digits",
+    data_dir: str | os.PathLike | None = None,
+    *,
+    n_samples: int = 600,
+    n_features: int = 20,
+    n_classes: int = 3,
+    seed: int = 0,
+) -> Dataset:
     """Load a data set by name or ``.npz`` path (cached; see the module docstring).
 
     ``n_samples``, ``n_features``, ``n_classes`` and ``seed`` shape the ``synthetic`` set only.
@@ -100,10 +107,14 @@ def _fashion_mnist(data_dir: str | None) -> Dataset:
         path = next((p for p in (where / stem, where / f"{stem}.gz") if p.exists()), None)
         if path is None:
             if data_dir:
-                raise DatasetError(f"fashion-mnist: no {stem}[.gz] in {where}; point data_dir at the idx files, "
-                                   f"or install Debian's dataset-fashion-mnist package and leave data_dir unset")
-            raise DatasetError(f"fashion-mnist not found in {where}: install Debian's dataset-fashion-mnist "
-                               f"package (apt-get install dataset-fashion-mnist) or pass data_dir=")
+                raise DatasetError(
+                    f"fashion-mnist: no {stem}[.gz] in {where}; point data_dir at the idx files, "
+                    f"or install Debian's dataset-fashion-mnist package and leave data_dir unset"
+                )
+            raise DatasetError(
+                f"fashion-mnist not found in {where}: install Debian's dataset-fashion-mnist "
+                f"package (apt-get install dataset-fashion-mnist) or pass data_dir="
+            )
         arrays[key] = read_idx(path)
     X = (arrays["X"].reshape(len(arrays["X"]), -1) / np.float32(255)).astype(np.float32)
     X_test = (arrays["X_test"].reshape(len(arrays["X_test"]), -1) / np.float32(255)).astype(np.float32)

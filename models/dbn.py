@@ -100,8 +100,11 @@ class _Progress:
         self.recon: list[float] = []
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"meta": json_array({"layer": self.layer, "epochs": self.epochs, "seconds": self.seconds,
-                                    "recon": self.recon})}
+        return {
+            "meta": json_array(
+                {"layer": self.layer, "epochs": self.epochs, "seconds": self.seconds, "recon": self.recon}
+            )
+        }
 
     def load_state_dict(self, arrays: dict[str, np.ndarray]) -> None:
         meta = from_json_array(arrays["meta"])
@@ -109,8 +112,14 @@ class _Progress:
         self.seconds, self.recon = meta["seconds"], meta["recon"]
 
 
-def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state: dict,
-                   checkpoint_path: Path, plugins: Sequence[Plugin] = ()) -> list[dict[str, np.ndarray]] | None:
+def pretrain_stack(
+    X: np.ndarray,
+    p: Mapping[str, Any],
+    channel: Channel,
+    state: dict,
+    checkpoint_path: Path,
+    plugins: Sequence[Plugin] = (),
+) -> list[dict[str, np.ndarray]] | None:
     """Greedy layer-wise CD training on ``X``; the stack, or None when stopped (INCOMPLETE).
 
     Resumes from ``checkpoint_path``: finished layers, the layer in progress
@@ -130,13 +139,25 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
         i = len(stack.layers)
         data = stack.transform(X)
         rbm = RBM(data.shape[1], sizes[i], rng)
-        opt = make_optimizer("momentum", rbm.params, p["pretrain_lr"], p["pretrain_momentum"],
-                             p["pretrain_weight_decay"], flat=(rbm.flat_params, rbm.flat_grads))
+        opt = make_optimizer(
+            "momentum",
+            rbm.params,
+            p["pretrain_lr"],
+            p["pretrain_momentum"],
+            p["pretrain_weight_decay"],
+            flat=(rbm.flat_params, rbm.flat_grads),
+        )
         k, persistent = int(p["cd_k"]), bool(p["pcd"])
         sample = data[:RECON_SAMPLE]
 
-        def step(idx: np.ndarray, rbm: RBM = rbm, opt: Optimizer = opt, data: np.ndarray = data, k: int = k,
-                 persistent: bool = persistent) -> None:
+        def step(
+            idx: np.ndarray,
+            rbm: RBM = rbm,
+            opt: Optimizer = opt,
+            data: np.ndarray = data,
+            k: int = k,
+            persistent: bool = persistent,
+        ) -> None:
             rbm.cd_grads(data[idx], rng, k, persistent)
             opt.update(rbm.grads)
 
@@ -148,12 +169,19 @@ def pretrain_stack(X: np.ndarray, p: Mapping[str, Any], channel: Channel, state:
             state["seconds"] = progress.seconds + float(loop.clock.wall_time)
 
         progress.layer = i
-        loop = Loop(n_examples=len(data), batch_size=int(p["pretrain_batch_size"]),
-                    max_epochs=int(p["pretrain_epochs"]), step=step, rng=rng, channel=channel,
-                    plugins=standard_plugins(p, evaluate=pl.evaluate(recon_error), extra=plugins,
-                                             log_prefix=f"rbm{i}_"),
-                    parts={"stack": stack, "progress": progress, "rbm": rbm, "opt": opt},
-                    checkpoint_path=checkpoint_path, fingerprint=run_id, on_checkpoint=progress_results)
+        loop = Loop(
+            n_examples=len(data),
+            batch_size=int(p["pretrain_batch_size"]),
+            max_epochs=int(p["pretrain_epochs"]),
+            step=step,
+            rng=rng,
+            channel=channel,
+            plugins=standard_plugins(p, evaluate=pl.evaluate(recon_error), extra=plugins, log_prefix=f"rbm{i}_"),
+            parts={"stack": stack, "progress": progress, "rbm": rbm, "opt": opt},
+            checkpoint_path=checkpoint_path,
+            fingerprint=run_id,
+            on_checkpoint=progress_results,
+        )
         if saved is not None:  # the checkpoint's loop is the first unfinished layer's
             loop.load_state_dict(saved)
             saved = None
@@ -182,8 +210,9 @@ def pretrain(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> s
     return COMPLETE
 
 
-def _pretrained(state: dict, channel: Channel,
-                plugins: Sequence[Plugin]) -> tuple[DD, Split, list[dict[str, np.ndarray]] | None]:
+def _pretrained(
+    state: dict, channel: Channel, plugins: Sequence[Plugin]
+) -> tuple[DD, Split, list[dict[str, np.ndarray]] | None]:
     """The job's settings, its data split and its pretrained stack (None when stopped): the first
     phase of ``pretrain`` and of ``train``."""
     p = settings(job_params(state, channel), DEFAULTS)
@@ -222,8 +251,14 @@ def network_from_stack(stack: list[dict[str, np.ndarray]], n_classes: int, rng: 
     return Network(layers)
 
 
-def finetune_stack(stack: list[dict[str, np.ndarray]], split: Split, p: Mapping[str, Any], channel: Channel,
-                   state: dict, plugins: Sequence[Plugin] = ()) -> str:
+def finetune_stack(
+    stack: list[dict[str, np.ndarray]],
+    split: Split,
+    p: Mapping[str, Any],
+    channel: Channel,
+    state: dict,
+    plugins: Sequence[Plugin] = (),
+) -> str:
     """Supervised fine-tuning of the stack (see :func:`classifier.fit`)."""
     if stack[0]["W"].shape[0] != split.n_features:
         raise ValueError(f"the pretrained stack takes {stack[0]['W'].shape[0]} inputs, the data has {split.n_features}")

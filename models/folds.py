@@ -19,8 +19,11 @@ def _stratified_order(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     share of each class, to within one example.
     """
     y = np.asarray(y)
-    return np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)]) \
-        if len(y) else np.zeros(0, dtype=np.intp)
+    return (
+        np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)])
+        if len(y)
+        else np.zeros(0, dtype=np.intp)
+    )
 
 
 def stratified_folds(y: np.ndarray, nb_folds: int, seed: int | Sequence[int] = 0) -> list[np.ndarray]:
@@ -53,8 +56,9 @@ def _check_id(name: str, idx: int, nb: int) -> int:
     return idx
 
 
-def cross_fold(y: np.ndarray, nb_cross_fold: int, id_cross_fold: int, seed: int = 0,
-               valid_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cross_fold(
+    y: np.ndarray, nb_cross_fold: int, id_cross_fold: int, seed: int = 0, valid_fraction: float = 0.1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, valid, test) for plain k-fold cross-validation.
 
     Fold ``id_cross_fold`` is the test set; a stratified ``valid_fraction`` of the
@@ -67,8 +71,9 @@ def cross_fold(y: np.ndarray, nb_cross_fold: int, id_cross_fold: int, seed: int 
     return rest[keep], rest[held], test
 
 
-def nested_fold(y: np.ndarray, nb_outer_fold: int, id_outer_fold: int, nb_cross_fold: int,
-                id_cross_fold: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def nested_fold(
+    y: np.ndarray, nb_outer_fold: int, id_outer_fold: int, nb_cross_fold: int, id_cross_fold: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, valid, test) for double (nested) cross-validation.
 
     Outer fold ``id_outer_fold`` is the test set. The other outer folds are split

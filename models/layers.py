@@ -39,9 +39,16 @@ class Layer:
 class Dense(Layer):
     """``y = x @ W + b``. Glorot-uniform initialisation (scaled for sigmoid units)."""
 
-    def __init__(self, n_in: int, n_out: int, rng: np.random.Generator | None = None,
-                 dtype: type = np.float32, scale: float = 1.0,
-                 W: np.ndarray | None = None, b: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        n_in: int,
+        n_out: int,
+        rng: np.random.Generator | None = None,
+        dtype: type = np.float32,
+        scale: float = 1.0,
+        W: np.ndarray | None = None,
+        b: np.ndarray | None = None,
+    ) -> None:
         super().__init__()
         if W is None:
             if rng is None:
@@ -173,7 +180,7 @@ class Network:
 
     def predict(self, x: np.ndarray, batch_size: int = 4096) -> np.ndarray:
         """Predicted class of each row."""
-        out = [self.forward(x[i:i + batch_size]).argmax(axis=1) for i in range(0, len(x), batch_size)]
+        out = [self.forward(x[i : i + batch_size]).argmax(axis=1) for i in range(0, len(x), batch_size)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.intp)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 4096) -> tuple[float | None, float | None]:
@@ -182,8 +189,8 @@ class Network:
             return None, None
         wrong, loss = 0, 0.0
         for i in range(0, len(x), batch_size):
-            logits = self.forward(x[i:i + batch_size])
-            yb = y[i:i + batch_size]
+            logits = self.forward(x[i : i + batch_size])
+            yb = y[i : i + batch_size]
             wrong += int(np.sum(logits.argmax(axis=1) != yb))
             loss += SoftmaxCrossEntropy().forward(logits, yb) * len(yb)
         return wrong / len(y), loss / len(y)
@@ -203,8 +210,9 @@ class Network:
             value[...] = arrays[name]
 
 
-def mlp(sizes: list[int], activation: str = "relu", rng: np.random.Generator | None = None,
-        dtype: type = np.float32) -> Network:
+def mlp(
+    sizes: list[int], activation: str = "relu", rng: np.random.Generator | None = None, dtype: type = np.float32
+) -> Network:
     """A fully connected network ``sizes[0] -> ... -> sizes[-1]`` with ``activation`` between layers."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, not {activation!r}")

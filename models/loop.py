@@ -44,8 +44,13 @@ class Clock:
         return getattr(self, timeline)
 
     def snapshot(self) -> dict[str, float]:
-        return {"iterations": self.iterations, "epochs": self.epochs, "examples": self.examples,
-                "wall_time": self.wall_time, "train_time": self.train_time}
+        return {
+            "iterations": self.iterations,
+            "epochs": self.epochs,
+            "examples": self.examples,
+            "wall_time": self.wall_time,
+            "train_time": self.train_time,
+        }
 
 
 class Loop:
@@ -57,12 +62,22 @@ class Loop:
     is the clock the time timelines read (tests pass a fake one).
     """
 
-    def __init__(self, *, n_examples: int, batch_size: int, max_epochs: int,
-                 step: Callable[[np.ndarray], float | None], rng: np.random.Generator, channel: Channel,
-                 plugins: Sequence[Plugin] = (), parts: dict[str, Checkpointable] | None = None,
-                 checkpoint_path: str | Path | None = None, fingerprint: Any = None,
-                 on_checkpoint: Callable[[Loop], None] | None = None,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        *,
+        n_examples: int,
+        batch_size: int,
+        max_epochs: int,
+        step: Callable[[np.ndarray], float | None],
+        rng: np.random.Generator,
+        channel: Channel,
+        plugins: Sequence[Plugin] = (),
+        parts: dict[str, Checkpointable] | None = None,
+        checkpoint_path: str | Path | None = None,
+        fingerprint: Any = None,
+        on_checkpoint: Callable[[Loop], None] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
         if n_examples <= 0:
             raise ValueError("the training set is empty")
         self.n_examples, self.batch_size = int(n_examples), max(1, min(int(batch_size), int(n_examples)))
@@ -127,7 +142,7 @@ class Loop:
         if self._pos == 0 or self._perm is None:
             self._perm = self.rng.permutation(self.n_examples)
             self._pos = 0
-        idx = self._perm[self._pos:self._pos + self.batch_size]
+        idx = self._perm[self._pos : self._pos + self.batch_size]
         loss = self.step(idx)
         c = self.clock
         c.iterations += 1
@@ -152,15 +167,24 @@ class Loop:
 
     # -- checkpoints ----------------------------------------------------
     def _plugin_parts(self) -> dict[str, Checkpointable]:
-        return {f"plugin.{p.name}": p.fn for p in self.plugins
-                if hasattr(p.fn, "state_dict") and hasattr(p.fn, "load_state_dict")}
+        return {
+            f"plugin.{p.name}": p.fn
+            for p in self.plugins
+            if hasattr(p.fn, "state_dict") and hasattr(p.fn, "load_state_dict")
+        }
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """The loop's own state and its parts' as flat ``part/name`` arrays."""
-        meta = {"clock": self.clock.snapshot(), "pos": self._pos, "finished": self.finished,
-                "stop_reason": self.stop_reason,
-                "metrics": self.metrics, "updated": self.updated, "loss": [self._loss_sum, self._loss_n],
-                "fingerprint": self.fingerprint}
+        meta = {
+            "clock": self.clock.snapshot(),
+            "pos": self._pos,
+            "finished": self.finished,
+            "stop_reason": self.stop_reason,
+            "metrics": self.metrics,
+            "updated": self.updated,
+            "loss": [self._loss_sum, self._loss_n],
+            "fingerprint": self.fingerprint,
+        }
         out = {"loop/meta": json_array(meta), "loop/rng": rng_state(self.rng)}
         if self._perm is not None:
             out["loop/perm"] = self._perm

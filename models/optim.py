@@ -28,8 +28,13 @@ class Optimizer:
 
     slot_names: tuple[str, ...] = ()
 
-    def __init__(self, params: Mapping[str, np.ndarray], lr: float, weight_decay: float = 0.0,
-                 flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        lr: float,
+        weight_decay: float = 0.0,
+        flat: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.params = dict(params)
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
@@ -86,8 +91,11 @@ class Optimizer:
         many times a normal one and a whole epoch slows down by half or more.
         Values below TINY change no update that float32 can represent.
         """
-        buffers = self._flat_slots.values() if self.flat is not None else \
-            [a for slot in self.slots.values() for a in slot.values()]
+        buffers = (
+            self._flat_slots.values()
+            if self.flat is not None
+            else [a for slot in self.slots.values() for a in slot.values()]
+        )
         for buf in buffers:
             if buf.dtype.kind == "f":
                 buf[np.abs(buf) < TINY] = 0
@@ -95,8 +103,9 @@ class Optimizer:
     def _prepare(self) -> None:
         """Per-update constants (Adam's bias correction)."""
 
-    def _step(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray],
-              tmp: np.ndarray) -> None:  # pragma: no cover - abstract
+    def _step(
+        self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], tmp: np.ndarray
+    ) -> None:  # pragma: no cover - abstract
         """Update ``p`` in place; ``tmp`` is scratch space of p's shape (no allocation per step)."""
         raise NotImplementedError
 
@@ -129,8 +138,15 @@ class Momentum(Optimizer):
 
     slot_names = ("v",)
 
-    def __init__(self, params: Mapping[str, np.ndarray], lr: float, momentum: float = 0.9, nesterov: bool = False,
-                 weight_decay: float = 0.0, flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        lr: float,
+        momentum: float = 0.9,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        flat: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         super().__init__(params, lr, weight_decay, flat)
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
@@ -153,17 +169,24 @@ class Adam(Optimizer):
 
     slot_names = ("m", "v")
 
-    def __init__(self, params: Mapping[str, np.ndarray], lr: float, beta1: float = 0.9, beta2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0,
-                 flat: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, np.ndarray],
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        flat: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         super().__init__(params, lr, weight_decay, flat)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
 
     def _prepare(self) -> None:
         # The bias correction depends on t only: fold it into the step size and epsilon.
         t = self.t
-        self._alpha = float(self.lr * np.sqrt(1 - self.beta2 ** t) / (1 - self.beta1 ** t))
-        self._eps_hat = float(self.eps * np.sqrt(1 - self.beta2 ** t))
+        self._alpha = float(self.lr * np.sqrt(1 - self.beta2**t) / (1 - self.beta1**t))
+        self._eps_hat = float(self.eps * np.sqrt(1 - self.beta2**t))
 
     def _step(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], tmp: np.ndarray) -> None:
         m, v = slot["m"], slot["v"]
@@ -184,15 +207,20 @@ class Adam(Optimizer):
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 
 
-def make_optimizer(name: str, params: Mapping[str, np.ndarray], lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0, flat: tuple[np.ndarray, np.ndarray] | None = None) -> Optimizer:
+def make_optimizer(
+    name: str,
+    params: Mapping[str, np.ndarray],
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    flat: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Optimizer:
     """Build an optimizer by name: ``sgd``, ``momentum``, ``nesterov`` or ``adam``."""
     key = str(name).lower()
     if key == "sgd":
         return SGD(params, lr, weight_decay=weight_decay, flat=flat)
     if key in ("momentum", "nesterov"):
-        return Momentum(params, lr, momentum=momentum, nesterov=key == "nesterov", weight_decay=weight_decay,
-                        flat=flat)
+        return Momentum(params, lr, momentum=momentum, nesterov=key == "nesterov", weight_decay=weight_decay, flat=flat)
     if key == "adam":
         return Adam(params, lr, weight_decay=weight_decay, flat=flat)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {name!r}")

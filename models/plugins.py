@@ -51,8 +51,9 @@ class Plugin:
             self.name = getattr(self.fn, "__name__", type(self.fn).__name__)
 
 
-def evaluate(fn: Callable[[Loop], dict[str, float | None]], schedule: Schedule | None = None,
-             timeline: str = "epochs") -> Plugin:
+def evaluate(
+    fn: Callable[[Loop], dict[str, float | None]], schedule: Schedule | None = None, timeline: str = "epochs"
+) -> Plugin:
     """Merge the metrics ``fn(loop)`` returns into ``loop.metrics`` (default: after each epoch)."""
 
     def run(loop: Loop) -> None:
@@ -70,8 +71,14 @@ class EarlyStopping:
     there). A missing metric (no validation set) disables it.
     """
 
-    def __init__(self, metric: str = "valid_error", patience: int = 10, mode: str = "min",
-                 min_delta: float = 0.0, on_improve: Callable[[Loop], None] | None = None) -> None:
+    def __init__(
+        self,
+        metric: str = "valid_error",
+        patience: int = 10,
+        mode: str = "min",
+        min_delta: float = 0.0,
+        on_improve: Callable[[Loop], None] | None = None,
+    ) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
         self.metric, self.patience, self.mode, self.min_delta = metric, int(patience), mode, float(min_delta)
@@ -102,12 +109,18 @@ class EarlyStopping:
         self.best, self.best_step, self.waited = meta["best"], meta["best_step"], meta["waited"]
 
 
-def early_stopping(metric: str = "valid_error", patience: int = 10, mode: str = "min",
-                   on_improve: Callable[[Loop], None] | None = None,
-                   schedule: Schedule | None = None, timeline: str = "epochs") -> Plugin:
+def early_stopping(
+    metric: str = "valid_error",
+    patience: int = 10,
+    mode: str = "min",
+    on_improve: Callable[[Loop], None] | None = None,
+    schedule: Schedule | None = None,
+    timeline: str = "epochs",
+) -> Plugin:
     """An :class:`EarlyStopping` plugin; schedule it right after the metric's evaluation."""
-    return Plugin(schedule or each(1), timeline, EarlyStopping(metric, patience, mode, on_improve=on_improve),
-                  "early_stopping")
+    return Plugin(
+        schedule or each(1), timeline, EarlyStopping(metric, patience, mode, on_improve=on_improve), "early_stopping"
+    )
 
 
 class ReduceOnPlateau:
@@ -117,8 +130,15 @@ class ReduceOnPlateau:
     into the minimum it found. Its counters, and the optimizer's rate, are checkpointed.
     """
 
-    def __init__(self, optimizer: Optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
-                 mode: str = "min", max_reductions: int = 2) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        metric: str = "valid_error",
+        patience: int = 10,
+        factor: float = 5.0,
+        mode: str = "min",
+        max_reductions: int = 2,
+    ) -> None:
         self.optimizer, self.metric, self.patience = optimizer, metric, int(patience)
         self.factor, self.sign, self.max_reductions = float(factor), 1 if mode == "min" else -1, int(max_reductions)
         self.best: float | None = None
@@ -146,12 +166,22 @@ class ReduceOnPlateau:
         self.best, self.waited, self.reductions = meta["best"], meta["waited"], meta["reductions"]
 
 
-def reduce_on_plateau(optimizer: Optimizer, metric: str = "valid_error", patience: int = 10, factor: float = 5.0,
-                      max_reductions: int = 2, schedule: Schedule | None = None, timeline: str = "epochs") -> Plugin:
+def reduce_on_plateau(
+    optimizer: Optimizer,
+    metric: str = "valid_error",
+    patience: int = 10,
+    factor: float = 5.0,
+    max_reductions: int = 2,
+    schedule: Schedule | None = None,
+    timeline: str = "epochs",
+) -> Plugin:
     """A :class:`ReduceOnPlateau` plugin; schedule it right after the metric's evaluation."""
-    return Plugin(schedule or each(1), timeline,
-                  ReduceOnPlateau(optimizer, metric, patience, factor, max_reductions=max_reductions),
-                  "reduce_on_plateau")
+    return Plugin(
+        schedule or each(1),
+        timeline,
+        ReduceOnPlateau(optimizer, metric, patience, factor, max_reductions=max_reductions),
+        "reduce_on_plateau",
+    )
 
 
 class MetricLogger:
@@ -163,8 +193,11 @@ class MetricLogger:
         self.last = -1  # the iteration of the last write
 
     def __call__(self, loop: Loop) -> None:
-        fresh = {self.prefix + k: v for k, v in loop.metrics.items()
-                 if loop.updated.get(k, -1) > self.last and (self.names is None or k in self.names)}
+        fresh = {
+            self.prefix + k: v
+            for k, v in loop.metrics.items()
+            if loop.updated.get(k, -1) > self.last and (self.names is None or k in self.names)
+        }
         if fresh:
             loop.channel.log(int(loop.clock.value(self.timeline)), **fresh)
         self.last = loop.clock.iterations
@@ -176,8 +209,9 @@ class MetricLogger:
         self.last = int(arrays["last"])
 
 
-def log_metrics(names: Iterable[str] | None = None, schedule: Schedule | None = None,
-                timeline: str = "epochs", prefix: str = "") -> Plugin:
+def log_metrics(
+    names: Iterable[str] | None = None, schedule: Schedule | None = None, timeline: str = "epochs", prefix: str = ""
+) -> Plugin:
     """``channel.log(step, **metrics)`` of the metrics set since the last write (all, or ``names``).
 
     The step is read on the plugin's timeline: after each epoch by default, the
@@ -206,14 +240,18 @@ def remote_stop(schedule: Schedule | None = None, timeline: str = "iterations") 
     return Plugin(schedule or always(), timeline, run, "remote_stop")
 
 
-def progress(schedule: Schedule | None = None, timeline: str = "wall_time", stream: TextIO | None = None,
-             label: str = "") -> Plugin:
+def progress(
+    schedule: Schedule | None = None, timeline: str = "wall_time", stream: TextIO | None = None, label: str = ""
+) -> Plugin:
     """One line of progress to ``stream`` (stderr; default every 30 s of wall time)."""
 
     def run(loop: Loop) -> None:
         c = loop.clock
         shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(loop.metrics.items()) if isinstance(v, (int, float)))
-        print(f"{label}epoch {c.epochs} iter {c.iterations} {c.wall_time:.1f}s {shown}".strip(),
-              file=stream or sys.stderr, flush=True)
+        print(
+            f"{label}epoch {c.epochs} iter {c.iterations} {c.wall_time:.1f}s {shown}".strip(),
+            file=stream or sys.stderr,
+            flush=True,
+        )
 
     return Plugin(schedule or each(30.0), timeline, run, "progress")

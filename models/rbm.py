@@ -50,7 +50,7 @@ class RBM:
             if self.chain is None:
                 self.chain = self.sample(h0, rng)
             if len(self.chain) < n:
-                extra = self.sample(h0[len(self.chain):], rng)
+                extra = self.sample(h0[len(self.chain) :], rng)
                 self.chain = np.concatenate([self.chain, extra])
             h = self.chain[:n]
         else:

@@ -66,8 +66,14 @@ class Split:
 
 def load_dataset(p: Mapping[str, Any]) -> datasets.Dataset:
     """The data set named by the parameters (cached)."""
-    return datasets.load(p["dataset"], p.get("data_dir"), n_samples=p["n_samples"],
-                         n_features=p["n_features"], n_classes=p["n_classes"], seed=p["data_seed"])
+    return datasets.load(
+        p["dataset"],
+        p.get("data_dir"),
+        n_samples=p["n_samples"],
+        n_features=p["n_features"],
+        n_classes=p["n_classes"],
+        seed=p["data_seed"],
+    )
 
 
 def _subset(n: int, size: int, seed: int) -> np.ndarray:
@@ -77,15 +83,17 @@ def _subset(n: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(n)[:size])
 
 
-def split_indices(y: np.ndarray, p: Mapping[str, Any],
-                  has_test: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def split_indices(
+    y: np.ndarray, p: Mapping[str, Any], has_test: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(train, valid, test) indices into the training pool; test is None for the data set's own test set."""
     seed = int(p["fold_seed"])
     if int(p["nb_outer_fold"]):
         if not int(p["nb_cross_fold"]):
             raise ValueError("nb_outer_fold needs nb_cross_fold too: the inner folds choose hyperparameters")
-        return folds.nested_fold(y, p["nb_outer_fold"], p["id_outer_fold"], p["nb_cross_fold"],
-                                 p["id_cross_fold"], seed)
+        return folds.nested_fold(
+            y, p["nb_outer_fold"], p["id_outer_fold"], p["nb_cross_fold"], p["id_cross_fold"], seed
+        )
     if int(p["nb_cross_fold"]):
         return folds.cross_fold(y, p["nb_cross_fold"], p["id_cross_fold"], seed, p["valid_fraction"])
     if has_test:

@@ -14,9 +14,17 @@ from contextlib import contextmanager
 
 CHROMIUM = os.environ.get("JOBMAN_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("JOBMAN_CHROMEDRIVER", "/usr/bin/chromedriver")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
 
 
 def missing() -> str | None:
@@ -55,8 +63,12 @@ def chromium(width: int = 1280, height: int = 1000) -> Iterator[object]:
 @contextmanager
 def served(db_url: str, *args: str) -> Iterator[str]:
     """``jobman serve DB --port 0 ARGS`` as a real process; yields the link it printed (with its token)."""
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         found = re.search(r"http://\S+", line)

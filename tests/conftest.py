@@ -54,8 +54,11 @@ def kernel_lacks(what: str) -> str | None:
     pids_hierarchy, pids_on = controllers.get("pids", (0, False))
     v1_pids = pids_on and pids_hierarchy != 0
     if what == "v1 pids":
-        return None if v1_pids else ("a cgroup v1 pids hierarchy (this host runs the pids controller under "
-                                     "cgroup v2 only)")
+        return (
+            None
+            if v1_pids
+            else ("a cgroup v1 pids hierarchy (this host runs the pids controller under cgroup v2 only)")
+        )
     if what == "job cgroup":
         has_v2 = "cgroup2" in Path("/proc/filesystems").read_text()
         release = tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
@@ -147,6 +150,7 @@ def jobs_per_process(request) -> int:
 def pytest_collection_modifyitems(config, items) -> None:
     """Process reuse is tried on SQLite only: how jobs are run does not change with the store. PgBouncer is
     tried on the core cases (marked ``pgbouncer``) only."""
+
     def reused_on_postgresql(item) -> bool:
         params = getattr(item, "callspec", None) and item.callspec.params
         if not params:
@@ -187,12 +191,20 @@ class CliResult:
     err: str
 
 
-def run_jobman(*args: str, cwd: str | Path | None = None, env: dict | None = None, timeout: float = 300,
-               stdin: str | None = None) -> CliResult:
+def run_jobman(
+    *args: str, cwd: str | Path | None = None, env: dict | None = None, timeout: float = 300, stdin: str | None = None
+) -> CliResult:
     """Run the real ``jobman`` command in a subprocess."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "jobman.cli.main", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, input=stdin)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+    )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -53,28 +53,29 @@ def start_pgbouncer(server_url: str, pool_size: int = 10) -> tuple[str, Path]:
     port = _free_port()
     (directory / "users.txt").write_text(f'"{user}" ""\n')
     (directory / "pgbouncer.ini").write_text(f"""[databases]
-* = host={server.hostname or '127.0.0.1'} port={server.port or 5432}
+* = host={server.hostname or "127.0.0.1"} port={server.port or 5432}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = {port}
 unix_socket_dir =
 auth_type = trust
-auth_file = {directory / 'users.txt'}
+auth_file = {directory / "users.txt"}
 pool_mode = transaction
 default_pool_size = {pool_size}
 max_client_conn = 2000
 server_reset_query =
 ignore_startup_parameters = extra_float_digits
-logfile = {directory / 'pgbouncer.log'}
-pidfile = {directory / 'pgbouncer.pid'}
+logfile = {directory / "pgbouncer.log"}
+pidfile = {directory / "pgbouncer.pid"}
 """)
     if os.geteuid() == 0:
         shutil.chown(directory, "postgres")
         for name in ("users.txt", "pgbouncer.ini"):
             shutil.chown(directory / name, "postgres")
-    proc = subprocess.run(_as_postgres([PGBOUNCER, "-d", str(directory / "pgbouncer.ini")]),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        _as_postgres([PGBOUNCER, "-d", str(directory / "pgbouncer.ini")]), capture_output=True, text=True, timeout=30
+    )
     if proc.returncode != 0:
         raise PgBouncerError(f"pgbouncer did not start: {(proc.stderr or proc.stdout).strip()}")
     deadline = time.time() + 10

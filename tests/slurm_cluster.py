@@ -42,8 +42,7 @@ USABLE_NODE_STATES = ("idle", "mixed", "allocated")
 MUNGE_RUN_DIR = Path("/run/munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 ENDED_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-     "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 )
 
 
@@ -301,12 +300,14 @@ class SlurmCluster:
         if _munge_answers():
             return
         if not MUNGE_KEY.exists():
-            subprocess.run(["runuser", "-u", "munge", "--", _which("mungekey") or "mungekey", "--create"],
-                           capture_output=True)
+            subprocess.run(
+                ["runuser", "-u", "munge", "--", _which("mungekey") or "mungekey", "--create"], capture_output=True
+            )
         MUNGE_RUN_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         shutil.chown(MUNGE_RUN_DIR, "munge", "munge")
-        proc = subprocess.run(["runuser", "-u", "munge", "--", _which("munged") or "munged"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["runuser", "-u", "munge", "--", _which("munged") or "munged"], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise SlurmClusterError(f"munged did not start: {_last_line(proc.stderr)}")
         if (MUNGE_RUN_DIR / "munged.pid").exists():
@@ -316,8 +317,9 @@ class SlurmCluster:
 
     def _start(self, daemon: str, args: list[str], pid_file: Path) -> None:
         """Start a Slurm daemon (it daemonizes itself) and wait for its pid file."""
-        proc = subprocess.run([_which(daemon) or daemon, "-f", str(self.conf_path), *args],
-                              env=self.env(), capture_output=True, text=True)
+        proc = subprocess.run(
+            [_which(daemon) or daemon, "-f", str(self.conf_path), *args], env=self.env(), capture_output=True, text=True
+        )
         log = self.root / "log" / f"{daemon}.log"
         if proc.returncode != 0 or not _wait(lambda: _pid_alive(pid_file, daemon) is not None, 10.0):
             detail = _last_line(proc.stderr) or _last_line(log.read_text() if log.exists() else "")

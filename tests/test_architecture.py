@@ -44,6 +44,7 @@ KNOWN: set[str] = set()
 
 # -- the checker ------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Import:
     """One import statement's target, resolved to a module of the package."""
@@ -77,14 +78,16 @@ def installed_root(package: str = PACKAGE) -> Path:
     for room in ROOMS:  # each room is found where the package maps it, not assumed beside the top
         room_spec = importlib.util.find_spec(f"{package}.{room}")
         assert room_spec is not None and room_spec.submodule_search_locations, f"{package}.{room} is missing"
-        assert Path(list(room_spec.submodule_search_locations)[0]).resolve() == (root / room).resolve(), \
+        assert Path(list(room_spec.submodule_search_locations)[0]).resolve() == (root / room).resolve(), (
             f"{package}.{room} is not under {root}"
+        )
     return root
 
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _statements(tree: ast.AST):
@@ -125,7 +128,7 @@ def imports_of(module: str, path: Path, known: set[str], package: str) -> list[I
         if node.level:
             base = _package_of(module, path).split(".")
             if node.level > 1:
-                base = base[:-(node.level - 1)]
+                base = base[: -(node.level - 1)]
             source = ".".join(base + ([node.module] if node.module else []))
         else:
             source = node.module or ""
@@ -235,8 +238,11 @@ def _one_loop(edges: dict[str, set[str]], members: list[str]) -> list[str]:
 def import_cycles(graph: dict[str, list[Import]]) -> dict[str, list[str]]:
     """Each set of modules that import one another, as ``"cycle: a, b, ..."``, with one loop through it."""
     edges = {module: {imp.imported for imp in imports} for module, imports in graph.items()}
-    return {"cycle: " + ", ".join(members): _one_loop(edges, members)
-            for members in _strongly_connected(edges) if len(members) > 1}
+    return {
+        "cycle: " + ", ".join(members): _one_loop(edges, members)
+        for members in _strongly_connected(edges)
+        if len(members) > 1
+    }
 
 
 def violations(root: Path, package: str = PACKAGE) -> dict[str, str]:
@@ -245,12 +251,15 @@ def violations(root: Path, package: str = PACKAGE) -> dict[str, str]:
     found = {key: " -> ".join(loop) for key, loop in import_cycles(graph).items()}
     for key, imp in direction_violations(graph, package).items():
         where = imp.importer.split(".")[1:] or ["__init__"]
-        found[key] = f"{'/'.join(where)}.py line {imp.line}: {room_of(imp.importer, package)} may not import " \
-                     f"{room_of(imp.imported, package)}"
+        found[key] = (
+            f"{'/'.join(where)}.py line {imp.line}: {room_of(imp.importer, package)} may not import "
+            f"{room_of(imp.imported, package)}"
+        )
     return found
 
 
 # -- the package's own imports ----------------------------------------------------------------------
+
 
 def _report(found: dict[str, str]) -> str:
     return "\n".join(f"  {key}    ({why})" for key, why in sorted(found.items()))
@@ -265,8 +274,10 @@ def test_no_import_cycle_and_none_against_the_direction():
 def test_the_list_of_known_violations_only_shrinks():
     found = violations(installed_root())
     gone = sorted(set(KNOWN) - set(found))  # set(): an emptied list may be written {}
-    assert not gone, ("these violations are gone: take them out of KNOWN in tests/test_architecture.py, so that "
-                      "they cannot come back unnoticed:\n" + "\n".join(f"  {key}" for key in gone))
+    assert not gone, (
+        "these violations are gone: take them out of KNOWN in tests/test_architecture.py, so that "
+        "they cannot come back unnoticed:\n" + "\n".join(f"  {key}" for key in gone)
+    )
 
 
 def test_every_room_is_read():
@@ -275,13 +286,23 @@ def test_every_room_is_read():
     graph = import_graph(root)
     rooms = {room_of(module) for module in graph}
     assert rooms == {*ROOMS, TOP}, rooms
-    assert {"jobman.jobdb.store", "jobman.dispatch.worker", "jobman.models.mlp", "jobman.cli.main",
-            "jobman.web.app", "jobman", "jobman.sql", "jobman.tools", "jobman.examples"} <= set(graph)
+    assert {
+        "jobman.jobdb.store",
+        "jobman.dispatch.worker",
+        "jobman.models.mlp",
+        "jobman.cli.main",
+        "jobman.web.app",
+        "jobman",
+        "jobman.sql",
+        "jobman.tools",
+        "jobman.examples",
+    } <= set(graph)
     crossing = {(room_of(imp.importer), room_of(imp.imported)) for imports in graph.values() for imp in imports}
     assert {("dispatch", "jobdb"), ("cli", "jobdb"), ("cli", "dispatch"), ("web", "jobdb")} <= crossing, crossing
 
 
 # -- the checker, on a package made to break the rules ---------------------------------------------
+
 
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
@@ -295,18 +316,20 @@ def toy(tmp_path: Path) -> Path:
     """A package ``toy`` with every room, following the rules: each test below breaks one."""
     root = tmp_path / "toy"
     files = {f"{room}/__init__.py": "" for room in (*ROOMS, *TOP_PACKAGES)}
-    files.update({
-        "__init__.py": "from toy.dispatch import runner\n",
-        "sql.py": "from .jobdb import store\n",
-        "jobdb/store.py": "import sqlalchemy\nfrom . import status\n",
-        "jobdb/status.py": "",
-        "dispatch/channel.py": "from ..jobdb.status import Status\n",
-        "dispatch/runner.py": "from toy.jobdb import store\nfrom . import channel\n",
-        "models/mlp.py": "from toy.dispatch import channel\nfrom . import layers\n",
-        "models/layers.py": "import numpy\n",
-        "cli/main.py": "import toy.dispatch.runner\nfrom ..models import mlp\nfrom toy.jobdb.store import Store\n",
-        "web/app.py": "from ..jobdb import store\n",
-    })
+    files.update(
+        {
+            "__init__.py": "from toy.dispatch import runner\n",
+            "sql.py": "from .jobdb import store\n",
+            "jobdb/store.py": "import sqlalchemy\nfrom . import status\n",
+            "jobdb/status.py": "",
+            "dispatch/channel.py": "from ..jobdb.status import Status\n",
+            "dispatch/runner.py": "from toy.jobdb import store\nfrom . import channel\n",
+            "models/mlp.py": "from toy.dispatch import channel\nfrom . import layers\n",
+            "models/layers.py": "import numpy\n",
+            "cli/main.py": "import toy.dispatch.runner\nfrom ..models import mlp\nfrom toy.jobdb.store import Store\n",
+            "web/app.py": "from ..jobdb import store\n",
+        }
+    )
     _write(root, files)
     return root
 
@@ -314,33 +337,44 @@ def toy(tmp_path: Path) -> Path:
 def test_the_checker_passes_a_package_that_follows_the_rules(toy: Path):
     assert violations(toy, "toy") == {}
     graph = import_graph(toy, "toy")
-    assert {imp.imported for imp in graph["toy.cli.main"]} == {"toy.dispatch.runner", "toy.models.mlp",
-                                                                 "toy.jobdb.store"}
+    assert {imp.imported for imp in graph["toy.cli.main"]} == {
+        "toy.dispatch.runner",
+        "toy.models.mlp",
+        "toy.jobdb.store",
+    }
     assert [imp.imported for imp in graph["toy.dispatch.channel"]] == ["toy.jobdb.status"]  # relative, two up
 
 
 def test_the_checker_finds_a_cycle_and_names_its_modules(toy: Path):
-    _write(toy, {
-        "jobdb/status.py": "def later():\n    from .report import rows\n",  # inside a function: it counts
-        "jobdb/report.py": "from .aggregates import fold\n",
-        "jobdb/aggregates.py": "from toy.jobdb.store import Store\n",
-    })
+    _write(
+        toy,
+        {
+            "jobdb/status.py": "def later():\n    from .report import rows\n",  # inside a function: it counts
+            "jobdb/report.py": "from .aggregates import fold\n",
+            "jobdb/aggregates.py": "from toy.jobdb.store import Store\n",
+        },
+    )
     found = violations(toy, "toy")
     key = "cycle: toy.jobdb.aggregates, toy.jobdb.report, toy.jobdb.status, toy.jobdb.store"
     assert set(found) == {key}, found
-    assert found[key] == "toy.jobdb.aggregates -> toy.jobdb.store -> toy.jobdb.status -> toy.jobdb.report " \
-                         "-> toy.jobdb.aggregates"
+    assert (
+        found[key] == "toy.jobdb.aggregates -> toy.jobdb.store -> toy.jobdb.status -> toy.jobdb.report "
+        "-> toy.jobdb.aggregates"
+    )
 
 
 def test_the_checker_finds_imports_against_the_direction(toy: Path):
-    _write(toy, {
-        "jobdb/store.py": "from . import status\nfrom toy.dispatch import runner\n",
-        "models/mlp.py": "from toy.dispatch import channel, runner\nfrom ..jobdb.store import Store\n",
-        "dispatch/backends/__init__.py": "",
-        "dispatch/backends/zygote.py": "from ...cli import main\n",
-        "web/app.py": "import toy.cli.main\nimport toy\n",
-        "cli/main.py": "from toy import sql, __version__\nfrom toy.web import app\n",
-    })
+    _write(
+        toy,
+        {
+            "jobdb/store.py": "from . import status\nfrom toy.dispatch import runner\n",
+            "models/mlp.py": "from toy.dispatch import channel, runner\nfrom ..jobdb.store import Store\n",
+            "dispatch/backends/__init__.py": "",
+            "dispatch/backends/zygote.py": "from ...cli import main\n",
+            "web/app.py": "import toy.cli.main\nimport toy\n",
+            "cli/main.py": "from toy import sql, __version__\nfrom toy.web import app\n",
+        },
+    )
     found = violations(toy, "toy")
     assert set(found) == {
         "toy.jobdb.store -> toy.dispatch.runner",
@@ -354,13 +388,17 @@ def test_the_checker_finds_imports_against_the_direction(toy: Path):
         "cycle: toy.dispatch.runner, toy.jobdb.store",
         "cycle: toy.cli.main, toy.web.app",
     }, found
-    assert found["toy.dispatch.backends.zygote -> toy.cli.main"] == \
-        "dispatch/backends/zygote.py line 1: dispatch may not import cli"
+    assert (
+        found["toy.dispatch.backends.zygote -> toy.cli.main"]
+        == "dispatch/backends/zygote.py line 1: dispatch may not import cli"
+    )
 
 
 def test_the_checker_leaves_type_checking_imports_aside(toy: Path):
-    _write(toy, {
-        "jobdb/store.py": """\
+    _write(
+        toy,
+        {
+            "jobdb/store.py": """\
             from typing import TYPE_CHECKING
             import typing
             if TYPE_CHECKING:
@@ -370,5 +408,6 @@ def test_the_checker_leaves_type_checking_imports_aside(toy: Path):
             else:
                 from toy.models import layers  # this branch runs
         """,
-    })
+        },
+    )
     assert set(violations(toy, "toy")) == {"toy.jobdb.store -> toy.models.layers"}

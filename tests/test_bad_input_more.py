@@ -43,6 +43,7 @@ SECRET = "s3cretpw"  # what one_sentence() checks never shows
 
 # -- a server that checks passwords -------------------------------------------------------------
 
+
 @dataclass
 class PasswordServer:
     """A throwaway PostgreSQL cluster on 127.0.0.1 that checks passwords (scram-sha-256)."""
@@ -74,8 +75,14 @@ def _start_password_server() -> PasswordServer:
     if shutil.which("pg_config"):
         bindir = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
     if not bindir or not os.path.exists(os.path.join(bindir, "initdb")):
-        found = shutil.which("initdb") or next(iter(sorted(
-            glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: float(p.split("/")[4]), reverse=True)), None)
+        found = shutil.which("initdb") or next(
+            iter(
+                sorted(
+                    glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: float(p.split("/")[4]), reverse=True
+                )
+            ),
+            None,
+        )
         bindir = os.path.dirname(found) if found else None
     if bindir is None:
         need_service("PostgreSQL's initdb was not found: cannot start a server that checks passwords")
@@ -96,10 +103,35 @@ def _start_password_server() -> PasswordServer:
     port = _free_port()
     data = root / "data"
     steps = [
-        [*as_postgres, f"{bindir}/initdb", "-D", str(data), "-U", "postgres", "-A", "scram-sha-256",
-         f"--pwfile={pwfile}", "-N", "-E", "UTF8", "--locale=C"],
-        [*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-l", str(root / "log"), "-w", "-t", "60", "-o",
-         f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=30", "start"],
+        [
+            *as_postgres,
+            f"{bindir}/initdb",
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-N",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ],
+        [
+            *as_postgres,
+            f"{bindir}/pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=30",
+            "start",
+        ],
     ]
     for argv in steps:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -111,8 +143,20 @@ def _start_password_server() -> PasswordServer:
 
 
 def _stop_password_server() -> None:
-    subprocess.run([*_SERVER["as_postgres"], f"{_SERVER['bindir']}/pg_ctl", "-D", str(_SERVER["data"]), "-m",
-                    "immediate", "-w", "stop"], capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            *_SERVER["as_postgres"],
+            f"{_SERVER['bindir']}/pg_ctl",
+            "-D",
+            str(_SERVER["data"]),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     shutil.rmtree(_SERVER["root"], ignore_errors=True)
     _SERVER.clear()
 
@@ -141,16 +185,29 @@ def test_a_wrong_password_is_refused_in_one_sentence(password_server):
 
     wrong = server.url("lab", "wrong-" + SECRET, "labdb") + "?table=mlp"
     words = ["cannot connect to", "the password was refused", "lab:***@"]
-    cases = [(f"{cmd[0]} with a wrong password", [*cmd], words) for cmd in (
-        ["list", wrong], ["sqlschedule", wrong, "--no-check", "pkg.mod:train", "lr=1"], ["db", "upgrade", wrong],
-        ["worker", wrong, "--exproot", "/nonexistent-runs"], ["dispatch", wrong, "-j", "1", "--no-progress"])]
-    cases.append(("no password at all", ["list", server.url("lab", "", "labdb").replace("lab:@", "lab@")],
-                  ["cannot connect to", "asks for a password and none was given"]))
+    cases = [
+        (f"{cmd[0]} with a wrong password", [*cmd], words)
+        for cmd in (
+            ["list", wrong],
+            ["sqlschedule", wrong, "--no-check", "pkg.mod:train", "lr=1"],
+            ["db", "upgrade", wrong],
+            ["worker", wrong, "--exproot", "/nonexistent-runs"],
+            ["dispatch", wrong, "-j", "1", "--no-progress"],
+        )
+    ]
+    cases.append(
+        (
+            "no password at all",
+            ["list", server.url("lab", "", "labdb").replace("lab:@", "lab@")],
+            ["cannot connect to", "asks for a password and none was given"],
+        )
+    )
     refused_all(cases)
     assert dump_db(good) == before
 
 
 # -- unreachable and hung servers -----------------------------------------------------------------
+
 
 @pytest.fixture
 def hung_server():
@@ -185,14 +242,21 @@ def test_running_commands_against_an_unreachable_or_hung_server(hung_server, tmp
     words = ["cannot connect to", "unreachable", "me:***@"]
     runs = str(tmp_path / "runs")
     cases = [("worker, hung server (the connect timeout)", ["worker", hung, "--exproot", runs], words)]
-    cases += [(f"{cmd[0]} {cmd[1]}", cmd, words) for cmd in (
-        ["worker", refused, "--exproot", runs], ["dispatch", refused, "--no-progress"], ["report", refused],
-        ["db", "upgrade", refused])]
+    cases += [
+        (f"{cmd[0]} {cmd[1]}", cmd, words)
+        for cmd in (
+            ["worker", refused, "--exproot", runs],
+            ["dispatch", refused, "--no-progress"],
+            ["report", refused],
+            ["db", "upgrade", refused],
+        )
+    ]
     refused_all(cases)
     assert not (tmp_path / "runs").exists()
 
 
 # -- a database from a newer jobman ----------------------------------------------------------------
+
 
 def test_every_command_refuses_a_database_from_a_newer_jobman(fresh_url, tmp_path):  # noqa: F811
     db_url = fresh_url + "?table=x"
@@ -208,29 +272,40 @@ def test_every_command_refuses_a_database_from_a_newer_jobman(fresh_url, tmp_pat
     before = dump_db(db_url)
     words = ["ffff9999", "newer jobman", "upgrade jobman"]
     runs = str(tmp_path / "runs")
-    cases = [(cmd[0], cmd, words) for cmd in (  # Store.open and `db upgrade`: tests/test_migrations.py
-        ["sqlschedule", db_url, TARGET, "n=3"], ["report", db_url], ["worker", db_url, "--exproot", runs],
-        ["dispatch", db_url, "--no-progress"])]
+    cases = [
+        (cmd[0], cmd, words)
+        for cmd in (  # Store.open and `db upgrade`: tests/test_migrations.py
+            ["sqlschedule", db_url, TARGET, "n=3"],
+            ["report", db_url],
+            ["worker", db_url, "--exproot", runs],
+            ["dispatch", db_url, "--no-progress"],
+        )
+    ]
     refused_all(cases)
     assert dump_db(db_url) == before
 
 
 # -- values that cannot be stored --------------------------------------------------------------
 
+
 def _job_rows(store: Store) -> list[tuple]:
     with store.engine.connect() as conn:
         return [tuple(r) for r in conn.execute(sa.text("SELECT * FROM job ORDER BY id"))]
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"s": {1, 2}}, "set is not JSON serializable"),
-    ({"lr": float("nan")}, "Out of range float"),
-    ({"lr": float("inf")}, "Out of range float"),
-    ({"lr": -float("inf")}, "Out of range float"),
-    ({"layers": [64, {"nested": {3}}]}, "set is not JSON serializable"),
-    ({"raw": b"bytes"}, "bytes is not JSON serializable"),
-    ({"when": object()}, "object is not JSON serializable"),
-], ids=["set", "nan", "inf", "-inf", "nested set", "bytes", "object"])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"s": {1, 2}}, "set is not JSON serializable"),
+        ({"lr": float("nan")}, "Out of range float"),
+        ({"lr": float("inf")}, "Out of range float"),
+        ({"lr": -float("inf")}, "Out of range float"),
+        ({"layers": [64, {"nested": {3}}]}, "set is not JSON serializable"),
+        ({"raw": b"bytes"}, "bytes is not JSON serializable"),
+        ({"when": object()}, "object is not JSON serializable"),
+    ],
+    ids=["set", "nan", "inf", "-inf", "nested set", "bytes", "object"],
+)
 def test_parameters_that_are_not_json_are_refused_and_nothing_is_written(store, params, words):
     store.schedule([JobSpec(0, "fn", TARGET, {"ok": 1}, None)])
     before = _job_rows(store)
@@ -247,12 +322,15 @@ def _nested(depth: int, make) -> object:
     return value
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"a": _nested(1000, lambda v: {"k": v})}, "nested more than 32 levels deep"),
-    ({"a": _nested(1000, lambda v: [v])}, "nested more than 32 levels deep"),
-    ({"a": _nested(40, lambda v: [v, 2])}, "nested more than 32 levels deep"),
-    ({"x" * 5000: 1}, "a name of 5000 characters"),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"a": _nested(1000, lambda v: {"k": v})}, "nested more than 32 levels deep"),
+        ({"a": _nested(1000, lambda v: [v])}, "nested more than 32 levels deep"),
+        ({"a": _nested(40, lambda v: [v, 2])}, "nested more than 32 levels deep"),
+        ({"x" * 5000: 1}, "a name of 5000 characters"),
+    ],
+)
 def test_parameters_too_deep_or_with_too_long_a_name_are_refused_and_nothing_is_written(store, params, words):
     store.schedule([JobSpec(0, "fn", TARGET, {"ok": 1}, None)])
     before = _job_rows(store)
@@ -313,7 +391,7 @@ def test_a_number_too_large_to_store_is_refused_at_its_position(tmp_path):
 
 # -- a checkpoint over the size limit ------------------------------------------------------------
 
-BIG_STATE = textwrap.dedent(f'''
+BIG_STATE = textwrap.dedent(f"""
     MAX = {MAX_STATE_BYTES}
 
 
@@ -330,17 +408,23 @@ BIG_STATE = textwrap.dedent(f'''
 
     def fine(state, channel):
         state.fine = True
-''')
+""")
 
 
 def test_a_state_past_the_size_limit_fails_its_job_with_the_reason(db_url, store, tmp_path):
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "jm_big_state.py").write_text(BIG_STATE)
-    ids = store.schedule([JobSpec(0, "fn", f"jm_big_state:{name}", {}, None)
-                          for name in ("big_checkpoint", "big_return", "fine")]).job_ids
-    r = run_jobman("worker", db_url, "--exproot", str(tmp_path / "runs"),
-                   env={"PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p)})
+    ids = store.schedule(
+        [JobSpec(0, "fn", f"jm_big_state:{name}", {}, None) for name in ("big_checkpoint", "big_return", "fine")]
+    ).job_ids
+    r = run_jobman(
+        "worker",
+        db_url,
+        "--exproot",
+        str(tmp_path / "runs"),
+        env={"PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p)},
+    )
     assert r.code == 0, r.err
     assert "Traceback" not in r.err
     saved, returned, fine = (store.job(i) for i in ids)
@@ -356,11 +440,12 @@ def test_a_state_past_the_size_limit_fails_its_job_with_the_reason(db_url, store
     shown = run_jobman("show", db_url, str(saved.id))
     assert shown.code == 0 and "byte limit" in shown.out, shown.err
     if db_url.startswith("sqlite"):
-        with sqlite3.connect(db_url.split("?")[0][len("sqlite:///"):]) as conn:
+        with sqlite3.connect(db_url.split("?")[0][len("sqlite:///") :]) as conn:
             assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
 
 
 # -- a full disk --------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def tiny_disk(tmp_path):
@@ -369,8 +454,9 @@ def tiny_disk(tmp_path):
     mnt.mkdir()
     if os.geteuid() != 0:
         need_service("mounting a small tmpfs to fill up needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         need_service(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -387,8 +473,9 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
     try:
         for i in range(200):
             try:
-                scheduled += store.schedule(expand(parse_sweep(
-                    ["pkg.mod:train", f"i={i}", "x={{" + ",".join(map(str, range(300))) + "}}"]))).added
+                scheduled += store.schedule(
+                    expand(parse_sweep(["pkg.mod:train", f"i={i}", "x={{" + ",".join(map(str, range(300))) + "}}"]))
+                ).added
             except DatabaseError as exc:
                 assert "the disk is full" in str(exc), exc
                 break
@@ -399,8 +486,9 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
     assert scheduled > 0
     # (A worker is left out on purpose: it retries recording a finished job for two minutes before it
     # gives up, since a database that cannot be written for a while may come back.)
-    message = one_sentence(run_jobman("sqlschedule", url, "--no-check", "pkg.mod:train",
-                                      "x={{" + ",".join(map(str, range(300))) + "}}"))
+    message = one_sentence(
+        run_jobman("sqlschedule", url, "--no-check", "pkg.mod:train", "x={{" + ",".join(map(str, range(300))) + "}}")
+    )
     assert message.startswith("jobman: cannot write to sqlite:///") and "the disk is full" in message, message
     r = run_jobman("sqlstatus", url, "--count")
     assert r.code == 0 and r.out.strip() == str(scheduled), r.err
@@ -415,6 +503,7 @@ def test_a_full_disk_is_one_sentence_and_the_database_stays_readable(tiny_disk, 
 
 # -- SQLite on a network filesystem ---------------------------------------------------------------
 
+
 def test_filesystem_type_reads_the_mount_table(tmp_path):
     mounts = tmp_path / "mounts"
     mounts.write_text(
@@ -424,7 +513,8 @@ def test_filesystem_type_reads_the_mount_table(tmp_path):
         "/dev/sdb1 /mnt/lab/local xfs rw 0 0\n"
         "//srv/share /mnt/my\\040share cifs rw 0 0\n"
         "sshfs#me@host: /home/me/remote fuse.sshfs rw 0 0\n"
-        "a broken line\n")
+        "a broken line\n"
+    )
     assert db_engine.filesystem_type(Path("/"), mounts) == "ext4"  # the later of two mounts on one point
     assert db_engine.filesystem_type(Path("/mnt/lab"), mounts) == "nfs4"
     assert db_engine.filesystem_type(Path("/mnt/lab/runs/deep"), mounts) == "nfs4"
@@ -440,8 +530,11 @@ def test_sqlite_on_a_network_filesystem_is_refused_with_the_reason(tmp_path, mon
     mounts = tmp_path / "mounts"
     mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nnas:/export {tmp_path / 'nfs'} nfs rw 0 0\n")
     db = tmp_path / "nfs" / "lab" / "sweeps.db"
-    with pytest.raises(DatabaseError, match=r"is on a network filesystem \(nfs\), where SQLite's WAL mode does not "
-                                            r"work .*use PostgreSQL"):
+    with pytest.raises(
+        DatabaseError,
+        match=r"is on a network filesystem \(nfs\), where SQLite's WAL mode does not "
+        r"work .*use PostgreSQL",
+    ):
         db_engine.refuse_network_filesystem(db, mounts)
     db_engine.refuse_network_filesystem(tmp_path / "local.db", mounts)  # a local disk is fine
     monkeypatch.setenv("JOBMAN_ALLOW_NETWORK_SQLITE", "1")
@@ -462,18 +555,25 @@ def test_sqlite_on_a_network_filesystem_is_refused_with_the_reason(tmp_path, mon
 
 # -- numbers past what a database holds ---------------------------------------------------------------
 
+
 def test_ids_and_numbers_past_what_a_database_holds_are_one_sentence(db_url, capsys):
     store = Store.open(db_url)
     store.schedule(expand(parse_sweep([TARGET, "n={{1,2}}"])))
     store.dispose()
     before = dump_db(db_url)
     huge = "1" * 30
-    for argv in (["show", db_url, huge], ["sqlstatus", db_url, huge, "--set_status", "DONE"],
-                 ["sqlstatus", db_url, "1-100000000000"], ["list", db_url, "--phase", huge],
-                 ["list", db_url, "--limit", huge], ["report", db_url, "--phase", huge],
-                 ["sqlschedule", db_url, TARGET, "n=3", "--priority", "1e400"],
-                 ["sqlschedule", db_url, TARGET, "n=3", "--priority", "nan"], ["set-priority", db_url, "1", huge],
-                 ["sqlschedule", db_url, TARGET, "n=4", "--max-attempts", huge]):
+    for argv in (
+        ["show", db_url, huge],
+        ["sqlstatus", db_url, huge, "--set_status", "DONE"],
+        ["sqlstatus", db_url, "1-100000000000"],
+        ["list", db_url, "--phase", huge],
+        ["list", db_url, "--limit", huge],
+        ["report", db_url, "--phase", huge],
+        ["sqlschedule", db_url, TARGET, "n=3", "--priority", "1e400"],
+        ["sqlschedule", db_url, TARGET, "n=3", "--priority", "nan"],
+        ["set-priority", db_url, "1", huge],
+        ["sqlschedule", db_url, TARGET, "n=4", "--max-attempts", huge],
+    ):
         code = main(argv)
         err = capsys.readouterr().err
         lines = err.strip().splitlines()

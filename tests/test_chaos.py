@@ -130,8 +130,11 @@ EXPERIMENTS = textwrap.dedent('''
         return channel.COMPLETE
 ''')
 LINE = re.compile(r"^(\d+) (\d+) (begin|saved) (\d+)$")
-FORBIDDEN = re.compile(r"Traceback|database is locked|database table is locked|could not serialize|"
-                       r"deadlock detected|internal error", re.I)
+FORBIDDEN = re.compile(
+    r"Traceback|database is locked|database table is locked|could not serialize|"
+    r"deadlock detected|internal error",
+    re.I,
+)
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -250,8 +253,9 @@ def read_side_file(path: Path) -> dict[int, dict[int, list[tuple[str, int]]]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, engine_name, tmp_path: Path, jobman,
-                                                                       jobs_per_process):
+def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(
+    db_url, engine_name, tmp_path: Path, jobman, jobs_per_process
+):
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / f"{MODULE}.py").write_text(EXPERIMENTS)
@@ -262,14 +266,30 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
     side.touch()
     runs_dir = tmp_path / "runs"
     store = Store.open(db_url)
-    ids = store.schedule([JobSpec(0, "fn", f"{MODULE}:walk", {"seed": s, "steps": STEPS, "pause": PAUSE}, None)
-                          for s in range(JOBS)], max_attempts=MAX_ATTEMPTS).job_ids
+    ids = store.schedule(
+        [JobSpec(0, "fn", f"{MODULE}:walk", {"seed": s, "steps": STEPS, "pause": PAUSE}, None) for s in range(JOBS)],
+        max_attempts=MAX_ATTEMPTS,
+    ).job_ids
     assert len(ids) == JOBS
 
-    env = {**os.environ, "JM_CHAOS_LOG": str(side),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p)}
-    args = ["dispatch", db_url, "-j", str(WORKERS), "--exproot", str(runs_dir), "--heartbeat", "1",
-            "--no-progress", "--jobs-per-process", str(jobs_per_process)]
+    env = {
+        **os.environ,
+        "JM_CHAOS_LOG": str(side),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p),
+    }
+    args = [
+        "dispatch",
+        db_url,
+        "-j",
+        str(WORKERS),
+        "--exproot",
+        str(runs_dir),
+        "--heartbeat",
+        "1",
+        "--no-progress",
+        "--jobs-per-process",
+        str(jobs_per_process),
+    ]
     rng = random.Random(SEED)
     kills: Counter[str] = Counter()
     misses: Counter[str] = Counter()  # picks that found no such process
@@ -279,8 +299,14 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
     def start_dispatch(name: str) -> subprocess.Popen:
         logs.append(tmp_path / f"dispatch-{name}.log")
         with open(logs[-1], "wb") as fh:  # to a file: a full pipe would stall the dispatcher
-            proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", *args], cwd=tmp_path, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobman.cli.main", *args],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
         tree.dispatchers[proc.pid] = proc
         return proc
 
@@ -324,12 +350,15 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
         tree.kill_all()
         assert tree.alive() == []
         left_running = {j.id for j in store.running()}
-        summary = (f"{engine_name}: chaos {chaos_seconds:.1f} s, {done_in_chaos} DONE by then, kills {dict(kills)} "
-                   f"(none found {dict(misses)}), {len(left_running)} left RUNNING")
+        summary = (
+            f"{engine_name}: chaos {chaos_seconds:.1f} s, {done_in_chaos} DONE by then, kills {dict(kills)} "
+            f"(none found {dict(misses)}), {len(left_running)} left RUNNING"
+        )
         print(summary)
         # a grace of ten minutes: what finds them at once is that their workers' pids are gone
-        r = jobman("monitor", db_url, "--once", "--relaunch", "--format", "json", "--heartbeat-grace", "600",
-                   timeout=120)
+        r = jobman(
+            "monitor", db_url, "--once", "--relaunch", "--format", "json", "--heartbeat-grace", "600", timeout=120
+        )
         assert r.code == 0, r.err
         scan = json.loads(r.out)["scan"]
         assert sorted(f["job_id"] for f in scan["crashed"]) == sorted(left_running), scan
@@ -366,21 +395,27 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
 
     # -- the audit trail: every claim an attempt, one DONE each, and the kills cost attempts -----------
     with store.engine.connect() as conn:
-        events = conn.execute(sa.select(t_event.c.job_id, t_event.c.from_status, t_event.c.to_status)
-                              .where(t_event.c.job_id.in_(ids))).all()
+        events = conn.execute(
+            sa.select(t_event.c.job_id, t_event.c.from_status, t_event.c.to_status).where(t_event.c.job_id.in_(ids))
+        ).all()
     claims = Counter(e.job_id for e in events if e.to_status == Status.RUNNING.value)
     crashes = Counter(e.job_id for e in events if e.to_status == Status.CRASHED.value)
     dones = Counter(e.job_id for e in events if e.to_status == Status.DONE.value)
     assert dones == Counter({i: 1 for i in ids}), "a job became DONE more than once, or never"
     assert [e for e in events if e.from_status == Status.DONE.value] == [], "a DONE job was moved again"
-    put_back = Counter(e.job_id for e in events
-                       if e.from_status == Status.RUNNING.value and e.to_status == Status.QUEUED.value)
-    off = [(j.id, claims[j.id], j.attempt, put_back[j.id], j.lease) for j in jobs
-           if not claims[j.id] == j.attempt + put_back[j.id] == j.lease]
+    put_back = Counter(
+        e.job_id for e in events if e.from_status == Status.RUNNING.value and e.to_status == Status.QUEUED.value
+    )
+    off = [
+        (j.id, claims[j.id], j.attempt, put_back[j.id], j.lease)
+        for j in jobs
+        if not claims[j.id] == j.attempt + put_back[j.id] == j.lease
+    ]
     assert off == [], f"claims, attempts and leases disagree (job, claims, attempt, put back, lease): {off[:10]}"
     off = [(i, claims[i], crashes[i], put_back[i]) for i in ids if claims[i] != crashes[i] + put_back[i] + 1]
-    assert off == [], ("every claim but the last must end CRASHED or put back "
-                       f"(job, claims, crashes, put back): {off[:10]}")
+    assert off == [], (
+        f"every claim but the last must end CRASHED or put back (job, claims, crashes, put back): {off[:10]}"
+    )
     assert sum(claims.values()) > JOBS, "no job needed a second attempt: the kills did nothing"
 
     # -- the side file: each attempt resumed from the last checkpoint, never from before it -------------
@@ -396,22 +431,27 @@ def test_nothing_is_lost_when_jobs_workers_and_dispatchers_are_killed(db_url, en
         for attempt in sorted(attempts):
             for lines in _runs_of(attempts[attempt]):  # more than one when the attempt was put back
                 (what, begin), rest = lines[0], lines[1:]
-                assert what == "begin" and rest == [("saved", s) for s in range(begin + 1, begin + 1 + len(rest))], \
+                assert what == "begin" and rest == [("saved", s) for s in range(begin + 1, begin + 1 + len(rest))], (
                     f"job {job_id} attempt {attempt} did not log one start and then consecutive steps: {lines}"
-                assert high <= begin <= high + 1, (f"job {job_id} attempt {attempt} started at step {begin}, but "
-                                                   f"earlier runs had saved step {high}: {dict(attempts)}")
+                )
+                assert high <= begin <= high + 1, (
+                    f"job {job_id} attempt {attempt} started at step {begin}, but "
+                    f"earlier runs had saved step {high}: {dict(attempts)}"
+                )
                 resumed += begin > 0
                 high = begin + len(rest)
         last = _runs_of(attempts[final_attempt])[-1]
-        assert last[-1] == (("saved", STEPS) if len(last) > 1 else ("begin", STEPS)), \
+        assert last[-1] == (("saved", STEPS) if len(last) > 1 else ("begin", STEPS)), (
             f"job {job_id}: the attempt that ended DONE did not log every step: {last}"
+        )
     assert resumed > 0, "no attempt resumed from a checkpoint: the resume check proved nothing"
 
     # -- no traceback and no lock error in any log -----------------------------------------------------
     problems = []
     for log in [*logs, *sorted((runs_dir / store.experiment / "_workers").glob("*.log"))]:
         lines = log.read_text(errors="replace").splitlines()
-        problems += [f"{log.name}: " + "\n    ".join(lines[i:i + 12]) for i, line in enumerate(lines)
-                     if FORBIDDEN.search(line)]
+        problems += [
+            f"{log.name}: " + "\n    ".join(lines[i : i + 12]) for i, line in enumerate(lines) if FORBIDDEN.search(line)
+        ]
     assert problems == [], "\n".join(problems[:10])
     store.dispose()

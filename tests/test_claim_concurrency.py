@@ -55,9 +55,15 @@ def test_many_processes_claim_every_job_exactly_once(db_url, tmp_path):
     ids = store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{" + ",".join(map(str, range(JOBS))) + "}}"]))).job_ids
     assert len(ids) == JOBS
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, db_url, str(go), str(i)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(WORKERS)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, db_url, str(go), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(WORKERS)
+    ]
     try:
         for p in procs:  # every worker connected before the gun: they contend from the first claim
             assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
@@ -87,8 +93,11 @@ def test_many_processes_claim_every_job_exactly_once(db_url, tmp_path):
     for index, r in enumerate(reports):
         assert all(by_job[i].results["by"] == index and by_job[i].host == f"worker{index}" for i in r["ran"])
     with store.engine.connect() as conn:
-        claims = conn.execute(sa.select(t_event.c.job_id, sa.func.count()).where(
-            t_event.c.job_id.in_(ids), t_event.c.to_status == "RUNNING").group_by(t_event.c.job_id)).all()
+        claims = conn.execute(
+            sa.select(t_event.c.job_id, sa.func.count())
+            .where(t_event.c.job_id.in_(ids), t_event.c.to_status == "RUNNING")
+            .group_by(t_event.c.job_id)
+        ).all()
     assert len(claims) == JOBS and {n for _, n in claims} == {1}
     assert store.running() == []
     store.dispose()
@@ -107,8 +116,9 @@ con.execute("COMMIT")
 
 
 def _hold_write_lock(db: Path, release: Path) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), str(release)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db), str(release)], stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 

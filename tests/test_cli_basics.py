@@ -35,14 +35,17 @@ def dump_db(url: str) -> dict[str, list[tuple]] | None:
     """Every row of every jobman table (None: no database file)."""
     base = url.split("?", 1)[0]
     if base.startswith("sqlite:///"):
-        if not os.path.exists(base[len("sqlite:///"):]):
+        if not os.path.exists(base[len("sqlite:///") :]):
             return None
     engine = sa.create_engine(base.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.connect() as conn:
             names = set(sa.inspect(conn).get_table_names())
-            return {t.name: [tuple(r) for r in conn.execute(sa.select(t).order_by(*t.primary_key))]
-                    for t in metadata.sorted_tables if t.name in names}
+            return {
+                t.name: [tuple(r) for r in conn.execute(sa.select(t).order_by(*t.primary_key))]
+                for t in metadata.sorted_tables
+                if t.name in names
+            }
     finally:
         engine.dispose()
 
@@ -51,8 +54,9 @@ def one_sentence(r, *, secret: str = SECRET) -> str:
     """The error a user sees: one line on stderr, a non-zero exit, no traceback, no password."""
     assert r.code != 0, (r.out, r.err)
     assert "Traceback" not in r.err and "Traceback" not in r.out
-    lines = [line for line in r.err.strip().splitlines() if not line.startswith("Usage:")
-             and not line.startswith("Try ")]
+    lines = [
+        line for line in r.err.strip().splitlines() if not line.startswith("Usage:") and not line.startswith("Try ")
+    ]
     assert len(lines) == 1, r.err
     assert lines[0].startswith("jobman: "), r.err
     assert "internal error" not in lines[0], r.err
@@ -71,6 +75,7 @@ def sqlite_url(tmp_path) -> str:
 
 
 # -- help ---------------------------------------------------------------------------------------
+
 
 def _all_commands(group: click.Group, path=()):
     ctx = click.Context(group)
@@ -107,6 +112,7 @@ def test_sqlschedule_help_through_the_real_entry_point(jobman):
 
 # -- the everyday flow ---------------------------------------------------------------------------
 
+
 def test_schedule_list_show_and_sqlstatus_on_sqlite(tmp_path, jobman):
     url = f"sqlite:///{tmp_path / 'sweeps.db'}?table=mlp"
     r = jobman("sqlschedule", url, TARGET, "n={{1,2}}", "--", "m={a}", "m={b}")  # the shell's expansion
@@ -127,8 +133,11 @@ def test_schedule_list_show_and_sqlstatus_on_sqlite(tmp_path, jobman):
     by_id = {j["id"]: j for j in jobs}
     assert by_id[first.job.id]["status"] == "DONE" and by_id[first.job.id]["results"] == {"valid_error": 0.125}
     assert by_id[running.job.id]["status"] == "RUNNING"
-    assert (by_id[running.job.id]["host"], by_id[running.job.id]["pid"], by_id[running.job.id]["attempt"]) == \
-        ("nodeB", 4242, 1)
+    assert (by_id[running.job.id]["host"], by_id[running.job.id]["pid"], by_id[running.job.id]["attempt"]) == (
+        "nodeB",
+        4242,
+        1,
+    )
     phase1 = [j for j in jobs if j["phase"] == 1]
     assert sorted(p["params"]["m"] for p in phase1) == ["a", "a", "b", "b"]
     assert all(len(p["depends_on"]) == 1 and by_id[p["depends_on"][0]]["phase"] == 0 for p in phase1)
@@ -227,15 +236,27 @@ def test_bad_input_on_sqlite_is_one_masked_sentence_and_changes_nothing(sqlite_u
     cases = [(f"sweep {t}", ["sqlschedule", sqlite_url, *t], w) for t, w in BAD_SWEEPS]
     cases += [
         ("a refused sweep into a new file", ["sqlschedule", f"sqlite:///{never}", TARGET, "a={{1,"], ["argument 2"]),
-        ("missing experiment", ["list", sqlite_url.replace("table=mlp", "table=nope")],
-         ["no experiment 'nope'", "mlp"]),
+        (
+            "missing experiment",
+            ["list", sqlite_url.replace("table=mlp", "table=nope")],
+            ["no experiment 'nope'", "mlp"],
+        ),
         ("missing file", ["list", f"sqlite:///{missing}"], ["no jobman database"]),
-        ("unknown scheme", ["sqlschedule", f"mysql://me:{SECRET}@127.0.0.1/lab?table=x", "--no-check", "p.m:f", "a=1"],
-         ["unknown database scheme 'mysql'"]),
-        ("unreachable server", ["list", f"postgresql://postgres:{SECRET}@127.0.0.1:1/lab?table=x"],
-         ["cannot connect to", "unreachable", "postgres:***@"]),
-        ("unreachable server, --db", ["sqlschedule", "--db", f"postgres://me:{SECRET}@127.0.0.1:1/lab", "p.m:f", "a=1",
-                                      "--no-check"], ["cannot connect to", "unreachable", "me:***@"]),
+        (
+            "unknown scheme",
+            ["sqlschedule", f"mysql://me:{SECRET}@127.0.0.1/lab?table=x", "--no-check", "p.m:f", "a=1"],
+            ["unknown database scheme 'mysql'"],
+        ),
+        (
+            "unreachable server",
+            ["list", f"postgresql://postgres:{SECRET}@127.0.0.1:1/lab?table=x"],
+            ["cannot connect to", "unreachable", "postgres:***@"],
+        ),
+        (
+            "unreachable server, --db",
+            ["sqlschedule", "--db", f"postgres://me:{SECRET}@127.0.0.1:1/lab", "p.m:f", "a=1", "--no-check"],
+            ["cannot connect to", "unreachable", "me:***@"],
+        ),
     ]
     before = dump_db(sqlite_url)
     refused_all(cases)
@@ -253,10 +274,16 @@ def test_bad_input_on_postgresql_is_one_masked_sentence_and_changes_nothing(pg_d
     s.schedule(expand(parse_sweep([TARGET, "n={{1,2}}", "--", "m={{a,b}}"])))
     s.dispose()
     cases = [
-        ("unknown database", ["sqlschedule", f"{server}/jobman_no_such_db_{pid}?table=x", "--no-check", "p.m:f", "a=1"],
-         ["cannot connect to", "database does not exist", "postgres:***@"]),
-        ("unknown role", ["list", f"{server.replace('postgres:', f'no_such_role_{pid}:')}/postgres?table=x"],
-         ["cannot connect to", "role (user) does not exist", f"no_such_role_{pid}:***@"]),
+        (
+            "unknown database",
+            ["sqlschedule", f"{server}/jobman_no_such_db_{pid}?table=x", "--no-check", "p.m:f", "a=1"],
+            ["cannot connect to", "database does not exist", "postgres:***@"],
+        ),
+        (
+            "unknown role",
+            ["list", f"{server.replace('postgres:', f'no_such_role_{pid}:')}/postgres?table=x"],
+            ["cannot connect to", "role (user) does not exist", f"no_such_role_{pid}:***@"],
+        ),
         ("missing experiment", ["list", f"{pg_database}?table=nope_{pid}"], [f"no experiment 'nope_{pid}'", mine]),
     ]
     before = dump_db(pg_database)

@@ -54,15 +54,71 @@ def fuzz_db(tmp_path_factory):
 def _values(url: str) -> list[str]:
     """What users put after options and in positionals: URLs, targets, sweeps, ids, statuses, metrics."""
     return [
-        url, url.replace("table=mlp", "table=other"), "sqlite:///fresh.db?table=x", "mysql://x/y",
-        "postgresql://me:pw@127.0.0.1:1/db?table=x", "mlp", "nope", "bad name!",
-        "DONE", "START", "ERR_RUN", "RUNNING,FAILED", "5", "-1", "99", "bogus",
-        "json", "csv", "table", "markdown", "lr,fold", "valid_error", "acc", "lr", "none", "fold",
-        "lr>=0.05", "lr==0.1", "fold!=x", "lr=>", "python train.py", "python {lr}", "'",
-        "phase=0", "status=DONE", "ids=1-3", "all", "target=x", "phase=x",
-        TARGET, "pkg.mod:f", "os.path:sep", "nosuchmodule_xyz:f", "lr={{0.1,0.2}}", "lr={{", "e={{}}", "a=1",
-        "a=[1,2", 'a="q"', "a=1e999", "b={{1,2}}", "--", "0", "1", "2", "1-3", "3-1", "1,2", "2,,", "999999",
-        "-5", "1" * 30, "-h", "", " ",
+        url,
+        url.replace("table=mlp", "table=other"),
+        "sqlite:///fresh.db?table=x",
+        "mysql://x/y",
+        "postgresql://me:pw@127.0.0.1:1/db?table=x",
+        "mlp",
+        "nope",
+        "bad name!",
+        "DONE",
+        "START",
+        "ERR_RUN",
+        "RUNNING,FAILED",
+        "5",
+        "-1",
+        "99",
+        "bogus",
+        "json",
+        "csv",
+        "table",
+        "markdown",
+        "lr,fold",
+        "valid_error",
+        "acc",
+        "lr",
+        "none",
+        "fold",
+        "lr>=0.05",
+        "lr==0.1",
+        "fold!=x",
+        "lr=>",
+        "python train.py",
+        "python {lr}",
+        "'",
+        "phase=0",
+        "status=DONE",
+        "ids=1-3",
+        "all",
+        "target=x",
+        "phase=x",
+        TARGET,
+        "pkg.mod:f",
+        "os.path:sep",
+        "nosuchmodule_xyz:f",
+        "lr={{0.1,0.2}}",
+        "lr={{",
+        "e={{}}",
+        "a=1",
+        "a=[1,2",
+        'a="q"',
+        "a=1e999",
+        "b={{1,2}}",
+        "--",
+        "0",
+        "1",
+        "2",
+        "1-3",
+        "3-1",
+        "1,2",
+        "2,,",
+        "999999",
+        "-5",
+        "1" * 30,
+        "-h",
+        "",
+        " ",
     ]
 
 
@@ -77,8 +133,9 @@ def _not_a_module(token: str) -> bool:
         return True
 
 
-_random = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12) \
-    .filter(_not_a_module)
+_random = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12).filter(
+    _not_a_module
+)
 
 
 def argument_lists(command: str, url: str) -> st.SearchStrategy[list[str]]:
@@ -100,10 +157,12 @@ def argument_lists(command: str, url: str) -> st.SearchStrategy[list[str]]:
         elif isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType)):
             fitting = st.one_of(st.integers(-3, 300).map(str), values)
         pieces.append(st.tuples(st.sampled_from(names), fitting).map(list))
-    heads = [[], [url]] + ([[url, TARGET], [TARGET], ["sqlite:///fresh.db?table=x", "pkg.mod:f"]]
-                           if command == "sqlschedule" else [])
-    return st.tuples(st.sampled_from(heads), st.lists(st.one_of(*pieces), max_size=6)) \
-        .map(lambda t: [*t[0], *(token for piece in t[1] for token in piece)])
+    heads = [[], [url]] + (
+        [[url, TARGET], [TARGET], ["sqlite:///fresh.db?table=x", "pkg.mod:f"]] if command == "sqlschedule" else []
+    )
+    return st.tuples(st.sampled_from(heads), st.lists(st.one_of(*pieces), max_size=6)).map(
+        lambda t: [*t[0], *(token for piece in t[1] for token in piece)]
+    )
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
@@ -120,8 +179,13 @@ RANDOM_EXAMPLES = int(os.environ.get("JOBMAN_FUZZ_EXAMPLES", "0") or 0)
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_random_arguments_never_crash_a_command(fuzz_db, command):
-    @settings(max_examples=RANDOM_EXAMPLES or 100, deadline=None, database=None, derandomize=not RANDOM_EXAMPLES,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=RANDOM_EXAMPLES or 100,
+        deadline=None,
+        database=None,
+        derandomize=not RANDOM_EXAMPLES,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     @given(args=argument_lists(command, fuzz_db))
     def check(args):
         code, out, err = run([command, *args])
@@ -132,11 +196,17 @@ def test_random_arguments_never_crash_a_command(fuzz_db, command):
             assert len(problem) == 1, f"jobman {command} {args!r} failed without one sentence: {err!r}"
 
     check()
-    assert os.path.exists(fuzz_db.split("?", 1)[0][len("sqlite:///"):])
+    assert os.path.exists(fuzz_db.split("?", 1)[0][len("sqlite:///") :])
 
 
-@pytest.mark.parametrize("argv", [["sqlstatus", "--db", "--debug"], ["list", "--table", "--debug"],
-                                  ["report", "--metric", "--debug", "--db", "nope"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sqlstatus", "--db", "--debug"],
+        ["list", "--table", "--debug"],
+        ["report", "--metric", "--debug", "--db", "nope"],
+    ],
+)
 def test_debug_as_an_options_value_is_that_value_not_the_switch(fuzz_db, argv):
     code, out, err = run(argv)
     assert code == 2 and "Traceback" not in err, err

@@ -20,21 +20,21 @@ from jobman.jobdb.sweep import JobSpec
 FAST = ("--heartbeat", "0.2", "--grace", "2")
 
 PROGRAMS = {
-    "echo_argv.py": '''
+    "echo_argv.py": """
         import json, os, sys
         print("hello from the job")
         env = {k: os.environ[k] for k in ("JOBMAN_JOB_ID", "JOBMAN_ATTEMPT", "JOBMAN_WORKDIR")}
         with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
             json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": env}, fh)
-    ''',
-    "fail.py": '''
+    """,
+    "fail.py": """
         import sys
         for i in range(300):
             print(f"noise line {i}", file=sys.stderr)
         print("ValueError: the last words of the job", file=sys.stderr)
         sys.exit(4)
-    ''',
-    "rounds.py": '''
+    """,
+    "rounds.py": """
         import json, os, sys
         with open(os.environ["JOBMAN_STATE"]) as fh:
             info = json.load(fh)
@@ -45,8 +45,8 @@ PROGRAMS = {
         with open(os.path.join(os.environ["JOBMAN_WORKDIR"], "model.txt"), "w") as fh:
             fh.write(f"model after {rounds} rounds")
         sys.exit(75 if rounds < 2 else 0)
-    ''',
-    "read_parent.py": '''
+    """,
+    "read_parent.py": """
         import json, os
         with open(os.environ["JOBMAN_STATE"]) as fh:
             info = json.load(fh)
@@ -57,16 +57,16 @@ PROGRAMS = {
         with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
             json.dump({"model": model, "parent_rounds": parent["results"]["rounds"],
                        "parent_id": parent["id"]}, fh)
-    ''',
-    "sigkill.py": '''
+    """,
+    "sigkill.py": """
         import os
         os.kill(os.getpid(), 9)
-    ''',
-    "bad_results.py": '''
+    """,
+    "bad_results.py": """
         import os
         with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
             fh.write("[1, 2")
-    ''',
+    """,
 }
 
 
@@ -83,10 +83,12 @@ def command(progs: Path, name: str, *template: str) -> str:
     return " ".join(shlex.quote(x) for x in (sys.executable, str(progs / name))) + "".join(f" {t}" for t in template)
 
 
-def schedule_cmd(store: Store, cmd: str, params: dict, *, phase: int = 0, parent: int | None = None,
-                 max_attempts: int = 3) -> list[int]:
-    return store.schedule([JobSpec(phase=phase, kind="cmd", target=cmd, params=params, parent=parent)],
-                          max_attempts=max_attempts).job_ids
+def schedule_cmd(
+    store: Store, cmd: str, params: dict, *, phase: int = 0, parent: int | None = None, max_attempts: int = 3
+) -> list[int]:
+    return store.schedule(
+        [JobSpec(phase=phase, kind="cmd", target=cmd, params=params, parent=parent)], max_attempts=max_attempts
+    ).job_ids
 
 
 def run_worker(jobman, url: str, runs: Path, *extra: str):
@@ -101,8 +103,10 @@ def hostile(tmp_path: Path) -> tuple[str, Path, Path]:
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("still here")
-    text = (f"it's a \"quoted\"  value $(touch {pwned}) `touch {pwned}`; rm -rf {victim} && touch {pwned} "
-            f"| cat > {pwned} * ~ $HOME {{lr}} {{}} \\n end")
+    text = (
+        f'it\'s a "quoted"  value $(touch {pwned}) `touch {pwned}`; rm -rf {victim} && touch {pwned} '
+        f"| cat > {pwned} * ~ $HOME {{lr}} {{}} \\n end"
+    )
     return text, pwned, victim
 
 
@@ -111,8 +115,9 @@ def test_a_hostile_parameter_reaches_the_program_unaltered(jobman, db_url, store
     runs = tmp_path / "runs"
     # scheduled the way a user would: quoted, through sqlschedule --cmd
     quoted = text.replace("\\", "\\\\").replace('"', '\\"')
-    r = jobman("sqlschedule", db_url, "--cmd", command(progs, "echo_argv.py"), f'msg="{quoted}"', "n={{3,4}}",
-               "flag=true")
+    r = jobman(
+        "sqlschedule", db_url, "--cmd", command(progs, "echo_argv.py"), f'msg="{quoted}"', "n={{3,4}}", "flag=true"
+    )
     assert r.code == 0, r.err
     ids = [j.id for j in store.jobs()]
     assert [store.job(i).params["msg"] for i in ids] == [text, text]
@@ -124,8 +129,11 @@ def test_a_hostile_parameter_reaches_the_program_unaltered(jobman, db_url, store
         # one argument per value, in the stored (sorted) order of the parameters
         assert job.results["argv"] == ["--flag", "--msg", text, "--n", n]
         assert job.results["cwd"] == job.workdir
-        assert job.results["env"] == {"JOBMAN_JOB_ID": str(job_id), "JOBMAN_ATTEMPT": "1",
-                                      "JOBMAN_WORKDIR": job.workdir}
+        assert job.results["env"] == {
+            "JOBMAN_JOB_ID": str(job_id),
+            "JOBMAN_ATTEMPT": "1",
+            "JOBMAN_WORKDIR": job.workdir,
+        }
         assert job.exit_code == 0
         assert (Path(job.workdir) / "stdout.txt").read_text() == "hello from the job\n"
     assert not pwned.exists()
@@ -157,8 +165,10 @@ def test_a_non_zero_exit_fails_with_its_code_and_the_tail_of_stderr(jobman, db_u
 
 
 def test_exit_75_resumes_and_children_find_their_parent(jobman, db_url, store, progs, tmp_path):
-    specs = [JobSpec(0, "cmd", command(progs, "rounds.py"), {"lr": 0.5}, None),
-             JobSpec(1, "cmd", command(progs, "read_parent.py"), {"lr": 0.5, "epochs": 2}, 0)]
+    specs = [
+        JobSpec(0, "cmd", command(progs, "rounds.py"), {"lr": 0.5}, None),
+        JobSpec(1, "cmd", command(progs, "read_parent.py"), {"lr": 0.5, "epochs": 2}, 0),
+    ]
     parent, child = store.schedule(specs).job_ids
     assert store.schedule(specs).added == 0  # the same sweep again adds nothing
     run_worker(jobman, db_url, tmp_path / "runs")
@@ -186,7 +196,7 @@ def test_commands_that_cannot_start_or_die_are_recorded(jobman, db_url, store, p
     assert not store.jobs(status=[Status.RUNNING])
 
 
-TRAIN_CLI = '''
+TRAIN_CLI = """
     import argparse, json, os
 
     parser = argparse.ArgumentParser()
@@ -198,7 +208,7 @@ TRAIN_CLI = '''
     with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
         json.dump({"lr": args.lr, "use_bn": args.use_bn, "augment": args.augment, "sizes": args.sizes,
                    "cwd": os.getcwd()}, fh)
-'''
+"""
 
 
 def test_a_command_runs_as_written_against_a_real_argparse_script(jobman, db_url, store, tmp_path):
@@ -206,8 +216,17 @@ def test_a_command_runs_as_written_against_a_real_argparse_script(jobman, db_url
     here = tmp_path / "project"
     here.mkdir()
     (here / "train_cli.py").write_text(textwrap.dedent(TRAIN_CLI))
-    r = jobman("sqlschedule", db_url, "--cmd", f"{shlex.quote(sys.executable)} train_cli.py", "lr={{0.1,0.2}}",
-               "use-bn=True", "augment=False", "sizes=[32,64]", cwd=here)
+    r = jobman(
+        "sqlschedule",
+        db_url,
+        "--cmd",
+        f"{shlex.quote(sys.executable)} train_cli.py",
+        "lr={{0.1,0.2}}",
+        "use-bn=True",
+        "augment=False",
+        "sizes=[32,64]",
+        cwd=here,
+    )
     assert r.code == 0, r.err
     run_worker(jobman, db_url, tmp_path / "runs")
     jobs = store.jobs()

@@ -20,7 +20,7 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
 
-EXPERIMENT = '''
+EXPERIMENT = """
 import time
 
 def sleep(state, channel):
@@ -28,7 +28,7 @@ def sleep(state, channel):
         open(state["marker"], "w").close()
     time.sleep(state["seconds"])
     return {"slept": state["seconds"]}
-'''
+"""
 
 
 class ConnectionCounter:
@@ -44,8 +44,10 @@ class ConnectionCounter:
     def _run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.is_set():
-                (n,) = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                                    "AND application_name = 'jobman-worker'", (self.database,)).fetchone()
+                (n,) = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = 'jobman-worker'",
+                    (self.database,),
+                ).fetchone()
                 self.samples.append((time.monotonic(), n))
                 time.sleep(0.02)
 
@@ -79,9 +81,13 @@ def schedule(store: Store, *params: dict) -> list[int]:
 
 
 def worker(url: str, env: dict, tmp_path: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
-                             str(tmp_path / "runs"), *extra], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_worker_holds_no_connection_while_a_long_job_runs_and_its_heartbeats_still_land(setup):
@@ -124,10 +130,14 @@ def test_a_worker_running_tiny_jobs_back_to_back_keeps_one_connection(setup):
 def test_a_worker_waiting_for_another_workers_job_holds_no_connection(setup):
     url, store, env, tmp_path = setup
     marker = tmp_path / "started"
-    store.schedule([JobSpec(phase=0, kind="fn", target="conn_exp:sleep", params={"seconds": 7, "marker": str(marker)},
-                            parent=None),
-                    JobSpec(phase=1, kind="fn", target="conn_exp:sleep", params={"seconds": 0.01, "after": 1},
-                            parent=0)])
+    store.schedule(
+        [
+            JobSpec(
+                phase=0, kind="fn", target="conn_exp:sleep", params={"seconds": 7, "marker": str(marker)}, parent=None
+            ),
+            JobSpec(phase=1, kind="fn", target="conn_exp:sleep", params={"seconds": 0.01, "after": 1}, parent=0),
+        ]
+    )
     with ConnectionCounter(url) as counter:
         procs = [worker(url, env, tmp_path, "--heartbeat", "30") for _ in range(2)]
         deadline = time.time() + 60

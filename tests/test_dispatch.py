@@ -23,7 +23,7 @@ from jobman.jobdb.sweep import expand, parse_sweep
 
 MODULE = "jm_dispatch_exp"
 
-EXPERIMENTS = textwrap.dedent('''
+EXPERIMENTS = textwrap.dedent("""
     import os
     import time
     from pathlib import Path
@@ -61,7 +61,7 @@ EXPERIMENTS = textwrap.dedent('''
         state.steps = steps
         channel.save()
         return channel.INCOMPLETE
-''')
+""")
 
 
 @pytest.fixture
@@ -74,14 +74,30 @@ def exp(tmp_path: Path, jobs_per_process: int):
     started = tmp_path / "started"
     started.mkdir()
     pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace), "JM_STARTED": str(started),
-           "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
+    env = {
+        "PYTHONPATH": pythonpath,
+        "JM_TRACE": str(trace),
+        "JM_STARTED": str(started),
+        "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process),
+    }
     return type("Exp", (), {"trace": trace, "env": env, "runs": tmp_path / "runs", "started": started})
 
 
 def dispatch_args(url: str, exp, *extra: str) -> list[str]:
-    return ["dispatch", url, "-j", "2", "--exproot", str(exp.runs), "--heartbeat", "0.2", "--grace", "2",
-            "--no-progress", *extra]
+    return [
+        "dispatch",
+        url,
+        "-j",
+        "2",
+        "--exproot",
+        str(exp.runs),
+        "--heartbeat",
+        "0.2",
+        "--grace",
+        "2",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def schedule(store, *tokens: str) -> None:
@@ -133,8 +149,13 @@ def test_dispatch_exits_1_and_names_blocked_jobs_when_a_parent_fails(jobman, db_
 
 def test_ctrl_c_stops_dispatch_and_leaves_nothing_running(db_url, store, exp):
     schedule(store, f"{MODULE}:until_stopped", "i={{1,2,3}}")
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", *dispatch_args(db_url, exp)],
-                            env={**os.environ, **exp.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", *dispatch_args(db_url, exp)],
+        env={**os.environ, **exp.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 90
         while len(list(exp.started.iterdir())) < 2 and proc.poll() is None and time.time() < deadline:
@@ -161,4 +182,3 @@ def test_ctrl_c_stops_dispatch_and_leaves_nothing_running(db_url, store, exp):
     for pid in {int(line.split()[2]) for line in exp.trace.read_text().splitlines()}:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-

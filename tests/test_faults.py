@@ -116,8 +116,10 @@ class PrivatePostgres:
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
 
     def start(self) -> None:
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off")
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off"
+        )
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "log"), "-w", "start")
 
     def stop(self, mode: str = "fast") -> None:
@@ -155,10 +157,29 @@ def mods(tmp_path: Path) -> dict[str, str]:
 
 def start_dispatch(url: str, runs: Path, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen:
     with open(log, "wb") as fh:  # to a file: a full pipe would stall the dispatcher
-        return subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "dispatch", url, "-j", "2",
-                                 "--exproot", str(runs), "--heartbeat", "0.5", "--grace", "5", "--no-progress",
-                                 *extra], env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=fh,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobman.cli.main",
+                "dispatch",
+                url,
+                "-j",
+                "2",
+                "--exproot",
+                str(runs),
+                "--heartbeat",
+                "0.5",
+                "--grace",
+                "5",
+                "--no-progress",
+                *extra,
+            ],
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def processes_naming(text: str) -> list[psutil.Process]:
@@ -166,8 +187,9 @@ def processes_naming(text: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and (text in " ".join(p.info["cmdline"] or ())
-                                                       or text in (p.info["cwd"] or "")):
+            if p.status() != psutil.STATUS_ZOMBIE and (
+                text in " ".join(p.info["cmdline"] or ()) or text in (p.info["cwd"] or "")
+            ):
                 out.append(p)
         except psutil.Error:
             pass
@@ -184,8 +206,10 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 def claims_and_dones(store: Store) -> tuple[Counter, Counter]:
     with store.engine.connect() as conn:
         events = conn.execute(sa.select(t_event.c.job_id, t_event.c.to_status)).all()
-    return (Counter(e.job_id for e in events if e.to_status == Status.RUNNING.value),
-            Counter(e.job_id for e in events if e.to_status == Status.DONE.value))
+    return (
+        Counter(e.job_id for e in events if e.to_status == Status.RUNNING.value),
+        Counter(e.job_id for e in events if e.to_status == Status.DONE.value),
+    )
 
 
 # -- database outages ---------------------------------------------------------------------------
@@ -235,9 +259,25 @@ def test_a_worker_gives_up_after_the_outage_wait_and_says_why_in_one_line(privat
     store = Store.open(url)
     store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 2.0}, None)])
     store.dispose()
-    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
-                               str(tmp_path / "r"), "--outage-wait", "3", "--heartbeat", "0.5"],
-                              env={**os.environ, **mods}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobman.cli.main",
+            "worker",
+            url,
+            "--exproot",
+            str(tmp_path / "r"),
+            "--outage-wait",
+            "3",
+            "--heartbeat",
+            "0.5",
+        ],
+        env={**os.environ, **mods},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_until(lambda: (tmp_path / "r" / "gone" / "1").exists(), 30, "the job to start")
         private_pg.stop("fast")
@@ -250,16 +290,23 @@ def test_a_worker_gives_up_after_the_outage_wait_and_says_why_in_one_line(privat
     assert err.strip().splitlines()[-1].startswith("jobman: ") and "gave up recording job 1 after" in err, err
     assert "Traceback" not in err
     # a server that is away when a command starts is an error at once, in one sentence
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", "worker", url], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "the server is unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr
     # the server is back: the job its worker could not record is put back, and no attempt was spent on it
     private_pg.start()
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "monitor", url, "--once"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", "monitor", url, "--once"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "put back 1 interrupted by the database" in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "r"),
-                        "--no-wait"], env={**os.environ, **mods}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "r"), "--no-wait"],
+        env={**os.environ, **mods},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     store = Store.open(url)
     [job] = store.jobs()
@@ -305,14 +352,17 @@ def test_dispatch_on_a_full_disk_stops_with_the_cause_after_a_few_worker_starts(
     url = f"sqlite:///{small_disk / 'jobs.db'}?table=faults"
     store = Store.open(url)
     flag = str(tmp_path / "filled")
-    store.schedule([JobSpec(0, "fn", f"{MODULE}:fill", {"i": i, "where": str(small_disk), "flag": flag}, None)
-                    for i in range(10)])
+    store.schedule(
+        [JobSpec(0, "fn", f"{MODULE}:fill", {"i": i, "where": str(small_disk), "flag": flag}, None) for i in range(10)]
+    )
     store.dispose()
     code, text, starts, elapsed = _dispatch_that_must_give_up(url, tmp_path, mods)
     assert code == 1, text[-3000:]
     last = text.strip().splitlines()[-1]
     assert last.startswith("jobman: ") and "workers in a row failed" in last and "the disk is full" in last, (
-        text, [j.error for j in Store.open(url).jobs()][:2])
+        text,
+        [j.error for j in Store.open(url).jobs()][:2],
+    )
     assert "Traceback" not in text
     assert 2 <= starts <= 8, f"{starts} workers were started"
     assert elapsed < 90
@@ -396,8 +446,9 @@ def sleepers(mark: str) -> list[psutil.Process]:
 
 def spawning_jobs(mark: str, pause: float) -> list[JobSpec]:
     leave = f"sleep {mark} & setsid sleep {mark} & sh -c 'setsid sleep {mark} &'"
-    return [JobSpec(0, "fn", f"{MODULE}:spawner", {"mark": mark, "pause": pause, "i": i}, None) for i in range(2)] \
-        + [JobSpec(0, "cmd", f"sh -c \"{leave}; sleep {pause}\"", {}, None)]
+    return [JobSpec(0, "fn", f"{MODULE}:spawner", {"mark": mark, "pause": pause, "i": i}, None) for i in range(2)] + [
+        JobSpec(0, "cmd", f'sh -c "{leave}; sleep {pause}"', {}, None)
+    ]
 
 
 @pytest.mark.parametrize("jobs_per_process", [1, 3])
@@ -407,8 +458,16 @@ def test_what_a_job_starts_dies_with_it_in_any_session(mods, tmp_path: Path, job
     store = Store.open(url)
     store.schedule(spawning_jobs(mark, 0.3))
     try:
-        r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait", "--jobs-per-process",
-                   str(jobs_per_process), env=mods)
+        r = jobman(
+            "worker",
+            url,
+            "--exproot",
+            str(tmp_path / "runs"),
+            "--no-wait",
+            "--jobs-per-process",
+            str(jobs_per_process),
+            env=mods,
+        )
         assert r.code == 0, r.err
         assert Counter(j.status for j in store.jobs()) == {Status.DONE: 3}, [j.error for j in store.jobs()]
         assert sleepers(mark) == [], "a process a job started outlived it"
@@ -428,7 +487,7 @@ def cgroups_of_this_test(tmp_path: Path):
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _num, controllers, path = line.split(":", 2)
-        for key in (controllers.split(",") if controllers else ["2"]):
+        for key in controllers.split(",") if controllers else ["2"]:
             own[key] = path
     mounts = cgroup._mount_points()
     made = []
@@ -454,18 +513,23 @@ def cgroups_of_this_test(tmp_path: Path):
 
 
 @contextlib.contextmanager
-def spawner_worker(url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path, max_attempts: int = 3,
-                   enter=None):
+def spawner_worker(
+    url: str, kind: str, mark: str, mods: dict[str, str], tmp_path: Path, max_attempts: int = 3, enter=None
+):
     """A worker (in a session of its own; in the cgroups ``enter`` moves it to) running one job that left
     three sleepers behind: the store, the job's id and the worker; whatever is left of them is killed in
     the end."""
     store = Store.open(url)
     spec = spawning_jobs(mark, 60)[0 if kind == "fn" else 2]
     [job_id] = store.schedule([spec], max_attempts=max_attempts).job_ids
-    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot",
-                               str(tmp_path / "runs"), "--no-wait"], env={**os.environ, **mods},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                              preexec_fn=enter)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait"],
+        env={**os.environ, **mods},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=enter,
+    )
     try:
         wait_until(lambda: len(sleepers(mark)) == 3, 60, "the job's three sleepers")
         yield store, job_id, worker
@@ -488,8 +552,12 @@ def _crashed_and_relaunched(store: Store, job_id: int, url: str, jobman) -> None
     assert any(e.to_status == Status.CRASHED.value and "is gone" in (e.why or "") for e in events), events
 
 
-KILLED = ["worker", "worker and fork server", "worker and fork server, v1 cgroup",
-          "worker and fork server, then another worker"]
+KILLED = [
+    "worker",
+    "worker and fork server",
+    "worker and fork server, v1 cgroup",
+    "worker and fork server, then another worker",
+]
 
 
 @pytest.mark.parametrize("kind", ["fn", "cmd"])
@@ -506,12 +574,16 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         monkeypatch.setattr(cgroup, "_base", False)
     if not alone and cgroup.job_cgroup_base() is None:
         where = "the v1 pids controller" if "v1" in killed else "cgroup v2 or the v1 pids controller"
-        need_kernel(f"no cgroup can be made for a job here (none writable in {where})",
-                    "v1 pids" if "v1" in killed else "job cgroup")
+        need_kernel(
+            f"no cgroup can be made for a job here (none writable in {where})",
+            "v1 pids" if "v1" in killed else "job cgroup",
+        )
     mark = str(800000 + 100 * os.getpid() + 10 * KILLED.index(killed) + (kind == "cmd"))
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
-    with cgroups_of_this_test(tmp_path) as enter, \
-            spawner_worker(url, kind, mark, mods, tmp_path, enter=enter) as (store, job_id, worker):
+    with (
+        cgroups_of_this_test(tmp_path) as enter,
+        spawner_worker(url, kind, mark, mods, tmp_path, enter=enter) as (store, job_id, worker),
+    ):
         if alone:
             worker.kill()
         else:
@@ -525,9 +597,23 @@ def test_what_a_job_starts_dies_with_its_killed_worker(mods, tmp_path: Path, job
         if "another worker" in killed:  # its fork server, starting, ends what dead workers left
             other = f"sqlite:///{tmp_path / 'other.db'}?table=other"
             Store.open(other).schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 0}, None)])
-            r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", other, "--exproot",
-                                str(tmp_path / "other"), "--no-wait"], env={**os.environ, **mods},
-                               capture_output=True, text=True, timeout=300, preexec_fn=enter)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "jobman.cli.main",
+                    "worker",
+                    other,
+                    "--exproot",
+                    str(tmp_path / "other"),
+                    "--no-wait",
+                ],
+                env={**os.environ, **mods},
+                capture_output=True,
+                text=True,
+                timeout=300,
+                preexec_fn=enter,
+            )
             assert r.returncode == 0, r.stderr
             assert sleepers(mark) == [], "what the job left outlived the start of another fork server"
         _crashed_and_relaunched(store, job_id, url, jobman)
@@ -541,8 +627,9 @@ def test_what_a_job_starts_dies_when_the_fork_server_dies_under_it(mods, tmp_pat
     mark = str(600000 + 10 * os.getpid() + (kind == "cmd"))
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=faults"
     with spawner_worker(url, kind, mark, mods, tmp_path, max_attempts=1) as (store, job_id, worker):
-        [server] = [p for p in psutil.Process(worker.pid).children()
-                    if "forkserver import serve" in " ".join(p.cmdline())]
+        [server] = [
+            p for p in psutil.Process(worker.pid).children() if "forkserver import serve" in " ".join(p.cmdline())
+        ]
         server.kill()
         assert worker.wait(timeout=60) == 0
         assert sleepers(mark) == [], "a process the job started outlived its fork server"
@@ -599,9 +686,14 @@ def test_an_oom_kill_is_named_out_of_memory(memory_limited_cgroup, mods, tmp_pat
         with open(procs, "w") as fh:
             fh.write(str(os.getpid()))
 
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"),
-                        "--no-wait"], env={**os.environ, **mods}, capture_output=True, text=True, timeout=120,
-                       preexec_fn=join_cgroup)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(tmp_path / "runs"), "--no-wait"],
+        env={**os.environ, **mods},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=join_cgroup,
+    )
     assert r.returncode == 0, r.stderr
     job = store.job(job_id)
     assert job.status == Status.CRASHED, (job.status, job.error)
@@ -633,18 +725,24 @@ def test_clock_skew_in_the_database_both_ways(store, db_url, jobman):
         behind = store.claim(WorkerInfo.here(pid=sleeper.pid))
         now = time.time()
         with store.engine.begin() as conn:
-            conn.execute(sa.update(t_job).where(t_job.c.id == ahead.job.id)
-                         .values(heartbeat_at=now + 10 * 365 * 86400))
-            conn.execute(sa.update(t_job).where(t_job.c.id == behind.job.id)
-                         .values(heartbeat_at=now - 3600, started_at=now - 3600))
+            conn.execute(sa.update(t_job).where(t_job.c.id == ahead.job.id).values(heartbeat_at=now + 10 * 365 * 86400))
+            conn.execute(
+                sa.update(t_job)
+                .where(t_job.c.id == behind.job.id)
+                .values(heartbeat_at=now - 3600, started_at=now - 3600)
+            )
         r = jobman("monitor", db_url, "--once", "--format", "json")
         assert r.code == 0, r.err
         scan = json.loads(r.out)["scan"]
         crashed = {f["job_id"]: f["reason"] for f in scan["crashed"]}
         assert list(crashed) == [ahead.job.id], scan
         assert "in the future (clock skew" in crashed[ahead.job.id], crashed
-        assert [n for n in scan["notes"] if n.startswith(f"job {behind.job.id}: no heartbeat for 3,6")
-                and "alive on this host, so it is left alone" in n], scan
+        assert [
+            n
+            for n in scan["notes"]
+            if n.startswith(f"job {behind.job.id}: no heartbeat for 3,6")
+            and "alive on this host, so it is left alone" in n
+        ], scan
         assert store.job(behind.job.id).status == Status.RUNNING
         sleeper.kill()
         sleeper.wait()

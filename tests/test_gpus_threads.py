@@ -25,7 +25,7 @@ engine_name = pytest.fixture(sqlite_only, name="engine_name")
 
 MODULE = "jm_gpu_exp"
 
-EXPERIMENTS = textwrap.dedent('''
+EXPERIMENTS = textwrap.dedent("""
     import os
     import time
 
@@ -42,14 +42,14 @@ EXPERIMENTS = textwrap.dedent('''
 
     def sigkill(state, channel):
         os.kill(os.getpid(), 9)
-''')
+""")
 
-FAKE_SMI = textwrap.dedent('''\
+FAKE_SMI = textwrap.dedent("""\
     #!/bin/sh
     [ "$1" = "-L" ] || exit 9
     echo "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-11111111-2222-3333-4444-555555555555)"
     echo "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-66666666-7777-8888-9999-000000000000)"
-''')
+""")
 
 
 @pytest.fixture
@@ -58,20 +58,25 @@ def exp(tmp_path: Path):
     bare = tmp_path / "bin"  # a PATH without nvidia-smi
     bare.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES" and not k.endswith("_THREADS")}
-    env.update({"PYTHONPATH": pythonpath, "JOBMAN_GPU_LOCKS": str(tmp_path / "locks"),
-                "PATH": f"{bare}{os.pathsep}{os.path.dirname(sys.executable)}"})
+    env.update(
+        {
+            "PYTHONPATH": pythonpath,
+            "JOBMAN_GPU_LOCKS": str(tmp_path / "locks"),
+            "PATH": f"{bare}{os.pathsep}{os.path.dirname(sys.executable)}",
+        }
+    )
     return type("Exp", (), {"env": env, "runs": tmp_path / "runs", "bin": bare})
 
 
 def schedule(store: Store, *jobs: tuple[str, dict]) -> list[int]:
-    specs = [JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params=params, parent=None)
-             for name, params in jobs]
+    specs = [
+        JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params=params, parent=None) for name, params in jobs
+    ]
     return store.schedule(specs, max_attempts=1).job_ids
 
 
 def run(jobman, exp, *args: str):
-    return jobman(*args, "--exproot", str(exp.runs), "--heartbeat", "0.2", "--grace", "2",
-                  env=exp.env, timeout=180)
+    return jobman(*args, "--exproot", str(exp.runs), "--heartbeat", "0.2", "--grace", "2", env=exp.env, timeout=180)
 
 
 def assert_no_device_shared(jobs) -> None:
@@ -133,8 +138,12 @@ def test_gpus_on_a_machine_without_any_is_one_sentence_and_writes_nothing(jobman
 
 
 def test_a_job_asks_for_more_gpus_in_its_resources(jobman, db_url, store, exp):
-    two, one, too_many = schedule(store, ("on_gpu", {"resources": {"gpus": 2}, "seconds": 0}),
-                                  ("on_gpu", {"seconds": 0}), ("on_gpu", {"resources": "--gres=gpu:4"}))
+    two, one, too_many = schedule(
+        store,
+        ("on_gpu", {"resources": {"gpus": 2}, "seconds": 0}),
+        ("on_gpu", {"seconds": 0}),
+        ("on_gpu", {"resources": "--gres=gpu:4"}),
+    )
     r = run(jobman, exp, "worker", db_url, "--gpus", "0,1,2")
     assert r.code == 0, r.err
     assert len(store.job(two).results["cuda"].split(",")) == 2

@@ -110,8 +110,10 @@ POISON_WHY = {
     "list_results": "a report with a list as results",
     "oversized_length": "over the limit",
 }
-BROKE_PROTOCOL = {**{name: "the job sent a malformed message: " for name in POISON_WHY},
-                  "never_reads": "the job stopped reading its worker's replies"}
+BROKE_PROTOCOL = {
+    **{name: "the job sent a malformed message: " for name in POISON_WHY},
+    "never_reads": "the job stopped reading its worker's replies",
+}
 
 
 @pytest.fixture
@@ -123,15 +125,28 @@ def poisons(tmp_path: Path, jobs_per_process: int) -> dict[str, str]:
     return {"PYTHONPATH": pythonpath, "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
 
 
-def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(jobman, db_url, store: Store,
-                                                                           poisons, tmp_path):
+def test_each_malformed_message_fails_its_job_and_the_worker_runs_the_next(
+    jobman, db_url, store: Store, poisons, tmp_path
+):
     # each poison is followed by a healthy job, which must run (in a fresh process when they are reused)
     order = [n for name in BROKE_PROTOCOL for n in (name, "ok")]
-    specs = [JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
-             for i, name in enumerate(order)]
+    specs = [
+        JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
+        for i, name in enumerate(order)
+    ]
     ids = store.schedule(specs, max_attempts=3).job_ids
-    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), "--heartbeat", "0.2", "--grace", "2",
-                    env=poisons, timeout=300)
+    worker = jobman(
+        "worker",
+        db_url,
+        "--exproot",
+        str(tmp_path / "runs"),
+        "--heartbeat",
+        "0.2",
+        "--grace",
+        "2",
+        env=poisons,
+        timeout=300,
+    )
     assert worker.code == 0, worker.err
     assert "Traceback" not in worker.err
     assert f"ran {len(order)} job(s)" in worker.err
@@ -188,18 +203,33 @@ THREADS_AND_FORKS = textwrap.dedent('''
 ''')
 
 
-def test_the_channel_is_safe_from_threads_and_refuses_a_forked_child_in_one_sentence(jobman, db_url, store: Store,
-                                                                                    tmp_path, jobs_per_process):
+def test_the_channel_is_safe_from_threads_and_refuses_a_forked_child_in_one_sentence(
+    jobman, db_url, store: Store, tmp_path, jobs_per_process
+):
     moddir = tmp_path / "mods"
     moddir.mkdir()
     (moddir / "jm_threads_exp.py").write_text(THREADS_AND_FORKS)
     note = tmp_path / "note.txt"
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p),
-           "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process), "JM_NOTE": str(note)}
-    threads, child = store.schedule([JobSpec(0, "fn", f"jm_threads_exp:{name}", {}, None)
-                                     for name in ("from_threads", "from_a_child")]).job_ids
-    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), "--heartbeat", "0.2", "--timeout", "60",
-                    env=env, timeout=120)
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p),
+        "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process),
+        "JM_NOTE": str(note),
+    }
+    threads, child = store.schedule(
+        [JobSpec(0, "fn", f"jm_threads_exp:{name}", {}, None) for name in ("from_threads", "from_a_child")]
+    ).job_ids
+    worker = jobman(
+        "worker",
+        db_url,
+        "--exproot",
+        str(tmp_path / "runs"),
+        "--heartbeat",
+        "0.2",
+        "--timeout",
+        "60",
+        env=env,
+        timeout=120,
+    )
     assert worker.code == 0, worker.err
     jobs = {j.id: j for j in store.jobs()}
     assert jobs[threads].status is Status.DONE, jobs[threads].error

@@ -36,11 +36,19 @@ WAL_INSIDE = 4 << 20  # bytes of WAL that only the big insert's uncommitted rows
 HUGE = ["a={{" + ",".join(map(str, range(1000))) + "}}", "b={{" + ",".join(map(str, range(1000))) + "}}"]
 # Seconds between seeing the insert under way and the kill, per try: SQLite's WAL is at 100 MB some
 # way into the million; PostgreSQL's INSERT shows from the first chunk, so the kill waits to land deep.
-SIZES = [pytest.param(BIG, BIG_COUNT, WAL_INSIDE,
-                      {"sqlite": (0.5, 0.1, 0.0, 0.0, 0.0), "postgresql": (0.5, 0.1, 0.0)}, id="100k"),
-         pytest.param(HUGE, 1_000_000, 100 << 20,
-                      {"sqlite": (0.5, 0.1, 0.0, 0.0), "postgresql": (8.0, 3.0, 0.5, 0.0)}, id="1M",
-                      marks=pytest.mark.slow)]
+SIZES = [
+    pytest.param(
+        BIG, BIG_COUNT, WAL_INSIDE, {"sqlite": (0.5, 0.1, 0.0, 0.0, 0.0), "postgresql": (0.5, 0.1, 0.0)}, id="100k"
+    ),
+    pytest.param(
+        HUGE,
+        1_000_000,
+        100 << 20,
+        {"sqlite": (0.5, 0.1, 0.0, 0.0), "postgresql": (8.0, 3.0, 0.5, 0.0)},
+        id="1M",
+        marks=pytest.mark.slow,
+    ),
+]
 
 
 def _pg_dsn(url: str) -> tuple[str, str]:
@@ -52,8 +60,10 @@ def _pg_dsn(url: str) -> tuple[str, str]:
 def _pg_backends(url: str, *, query_like: str | None = None, in_transaction: bool = False) -> list[int]:
     """Server pids of jobman's connections to this database matching the condition."""
     dsn, name = _pg_dsn(url)
-    sql = ("SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'jobman' "
-           "AND pid <> pg_backend_pid()")
+    sql = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'jobman' "
+        "AND pid <> pg_backend_pid()"
+    )
     args: list = [name]
     if query_like is not None:
         sql += " AND state = 'active' AND query LIKE %s"
@@ -78,7 +88,7 @@ def _wait_backends_gone(url: str, pids: list[int], timeout: float = 60) -> None:
 
 
 def _sqlite_path(url: str) -> str:
-    return url.split("?", 1)[0][len("sqlite:///"):]
+    return url.split("?", 1)[0][len("sqlite:///") :]
 
 
 def _sqlite_checks(url: str) -> None:
@@ -97,13 +107,16 @@ def _new_url(db_url: str, engine_name: str, tmp_path: Path, attempt: int) -> str
 
 # -- a 100,000-job schedule, killed ------------------------------------------------------------
 
+
 def _count(url: str) -> int:
     """The jobs of the experiment named in ``url``."""
     store = Store.open(url)
     try:
         with store.engine.connect() as conn:
-            return conn.execute(sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = job.experiment_id "
-                                        "WHERE e.name = :n"), {"n": store.experiment}).scalar()
+            return conn.execute(
+                sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = job.experiment_id WHERE e.name = :n"),
+                {"n": store.experiment},
+            ).scalar()
     finally:
         store.dispose()
 
@@ -117,13 +130,17 @@ def _inside_schedule(url: str, engine_name: str, wal_inside: int = WAL_INSIDE) -
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("sweep, count, wal_inside, delays", SIZES)
-def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name, tmp_path, sweep, count, wal_inside,
-                                                            delays):
+def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(
+    db_url, engine_name, tmp_path, sweep, count, wal_inside, delays
+):
     for attempt, extra_delay in enumerate(delays[engine_name]):
         url = _new_url(db_url, engine_name, tmp_path, attempt)
-        proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "sqlschedule", url, "--no-check",
-                                 "pkg.mod:train", *sweep], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobman.cli.main", "sqlschedule", url, "--no-check", "pkg.mod:train", *sweep],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         backends: list[int] = []
         deadline = time.time() + 600
         while proc.poll() is None and time.time() < deadline:
@@ -162,8 +179,10 @@ def test_a_schedule_killed_mid_insert_leaves_all_or_nothing(db_url, engine_name,
         added = store.schedule(expand(parse_sweep(["pkg.mod:train", "a=-1", "b={{1,2}}"]))).added
         assert added == 2
         with engine.connect() as conn:
-            after = conn.execute(sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = experiment_id "
-                                         "WHERE e.name = :n"), {"n": store.experiment}).scalar()
+            after = conn.execute(
+                sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = experiment_id WHERE e.name = :n"),
+                {"n": store.experiment},
+            ).scalar()
         assert after == jobs + 2
         print(f"{engine_name}: killed on try {attempt + 1}; {jobs} jobs present afterwards")
     finally:
@@ -217,8 +236,11 @@ def _big_tree(url: str) -> tuple[Store, int, list[int]]:
     assert len(ids) == 10_001
     exp = store.job(ids[0]).experiment_id
     with store.engine.begin() as conn:  # what 10,001 finished runs leave, without running them
-        conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp)
-                     .values(status=Status.DONE.value, results='{"acc": 1}', attempt=1, finished_at=time.time()))
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.experiment_id == exp)
+            .values(status=Status.DONE.value, results='{"acc": 1}', attempt=1, finished_at=time.time())
+        )
     return store, ids[0], ids
 
 
@@ -254,8 +276,13 @@ def test_a_cascading_reset_killed_half_way_is_all_or_nothing(db_url, engine_name
     its commit is about to be sent: either way inside its transaction, so none of the reset is kept."""
     url = _new_url(db_url, engine_name, tmp_path, 0)
     store, root, ids = _big_tree(url)
-    proc = subprocess.Popen([sys.executable, "-c", RESET, url, str(root)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESET, url, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "go", proc.stderr.read()
         seen = ["go"]
@@ -285,19 +312,25 @@ def test_a_cascading_reset_killed_half_way_is_all_or_nothing(db_url, engine_name
         jobs = store.jobs()
         statuses = {j.id: j.status for j in jobs}
         untouched = all(s is Status.DONE for s in statuses.values()) and all(j.results == {"acc": 1} for j in jobs)
-        reset = (statuses[root] is Status.QUEUED and all(s is Status.WAITING for i, s in statuses.items() if i != root)
-                 and all(j.results is None for j in jobs))
+        reset = (
+            statuses[root] is Status.QUEUED
+            and all(s is Status.WAITING for i, s in statuses.items() if i != root)
+            and all(j.results is None for j in jobs)
+        )
         assert untouched or not reset, "a reset killed before its commit was kept"
         assert untouched, f"a half-done reset: {sorted(set(statuses.values()))}"
-        logged = sum(1 for i in (root, ids[1], ids[-1]) for e in store.events(i)
-                     if e.why.startswith("reset under test"))
+        logged = sum(
+            1 for i in (root, ids[1], ids[-1]) for e in store.events(i) if e.why.startswith("reset under test")
+        )
         assert logged == 0, "the event log tells the same story as the jobs"
         assert_graph_consistent(store)
         # And the graph still moves: reset again, to the end this time.
         store.reset([root], why="reset after the kill")
         assert store.job(root).status is Status.QUEUED and store.job(ids[-1]).status is Status.WAITING
         assert_graph_consistent(store)
-        print(f"{engine_name}: killed at {when!r}{' (it had reached its commit)' if 'committing' in out else ''}; "
-              "none of the reset was kept")
+        print(
+            f"{engine_name}: killed at {when!r}{' (it had reached its commit)' if 'committing' in out else ''}; "
+            "none of the reset was kept"
+        )
     finally:
         store.dispose()

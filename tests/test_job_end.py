@@ -28,8 +28,9 @@ def test_the_status_helpers_speak_waitpid():
     assert os.WIFSIGNALED(killed(signal.SIGKILL)) and os.WTERMSIG(killed(signal.SIGKILL)) == signal.SIGKILL
 
 
-@pytest.mark.parametrize("ret, status", [(None, "DONE"), (COMPLETE, "DONE"), (INCOMPLETE, "INCOMPLETE"),
-                                         (42, "FAILED")])
+@pytest.mark.parametrize(
+    "ret, status", [(None, "DONE"), (COMPLETE, "DONE"), (INCOMPLETE, "INCOMPLETE"), (42, "FAILED")]
+)
 def test_a_return_value_ends_the_call(ret, status):
     end = ending_of(ret, {"x": 1})
     assert end.status == status and end.results == {"x": 1}

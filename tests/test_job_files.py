@@ -127,8 +127,16 @@ def test_a_command_job_cannot_trap_its_worker_with_its_stderr_or_results(jobman,
     outside = tmp_path / "outside.json"
     outside.write_text(json.dumps({"stolen": SECRET}))
     traps = ["stderr", "results-zero", "results-fifo", "results-outside"]
-    specs = [JobSpec(phase=0, kind="cmd", target=f"{sys.executable} {script}",
-                     params={"trap": trap, "outside": str(outside)}, parent=None) for trap in traps]
+    specs = [
+        JobSpec(
+            phase=0,
+            kind="cmd",
+            target=f"{sys.executable} {script}",
+            params={"trap": trap, "outside": str(outside)},
+            parent=None,
+        )
+        for trap in traps
+    ]
     ids = store.schedule(specs).job_ids
     worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), "--heartbeat", "0.2", timeout=120)
     assert worker.code == 0, worker.err
@@ -157,8 +165,9 @@ def test_the_job_page_shows_files_inside_the_jobs_workdir_only(store, db_url, tm
     os.mkfifo(workdir / "stderr.txt")
     (workdir / "peek").symlink_to(tmp_path / "secret.txt")
     token = "t" * 20
-    client = TestClient(create_app(db_url, token=token), base_url="http://127.0.0.1:8787",
-                        headers={"Authorization": f"token {token}"})
+    client = TestClient(
+        create_app(db_url, token=token), base_url="http://127.0.0.1:8787", headers={"Authorization": f"token {token}"}
+    )
     page = within(10, lambda: client.get(f"/e/{store.experiment}/job/{job_id}"))
     assert page.status_code == 200 and SECRET not in page.text
     assert "peek" in page.text  # listed, as a symlink, not read
@@ -170,7 +179,8 @@ def test_the_job_page_shows_files_inside_the_jobs_workdir_only(store, db_url, tm
     with store.engine.begin() as conn:
         from sqlalchemy import text
 
-        conn.execute(text("UPDATE job SET workdir = :w, log_path = :w WHERE id = :id"),
-                     {"w": str(elsewhere), "id": job_id})
+        conn.execute(
+            text("UPDATE job SET workdir = :w, log_path = :w WHERE id = :id"), {"w": str(elsewhere), "id": job_id}
+        )
     page = within(10, lambda: client.get(f"/e/{store.experiment}/job/{job_id}"))
     assert page.status_code == 200 and SECRET not in page.text and "private-file" not in page.text

@@ -124,24 +124,43 @@ def exp(tmp_path: Path):
     pythonpath = experiment_module(tmp_path, MODULE, EXPERIMENTS)
     started = tmp_path / "started"
     started.mkdir()
-    return type("Exp", (), {"env": {"PYTHONPATH": pythonpath, "JM_STARTED": str(started)},
-                            "runs": tmp_path / "runs", "started": started})
+    return type(
+        "Exp",
+        (),
+        {"env": {"PYTHONPATH": pythonpath, "JM_STARTED": str(started)}, "runs": tmp_path / "runs", "started": started},
+    )
 
 
 def schedule(store: Store, *names: str, max_attempts: int = 1, first: int = 0) -> list[int]:
-    specs = [JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
-             for i, name in enumerate(names, start=first)]
+    specs = [
+        JobSpec(phase=0, kind="fn", target=f"{MODULE}:{name}", params={"i": i}, parent=None)
+        for i, name in enumerate(names, start=first)
+    ]
     return store.schedule(specs, max_attempts=max_attempts).job_ids
 
 
 def worker_argv(url: str, exp, k: int) -> list[str]:
-    return [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(exp.runs),
-            "--heartbeat", "0.2", "--grace", "5", "--jobs-per-process", str(k)]
+    return [
+        sys.executable,
+        "-m",
+        "jobman.cli.main",
+        "worker",
+        url,
+        "--exproot",
+        str(exp.runs),
+        "--heartbeat",
+        "0.2",
+        "--grace",
+        "5",
+        "--jobs-per-process",
+        str(k),
+    ]
 
 
 def run_worker(url: str, exp, k: int) -> str:
-    r = subprocess.run(worker_argv(url, exp, k), env={**os.environ, **exp.env}, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        worker_argv(url, exp, k), env={**os.environ, **exp.env}, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     return r.stderr
@@ -174,8 +193,7 @@ def test_a_crash_in_a_reused_process_takes_down_only_its_job(db_url, store, exp)
     assert a.results["pid"] == b.results["pid"]
     pids = [j.results["pid"] for j in (a, c, d, e)]
     assert len(set(pids)) == 4
-    assert [j.results["ran_here"] for j in (a, b, c, d, e)] == [
-        [a.id], [a.id, b.id], [c.id], [d.id], [e.id]]
+    assert [j.results["ran_here"] for j in (a, b, c, d, e)] == [[a.id], [a.id, b.id], [c.id], [d.id], [e.id]]
 
 
 def test_what_a_job_sees_of_the_global_state_left_by_the_one_before(db_url, store, exp):
@@ -196,8 +214,9 @@ def test_what_a_job_sees_of_the_global_state_left_by_the_one_before(db_url, stor
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_stopping_a_worker_in_a_reused_process_leaves_nothing_running(db_url, store, exp, how):
     first, stopped, never = schedule(store, "ok", "until_stopped", "ok", max_attempts=3)
-    code, err = signal_once_started(worker_argv(db_url, exp, 10), {**os.environ, **exp.env},
-                                    exp.started / str(stopped), how)
+    code, err = signal_once_started(
+        worker_argv(db_url, exp, 10), {**os.environ, **exp.env}, exp.started / str(stopped), how
+    )
     assert code == 0, err
     job = store.job(stopped)
     assert job.status is Status.QUEUED and job.attempt == 1
@@ -227,8 +246,9 @@ def test_fresh_jobs_share_a_cgroup_in_turn_and_none_inherits_what_the_one_before
     from jobman.dispatch.cgroup import job_cgroup_base
 
     if job_cgroup_base() is None:
-        need_kernel("no cgroup can be made for a job here (none writable in cgroup v2 or the v1 pids controller)",
-                    "job cgroup")
+        need_kernel(
+            "no cgroup can be made for a job here (none writable in cgroup v2 or the v1 pids controller)", "job cgroup"
+        )
     first, second = schedule(store, "leaves_daemon", "alone_in_its_cgroup")
     run_worker(db_url, exp, 1)
     a, b = store.job(first), store.job(second)

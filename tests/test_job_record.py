@@ -48,6 +48,7 @@ def ran(tmp_path: Path) -> list[str]:
 
 # -- 1. parameters checked ------------------------------------------------------------------------
 
+
 def test_sqlschedule_refuses_a_parameter_the_target_cannot_take_and_writes_nothing(db_url, kwmod, jobman):
     out = jobman("sqlschedule", db_url, "kwmod:kw", "lr=0.1", "nosuch=3", cwd=kwmod)
     assert out.code != 0
@@ -59,13 +60,13 @@ def test_sqlschedule_refuses_a_parameter_the_target_cannot_take_and_writes_nothi
         Store.open(db_url).jobs()
     # What the target can take is scheduled: its own names, anything for **kwargs or (state, channel).
     for target in ("kwmod:kw", "kwmod:anything", "kwmod:classic"):
-        out = jobman("sqlschedule", db_url, target, "lr=0.1", *(["other=1"] if target != "kwmod:kw" else []),
-                     cwd=kwmod)
+        out = jobman("sqlschedule", db_url, target, "lr=0.1", *(["other=1"] if target != "kwmod:kw" else []), cwd=kwmod)
         assert out.code == 0, out.err
 
 
 def test_a_parameter_met_at_run_time_fails_the_job_with_the_same_sentence_and_never_runs_defaults(
-        db_url, kwmod, jobman):
+    db_url, kwmod, jobman
+):
     out = jobman("sqlschedule", db_url, "kwmod:kw", "lr=0.1", "widht={{8,64}}", "--no-check", cwd=kwmod)
     assert out.code == 0, out.err
     out = jobman("sqlschedule", db_url, "kwmod:classic", "lr=0.1", "whatever=2", cwd=kwmod)
@@ -106,10 +107,9 @@ def test_call_and_map_refuse_a_parameter_the_function_cannot_take(db_url, kwmod)
     exp.close()
 
 
-
 # -- 2. NaN and the infinities kept ---------------------------------------------------------------
 
-DIVERGED = '''
+DIVERGED = """
     import math
 
     def diverged(lr):
@@ -119,7 +119,7 @@ DIVERGED = '''
         channel.log(0, loss=1.5)
         channel.log(1, loss=math.nan, up=math.inf)
         state.done = True
-'''
+"""
 
 
 def test_a_job_returning_nan_and_infinities_is_done_with_every_value_kept(db_url, tmp_path, jobman):
@@ -157,10 +157,15 @@ def test_a_resumed_job_gets_its_saved_nan_back_and_the_report_never_picks_it(sto
 
     from test_report import add_jobs, same_report
 
-    add_jobs(store, [({"lr": 0.1}, "DONE", {"valid_error": math.nan}),
-                     ({"lr": 0.2}, "DONE", {"valid_error": 0.3}),
-                     ({"lr": 0.3}, "DONE", {"valid_error": math.inf}),
-                     ({"lr": 0.4}, "DONE", {"valid_error": -math.inf})])
+    add_jobs(
+        store,
+        [
+            ({"lr": 0.1}, "DONE", {"valid_error": math.nan}),
+            ({"lr": 0.2}, "DONE", {"valid_error": 0.3}),
+            ({"lr": 0.3}, "DONE", {"valid_error": math.inf}),
+            ({"lr": 0.4}, "DONE", {"valid_error": -math.inf}),
+        ],
+    )
     # A checkpoint holding NaN comes back as NaN to the attempt that resumes it.
     from jobman.jobdb.store import WorkerInfo
     from jobman.jobdb.sweep import JobSpec
@@ -169,8 +174,9 @@ def test_a_resumed_job_gets_its_saved_nan_back_and_the_report_never_picks_it(sto
     claimed = store.claim(WorkerInfo.here(), None)
     assert claimed is not None and claimed.job.id == resumed
     store.save(resumed, claimed.lease, {"epoch": 3, "loss": math.nan, "best": -math.inf})
-    store.finish(resumed, claimed.lease, "INCOMPLETE", results={"epoch": 3, "loss": math.nan, "best": -math.inf},
-                 relaunch=False)
+    store.finish(
+        resumed, claimed.lease, "INCOMPLETE", results={"epoch": 3, "loss": math.nan, "best": -math.inf}, relaunch=False
+    )
     again = store.claim(WorkerInfo.here(), None)
     assert again is not None and again.job.id == resumed
     assert math.isnan(again.job.results["loss"]) and again.job.results["best"] == -math.inf
@@ -182,7 +188,7 @@ def test_a_resumed_job_gets_its_saved_nan_back_and_the_report_never_picks_it(sto
 
 # -- 3. one value that cannot be kept never takes the others with it -------------------------------
 
-VALUES = '''
+VALUES = """
     import numpy as np
 
     class Model:
@@ -199,7 +205,7 @@ VALUES = '''
         state.model = Model()
         channel.save()
         state.acc = 0.5
-'''
+"""
 
 
 def test_a_value_that_cannot_be_kept_is_named_and_the_others_are_kept(db_url, tmp_path, jobman):
@@ -213,8 +219,10 @@ def test_a_value_that_cannot_be_kept_is_named_and_the_others_are_kept(db_url, tm
     assert mixed.status == "DONE", mixed.error
     assert mixed.results is not None
     assert mixed.results["loss"] == 0.1 and mixed.results["weights"] == [0, 1, 2]
-    assert mixed.results["_not_kept"] == {"model": "Model is not JSON-serialisable",
-                                          "handle": "TextIOWrapper is not JSON-serialisable"}
+    assert mixed.results["_not_kept"] == {
+        "model": "Model is not JSON-serialisable",
+        "handle": "TextIOWrapper is not JSON-serialisable",
+    }
     array = jobs["valmod:array"]
     assert array.status == "FAILED"
     assert array.error == "the job returned a ndarray; expected None, a dict, COMPLETE or INCOMPLETE"
@@ -235,11 +243,14 @@ def test_from_python_a_value_that_cannot_be_kept_is_named_and_the_others_are_ret
         return {"model": Model(), "loss": lr}
 
     assert exp.call(train, lr=0.25).result(timeout=60) == {
-        "loss": 0.25, "_not_kept": {"model": "Model is not JSON-serialisable"}}
+        "loss": 0.25,
+        "_not_kept": {"model": "Model is not JSON-serialisable"},
+    }
     exp.close()
 
 
 # -- 4. exp.results(): the job's columns apart from its parameters and results ---------------------
+
 
 def test_results_keeps_job_columns_apart_from_parameters_and_results(db_url, tmp_path):
     import pandas
@@ -263,7 +274,16 @@ def test_results_keeps_job_columns_apart_from_parameters_and_results(db_url, tmp
     assert rows[0]["params_id"] == "a"
     frame = exp.results()
     assert isinstance(frame, pandas.DataFrame)
-    assert list(frame.columns[:9]) == ["id", "status", "phase", "attempt", "host", "started", "finished",
-                                       "seconds", "target"]
+    assert list(frame.columns[:9]) == [
+        "id",
+        "status",
+        "phase",
+        "attempt",
+        "host",
+        "started",
+        "finished",
+        "seconds",
+        "target",
+    ]
     assert list(frame["status"]) == ["DONE", "DONE"] and list(frame["results_status"]) == ["diverged"] * 2
     exp.close()

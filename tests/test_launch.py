@@ -20,8 +20,15 @@ from jobman.jobdb.url import parse_db
 
 SETTINGS = [
     WorkerSettings(),
-    WorkerSettings("/tmp/runs", timeout=3600.0, heartbeat=0.2, grace=2.0, outage_wait=5.0, verbose=True,
-                   processes=JobProcesses(jobs_per_process=100, threads_per_job=2, gpus=("0", "1"), gpus_per_job=2)),
+    WorkerSettings(
+        "/tmp/runs",
+        timeout=3600.0,
+        heartbeat=0.2,
+        grace=2.0,
+        outage_wait=5.0,
+        verbose=True,
+        processes=JobProcesses(jobs_per_process=100, threads_per_job=2, gpus=("0", "1"), gpus_per_job=2),
+    ),
     WorkerSettings("runs", max_jobs=3, wait=False, idle_timeout=1.5),
 ]
 
@@ -35,7 +42,8 @@ def test_settings_sent_to_the_zygote_come_back_equal(settings):
 
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_the_worker_options_a_dispatch_writes_are_read_back_by_jobman_worker_as_the_same_settings(
-        settings, monkeypatch, tmp_path):
+    settings, monkeypatch, tmp_path
+):
     from jobman.cli import run
     from jobman.cli.main import main
 
@@ -75,8 +83,10 @@ def test_a_plan_names_a_known_backend(tmp_path):
 
 def test_running_jobs_imports_nothing_of_the_command_line():
     """dispatch sits below cli: the zygote, the worker and the launch room run without it."""
-    code = ("import sys; import jobman.dispatch.backends.zygote, jobman.dispatch.worker_process, "
-            "jobman.dispatch.launch, jobman.dispatch.futures, jobman.dispatch.backends.local, "
-            "jobman.dispatch.slurm_dispatch; print(sorted(m for m in sys.modules if m.startswith('jobman.cli')))")
+    code = (
+        "import sys; import jobman.dispatch.backends.zygote, jobman.dispatch.worker_process, "
+        "jobman.dispatch.launch, jobman.dispatch.futures, jobman.dispatch.backends.local, "
+        "jobman.dispatch.slurm_dispatch; print(sorted(m for m in sys.modules if m.startswith('jobman.cli')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

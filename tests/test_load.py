@@ -49,8 +49,11 @@ TICK = textwrap.dedent('''
         state.square = state.i * state.i
 ''')
 # What a worker must never print under load.
-FORBIDDEN = re.compile(r"database is locked|database table is locked|could not serialize|deadlock detected|"
-                       r"Traceback|internal error", re.I)
+FORBIDDEN = re.compile(
+    r"database is locked|database table is locked|could not serialize|deadlock detected|"
+    r"Traceback|internal error",
+    re.I,
+)
 
 
 @pytest.mark.slow
@@ -66,17 +69,34 @@ def test_sixteen_workers_run_every_job_exactly_once(db_url, engine_name, tmp_pat
     ids = store.schedule([JobSpec(0, "fn", f"{MODULE}:tick", {"i": i}, None) for i in range(count)]).job_ids
     assert len(ids) == count
 
-    env = {**os.environ, "JM_LOAD_LOG": str(side),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "JM_LOAD_LOG": str(side),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(mods), os.environ.get("PYTHONPATH")) if p),
+    }
     logs = [tmp_path / f"worker{i}.log" for i in range(WORKERS)]
     procs = []
     started = time.monotonic()
     try:
         for log in logs:  # output to files: a full pipe would stall a worker and prove nothing
             with open(log, "wb") as fh:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(tmp_path / "runs")],
-                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env))
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "jobman.cli.main",
+                            "worker",
+                            db_url,
+                            "--exproot",
+                            str(tmp_path / "runs"),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                    )
+                )
         for p in procs:
             p.wait(timeout=max(1.0, 1100 - (time.monotonic() - started)))
     finally:
@@ -114,9 +134,16 @@ def test_sixteen_workers_run_every_job_exactly_once(db_url, engine_name, tmp_pat
     assert all(j.attempt == 1 and j.lease == 1 and j.results == {"square": j.params["i"] ** 2} for j in jobs)
     assert store.running() == []
     with store.engine.connect() as conn:
-        claims = dict(conn.execute(sa.select(t_event.c.job_id, sa.func.count()).where(
-            t_event.c.job_id.between(min(ids), max(ids)),  # not IN: 80,000 ids are past PostgreSQL's bind limit
-            t_event.c.to_status == Status.RUNNING.value).group_by(t_event.c.job_id)).all())
+        claims = dict(
+            conn.execute(
+                sa.select(t_event.c.job_id, sa.func.count())
+                .where(
+                    t_event.c.job_id.between(min(ids), max(ids)),  # not IN: 80,000 ids are past PostgreSQL's bind limit
+                    t_event.c.to_status == Status.RUNNING.value,
+                )
+                .group_by(t_event.c.job_id)
+            ).all()
+        )
     assert set(claims) == set(ids) and set(claims.values()) == {1}, "one claim (one lease) per job"
     store.dispose()
     print(f"{engine_name}: {WORKERS} workers ran {count} jobs in {elapsed:.1f} s ({count / elapsed:.0f} jobs/s)")

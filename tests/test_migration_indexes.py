@@ -27,14 +27,23 @@ def make_at_previous(url: str) -> None:
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "0005")
         with engine.begin() as conn:
-            exp = conn.execute(sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
-                               ).scalar_one()
+            exp = conn.execute(
+                sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
+            ).scalar_one()
             for i, params in enumerate(PARAMS):
-                conn.execute(sa.text(
-                    "INSERT INTO job (experiment_id, phase, target, params, params_hash, status, created_at) "
-                    "VALUES (:e, :ph, 'pkg.mod:train', :p, :h, :s, 1)"),
-                    {"e": exp, "ph": i % 2, "p": json.dumps(params, sort_keys=True),
-                     "h": params_hash(i % 2, "fn", "pkg.mod:train", params), "s": ("DONE", "QUEUED")[i // 2]})
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO job (experiment_id, phase, target, params, params_hash, status, created_at) "
+                        "VALUES (:e, :ph, 'pkg.mod:train', :p, :h, :s, 1)"
+                    ),
+                    {
+                        "e": exp,
+                        "ph": i % 2,
+                        "p": json.dumps(params, sort_keys=True),
+                        "h": params_hash(i % 2, "fn", "pkg.mod:train", params),
+                        "s": ("DONE", "QUEUED")[i // 2],
+                    },
+                )
     finally:
         engine.dispose()
 
@@ -46,8 +55,9 @@ def index_names(url: str) -> set[str]:
             insp = sa.inspect(conn)
             names = {i["name"] for t in ("job", "job_event") for i in insp.get_indexes(t)}
             if conn.dialect.name == "postgresql":  # the GIN index, made by DDL
-                names |= set(conn.execute(sa.text("SELECT indexname FROM pg_indexes WHERE tablename = 'job'"))
-                             .scalars())
+                names |= set(
+                    conn.execute(sa.text("SELECT indexname FROM pg_indexes WHERE tablename = 'job'")).scalars()
+                )
             return names
     finally:
         engine.dispose()
@@ -71,8 +81,7 @@ def test_0006_upgrades_a_0005_database_with_data(fresh_url, jobman):  # noqa: F8
         assert [j.id for j in store.jobs(params={"lr": 0.01, "nhid": 20})] == [jobs[3].id]
         assert store.counts() == {(0, "DONE"): 1, (1, "DONE"): 1, (0, "QUEUED"): 1, (1, "QUEUED"): 1}
         # Same identities: the old jobs again add nothing.
-        assert store.schedule([JobSpec(i % 2, "fn", "pkg.mod:train", p, None) for i, p in enumerate(PARAMS)]
-                              ).added == 0
+        assert store.schedule([JobSpec(i % 2, "fn", "pkg.mod:train", p, None) for i, p in enumerate(PARAMS)]).added == 0
         with store.engine.connect() as conn:
             assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == "0006"
     finally:

@@ -28,15 +28,24 @@ def make_at_previous(url: str) -> None:
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "0004")
         with engine.begin() as conn:
-            exp = conn.execute(sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
-                               ).scalar_one()
+            exp = conn.execute(
+                sa.text("INSERT INTO experiment (name, created_at) VALUES ('old', 1) RETURNING id")
+            ).scalar_one()
             for i, (params, results) in enumerate(zip(PARAMS, RESULTS)):
-                conn.execute(sa.text(
-                    "INSERT INTO job (experiment_id, target, params, params_hash, status, priority, created_at, "
-                    "results) VALUES (:e, 'pkg.mod:train', :p, :h, :s, :prio, 1, :r)"),
-                    {"e": exp, "p": json.dumps(params, sort_keys=True),
-                     "h": params_hash(0, "fn", "pkg.mod:train", params), "s": "DONE" if results else "QUEUED",
-                     "prio": 3 - i, "r": json.dumps(results, sort_keys=True) if results else None})
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO job (experiment_id, target, params, params_hash, status, priority, created_at, "
+                        "results) VALUES (:e, 'pkg.mod:train', :p, :h, :s, :prio, 1, :r)"
+                    ),
+                    {
+                        "e": exp,
+                        "p": json.dumps(params, sort_keys=True),
+                        "h": params_hash(0, "fn", "pkg.mod:train", params),
+                        "s": "DONE" if results else "QUEUED",
+                        "prio": 3 - i,
+                        "r": json.dumps(results, sort_keys=True) if results else None,
+                    },
+                )
         create_view(engine, "old", "old_view")  # a view over the text columns
     finally:
         engine.dispose()
@@ -60,16 +69,24 @@ def test_0005_upgrades_a_0004_database_with_data(fresh_url, jobman):  # noqa: F8
         assert store.job(new.job_ids[0]).priority == 1.5
         with store.engine.connect() as conn:
             view = conn.execute(sa.text("SELECT id, hyper_lr, name, validerror FROM old_view ORDER BY id")).all()
-            view = [tuple(float(x) if hasattr(x, "as_integer_ratio") and not isinstance(x, int) else x for x in v)
-                    for v in view]  # PostgreSQL's numeric comes as Decimal
+            view = [
+                tuple(float(x) if hasattr(x, "as_integer_ratio") and not isinstance(x, int) else x for x in v)
+                for v in view
+            ]  # PostgreSQL's numeric comes as Decimal
             assert view[:2] == [(jobs[0].id, 0.1, "a", 0.25), (jobs[1].id, 0.01, "b'c", None)]
             if store.engine.dialect.name == "postgresql":
-                types = dict(conn.execute(sa.text(
-                    "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'job' "
-                    "AND column_name IN ('params', 'results', 'priority')")).all())
+                types = dict(
+                    conn.execute(
+                        sa.text(
+                            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'job' "
+                            "AND column_name IN ('params', 'results', 'priority')"
+                        )
+                    ).all()
+                )
                 assert types == {"params": "jsonb", "results": "jsonb", "priority": "double precision"}
-                lr = conn.execute(sa.text("SELECT params->>'hyper.lr' FROM job WHERE params @> '{\"name\": \"a\"}'")
-                                  ).scalar_one()
+                lr = conn.execute(
+                    sa.text("SELECT params->>'hyper.lr' FROM job WHERE params @> '{\"name\": \"a\"}'")
+                ).scalar_one()
                 assert lr == "0.1"
             rev = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
             assert rev == HEAD_REVISION  # and on through the revisions after it
@@ -87,8 +104,15 @@ def test_0005_downgrades_back_to_text(fresh_url):  # noqa: F811
         with engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0004")
         with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT data_type FROM information_schema.columns WHERE table_name = 'job' "
-                                        "AND column_name = 'params'")).scalar() == "text"
+            assert (
+                conn.execute(
+                    sa.text(
+                        "SELECT data_type FROM information_schema.columns WHERE table_name = 'job' "
+                        "AND column_name = 'params'"
+                    )
+                ).scalar()
+                == "text"
+            )
             first = conn.execute(sa.text("SELECT params FROM job ORDER BY id")).scalars().first()
             assert json.loads(first) == PARAMS[0]
     finally:

@@ -47,14 +47,19 @@ def differences(url: str) -> list:
     engine = sa.create_engine(sa_url(url))
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={
-                "compare_type": True,
-                "compare_server_default": True,
-                "version_table": VERSION_TABLE,
-                # The PostgreSQL-only parameter index is DDL, not metadata (test_migration_indexes checks it).
-                "include_name": lambda name, kind, parent: not (kind == "table" and name == VERSION_TABLE)
-                and not (kind == "index" and name == PARAMS_INDEX),
-            })
+            ctx = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "compare_server_default": True,
+                    "version_table": VERSION_TABLE,
+                    # The PostgreSQL-only parameter index is DDL, not metadata (test_migration_indexes checks it).
+                    "include_name": lambda name, kind, parent: (
+                        not (kind == "table" and name == VERSION_TABLE)
+                        and not (kind == "index" and name == PARAMS_INDEX)
+                    ),
+                },
+            )
             return compare_metadata(ctx, metadata)
     finally:
         engine.dispose()
@@ -134,9 +139,11 @@ def one_sentence_error(r) -> str:
 def test_a_newer_schema_is_refused_naming_the_problem(fresh_url, jobman):
     upgrade(fresh_url)
     execute(fresh_url, f"UPDATE {VERSION_TABLE} SET version_num = 'ffff9999'")
-    for attempt in (lambda: Store.open(fresh_url + "?table=x"),
-                    lambda: Store.open(fresh_url + "?table=x", create=False),
-                    lambda: upgrade(fresh_url)):
+    for attempt in (
+        lambda: Store.open(fresh_url + "?table=x"),
+        lambda: Store.open(fresh_url + "?table=x", create=False),
+        lambda: upgrade(fresh_url),
+    ):
         with pytest.raises(SchemaError, match="revision ffff9999.*made by a newer jobman, so upgrade jobman"):
             attempt()
     err = one_sentence_error(jobman("db", "upgrade", fresh_url))
@@ -146,8 +153,9 @@ def test_a_newer_schema_is_refused_naming_the_problem(fresh_url, jobman):
 def test_an_unstamped_database_names_jobman_db_upgrade(fresh_url, jobman):
     # What a downgrade to base leaves behind: the version table, empty, and none of jobman's tables.
     upgrade(fresh_url)
-    execute(fresh_url, f"DELETE FROM {VERSION_TABLE}",
-            *[f"DROP TABLE {t.name}" for t in reversed(metadata.sorted_tables)])
+    execute(
+        fresh_url, f"DELETE FROM {VERSION_TABLE}", *[f"DROP TABLE {t.name}" for t in reversed(metadata.sorted_tables)]
+    )
     err = one_sentence_error(jobman("list", fresh_url + "?table=x"))
     assert "jobman db upgrade" in err, err
     with pytest.raises(SchemaError, match="jobman db upgrade"):

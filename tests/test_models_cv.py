@@ -18,21 +18,22 @@ GOOD, BAD = {"lr": 0.01}, {"lr": 1e-6}
 def sweep(tmp_path, configs, folds, target="jobman.models.mlp:train", extra=None):
     """Run every configuration on every fold with run_direct; return them as the parents of a fan-in job."""
     from jobman.dispatch.runner import run_direct
+
     parents = []
     for job_id, (config, fold) in enumerate(itertools.product(configs, folds), start=1):
         params = {**BASE, **(extra or {}), **config, **fold}
         work = tmp_path / f"job{job_id}"
         out = run_direct(target, params, work)
         assert out.status == "DONE", out.error
-        parents.append(Parent(job_id=job_id, phase=0, target=target, workdir=work, params=params,
-                              results=out.results))
+        parents.append(Parent(job_id=job_id, phase=0, target=target, workdir=work, params=params, results=out.results))
     return parents
 
 
 def retrain(tmp_path, parents, params=None, channel_cls=DirectChannel):
     params = params or {}
-    channel = channel_cls(job_id=99, phase=1, attempt=1, workdir=tmp_path / "retrain-job", params=params,
-                          parents=parents)
+    channel = channel_cls(
+        job_id=99, phase=1, attempt=1, workdir=tmp_path / "retrain-job", params=params, parents=parents
+    )
     state = DD(params)
     return call(cv.retrain, state, channel), state
 
@@ -62,8 +63,13 @@ def test_retrain_with_a_test_set_tests_once(tmp_path):
     rng = np.random.default_rng(0)
     protos = rng.random((3, 10))
     y, yt = rng.integers(0, 3, 300), rng.integers(0, 3, 90)
-    np.savez(tmp_path / "d.npz", X=protos[y] + rng.normal(0, 0.1, (300, 10)), y=y,
-             X_test=protos[yt] + rng.normal(0, 0.1, (90, 10)), y_test=yt)
+    np.savez(
+        tmp_path / "d.npz",
+        X=protos[y] + rng.normal(0, 0.1, (300, 10)),
+        y=y,
+        X_test=protos[yt] + rng.normal(0, 0.1, (90, 10)),
+        y_test=yt,
+    )
     parents = sweep(tmp_path, [BAD, GOOD], CV3, extra={"dataset": str(tmp_path / "d.npz")})
     out, _ = retrain(tmp_path, parents, {"metric": "valid_error", "mode": "min"})
     assert out.status == "DONE", out.error
@@ -72,8 +78,11 @@ def test_retrain_with_a_test_set_tests_once(tmp_path):
 
 
 def test_retrain_after_double_cross_validation(tmp_path):
-    folds = [{"nb_outer_fold": 2, "id_outer_fold": o, "nb_cross_fold": 2, "id_cross_fold": i}
-             for o in range(2) for i in range(2)]
+    folds = [
+        {"nb_outer_fold": 2, "id_outer_fold": o, "nb_cross_fold": 2, "id_cross_fold": i}
+        for o in range(2)
+        for i in range(2)
+    ]
     parents = sweep(tmp_path, [BAD, GOOD], folds)
     out, _ = retrain(tmp_path, parents)
     assert out.status == "DONE", out.error
@@ -100,15 +109,17 @@ class StopInSecondOuterFold(DirectChannel):
 
 
 def test_double_cv_retrain_resumes_after_a_stop(tmp_path):
-    folds = [{"nb_outer_fold": 2, "id_outer_fold": o, "nb_cross_fold": 2, "id_cross_fold": i}
-             for o in range(2) for i in range(2)]
+    folds = [
+        {"nb_outer_fold": 2, "id_outer_fold": o, "nb_cross_fold": 2, "id_cross_fold": i}
+        for o in range(2)
+        for i in range(2)
+    ]
     parents = sweep(tmp_path, [GOOD], folds)
     straight, _ = retrain(tmp_path / "straight", parents)
     first, state = retrain(tmp_path, parents, channel_cls=StopInSecondOuterFold)
     assert first.status == "INCOMPLETE"
     assert [o["id_outer_fold"] for o in state["outer"]] == [0]
-    channel = DirectChannel(job_id=99, phase=1, attempt=2, workdir=tmp_path / "retrain-job", params={},
-                            parents=parents)
+    channel = DirectChannel(job_id=99, phase=1, attempt=2, workdir=tmp_path / "retrain-job", params={}, parents=parents)
     second = call(cv.retrain, DD(channel.saved_results()), channel)
     assert second.status == "DONE"
     assert second.results["test_error"] == straight.results["test_error"]
@@ -116,8 +127,13 @@ def test_double_cv_retrain_resumes_after_a_stop(tmp_path):
 
 def test_retrain_of_a_dbn_sweep_reruns_both_phases(tmp_path):
     extra = {"n_hidden": 16, "pretrain_epochs": 2}
-    parents = sweep(tmp_path, [GOOD], [{"nb_cross_fold": 2, "id_cross_fold": k} for k in range(2)],
-                    target="jobman.models.dbn:train", extra=extra)
+    parents = sweep(
+        tmp_path,
+        [GOOD],
+        [{"nb_cross_fold": 2, "id_cross_fold": k} for k in range(2)],
+        target="jobman.models.dbn:train",
+        extra=extra,
+    )
     parents = [Parent(p.job_id, 1, "jobman.models.dbn:finetune", p.workdir, p.params, p.results) for p in parents]
     out, _ = retrain(tmp_path, parents)
     assert out.status == "DONE", out.error

@@ -100,8 +100,10 @@ def test_truncated_idx_file_is_refused(tmp_path):
         datasets.read_idx(path)
 
 
-@pytest.mark.skipif(not datasets.FASHION_DEBIAN_DIR.exists() and os.environ.get("CI", "").lower() != "true",
-                    reason="dataset-fashion-mnist is not installed (CI installs it, and fails without it)")
+@pytest.mark.skipif(
+    not datasets.FASHION_DEBIAN_DIR.exists() and os.environ.get("CI", "").lower() != "true",
+    reason="dataset-fashion-mnist is not installed (CI installs it, and fails without it)",
+)
 def test_fashion_mnist_from_the_debian_package():
     ds = datasets.load("fashion-mnist")
     assert ds.X.shape == (60000, 784) and ds.X_test.shape == (10000, 784)

@@ -13,8 +13,15 @@ from jobman.models.checkpoint import load_npz
 from jobman.models.plugins import Plugin, at
 from jobman.models.rbm import RBM
 
-SYN = {"dataset": "synthetic", "progress_every": 0, "n_hidden": 24, "pretrain_epochs": 4, "epochs": 10,
-       "batch_size": 16, "eval_every": 0}
+SYN = {
+    "dataset": "synthetic",
+    "progress_every": 0,
+    "n_hidden": 24,
+    "pretrain_epochs": 4,
+    "epochs": 10,
+    "batch_size": 16,
+    "eval_every": 0,
+}
 
 
 @pytest.mark.parametrize("k,pcd", [(1, False), (3, False), (1, True), (2, True)])
@@ -27,7 +34,7 @@ def test_rbm_training_lowers_reconstruction_error(k, pcd):
     before = rbm.reconstruction_error(X)
     for _ in range(15):
         for i in range(0, len(X), 20):
-            rbm.cd_grads(X[i:i + 20], rng, k, pcd)
+            rbm.cd_grads(X[i : i + 20], rng, k, pcd)
             opt.update(rbm.grads)
     assert before > 0.2 and rbm.reconstruction_error(X) < 0.1
     assert (rbm.chain is not None) == pcd
@@ -58,8 +65,14 @@ def test_pretrain_then_finetune_from_the_parents_workdir(tmp_path):
     names = {json.loads(line)["name"] for line in (tmp_path / "pre" / "metrics.jsonl").read_text().splitlines()}
     assert {"rbm0_recon_error", "rbm1_recon_error"} <= names
 
-    parent = Parent(job_id=1, phase=0, target="jobman.models.dbn:pretrain", workdir=tmp_path / "pre",
-                    params=params, results=pre.results)
+    parent = Parent(
+        job_id=1,
+        phase=0,
+        target="jobman.models.dbn:pretrain",
+        workdir=tmp_path / "pre",
+        params=params,
+        results=pre.results,
+    )
     channel = DirectChannel(job_id=2, phase=1, attempt=1, workdir=tmp_path / "ft", params=params, parents=[parent])
     state = DD(params)
     out = call(dbn.finetune, state, channel)
@@ -78,13 +91,20 @@ def test_finetune_starts_from_the_pretrained_weights(tmp_path):
     parent = Parent(1, 0, "jobman.models.dbn:pretrain", tmp_path / "pre", params, {})
     channel = DirectChannel(job_id=2, phase=1, attempt=1, workdir=tmp_path / "ft", params=params, parents=[parent])
     assert call(dbn.finetune, DD(params), channel).status == "DONE"
-    assert np.array_equal(load_npz(tmp_path / "ft" / "weights.npz")["0.W"],
-                          load_npz(tmp_path / "pre" / "weights.npz")["rbm0/W"])
+    assert np.array_equal(
+        load_npz(tmp_path / "ft" / "weights.npz")["0.W"], load_npz(tmp_path / "pre" / "weights.npz")["rbm0/W"]
+    )
 
 
 def test_finetune_without_a_finished_parent_fails_clearly(tmp_path):
-    channel = DirectChannel(job_id=2, phase=1, attempt=1, workdir=tmp_path / "ft", params=SYN,
-                            parents=[Parent(1, 0, "x", tmp_path / "empty", SYN, {})])
+    channel = DirectChannel(
+        job_id=2,
+        phase=1,
+        attempt=1,
+        workdir=tmp_path / "ft",
+        params=SYN,
+        parents=[Parent(1, 0, "x", tmp_path / "empty", SYN, {})],
+    )
     out = call(dbn.finetune, DD(SYN), channel)
     assert out.status == "FAILED" and "no pretrained stack" in out.error
     out = call(dbn.finetune, DD(SYN), DirectChannel(job_id=3, phase=1, attempt=1, workdir=tmp_path, params=SYN))
@@ -97,8 +117,9 @@ def test_pretraining_stopped_twice_resumes_to_the_same_stack(tmp_path):
 
     def stopping(state, channel):
         # Every layer's loop counts its own iterations: this stops layer 0, then layer 1, at iteration 40.
-        return dbn.pretrain(state, channel, plugins=[Plugin(at(40), "iterations",
-                                                            lambda loop: loop.channel.request_stop("t"))])
+        return dbn.pretrain(
+            state, channel, plugins=[Plugin(at(40), "iterations", lambda loop: loop.channel.request_stop("t"))]
+        )
 
     statuses = [run_direct(stopping, params, tmp_path / "resumed").status for _ in range(3)]
     assert statuses == ["INCOMPLETE", "INCOMPLETE", "DONE"]

@@ -13,6 +13,7 @@ def quadratic_run(name, steps, flat):
     target = np.array([1.0, -2.0, 3.0, 0.5], dtype=np.float32)
     net_params = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(0, np.float32)}
     from jobman.models.buffers import flatten
+
     p_buf, params = flatten(net_params)
     g_buf, grads = flatten({k: np.zeros_like(v) for k, v in net_params.items()})
     opt = optim.make_optimizer(name, params, lr=0.05, flat=(p_buf, g_buf) if flat else None)

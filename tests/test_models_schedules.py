@@ -83,8 +83,16 @@ class FakeTime:
 def make_loop(tmp_path, plugins, n=10, batch=4, epochs=3, timer=None, step=None):
     channel = DirectChannel(job_id=None, phase=0, attempt=1, workdir=tmp_path, params={})
     channel.bind({})
-    return Loop(n_examples=n, batch_size=batch, max_epochs=epochs, step=step or (lambda idx: 0.0),
-                rng=np.random.default_rng(0), channel=channel, plugins=plugins, timer=timer or FakeTime())
+    return Loop(
+        n_examples=n,
+        batch_size=batch,
+        max_epochs=epochs,
+        step=step or (lambda idx: 0.0),
+        rng=np.random.default_rng(0),
+        channel=channel,
+        plugins=plugins,
+        timer=timer or FakeTime(),
+    )
 
 
 def recorder(log, timeline):
@@ -103,8 +111,13 @@ def test_all_timelines_in_a_loop(tmp_path):
         clock.now += 0.5
 
     plugins = [Plugin(always(), "iterations", slow_plugin)]
-    for name, sched in [("iterations", each(2)), ("epochs", each(1)), ("examples", each(8)),
-                        ("train_time", each(2.0)), ("wall_time", each(3.0))]:
+    for name, sched in [
+        ("iterations", each(2)),
+        ("epochs", each(1)),
+        ("examples", each(8)),
+        ("train_time", each(2.0)),
+        ("wall_time", each(3.0)),
+    ]:
         seen[name] = []
         plugins.append(Plugin(sched, name, recorder(seen[name], name)))
     loop = make_loop(tmp_path, plugins, timer=clock, step=step)
@@ -125,8 +138,10 @@ def test_all_timelines_in_a_loop(tmp_path):
 
 def test_plugins_run_in_order_and_see_metrics(tmp_path):
     order = []
-    plugins = [evaluate(lambda loop: {"score": loop.clock.epochs * 1.0, "none": None}),
-               Plugin(each(1), "epochs", lambda loop: order.append(dict(loop.metrics)))]
+    plugins = [
+        evaluate(lambda loop: {"score": loop.clock.epochs * 1.0, "none": None}),
+        Plugin(each(1), "epochs", lambda loop: order.append(dict(loop.metrics))),
+    ]
     loop = make_loop(tmp_path, plugins, epochs=2)
     loop.run()
     assert [m["score"] for m in order] == [1.0, 2.0]
@@ -158,8 +173,15 @@ def test_early_stopping_counts_evaluations_and_ties_improve():
 
 def test_early_stopping_max_mode_and_missing_metric():
     stops = []
-    loop = type("L", (), {"metrics": {}, "clock": type("C", (), {"epochs": 0})(),
-                          "stop": lambda self, r, incomplete=False: stops.append(r)})()
+    loop = type(
+        "L",
+        (),
+        {
+            "metrics": {},
+            "clock": type("C", (), {"epochs": 0})(),
+            "stop": lambda self, r, incomplete=False: stops.append(r),
+        },
+    )()
     es = EarlyStopping("acc", patience=1, mode="max")
     es(loop)  # no metric yet: nothing happens
     assert es.best is None
@@ -183,15 +205,18 @@ def test_log_metrics_writes_learning_curves(tmp_path):
     loop.run()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     import json
+
     rows = [json.loads(line) for line in lines]
-    assert [(r["step"], r["value"]) for r in rows if r["name"] == "x_valid_error"] == \
-        [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (3, pytest.approx(0.3))]
+    assert [(r["step"], r["value"]) for r in rows if r["name"] == "x_valid_error"] == [
+        (1, pytest.approx(0.1)),
+        (2, pytest.approx(0.2)),
+        (3, pytest.approx(0.3)),
+    ]
     assert {r["name"] for r in rows} == {"x_valid_error", "x_train_loss"}
 
 
 def test_remote_stop_checkpoints_and_ends_incomplete(tmp_path):
-    plugins = [Plugin(at(4), "iterations", lambda loop: loop.channel.request_stop("cancel requested")),
-               remote_stop()]
+    plugins = [Plugin(at(4), "iterations", lambda loop: loop.channel.request_stop("cancel requested")), remote_stop()]
     loop = make_loop(tmp_path, plugins, epochs=5)
     loop.checkpoint_path = tmp_path / "ck.npz"
     assert loop.run() == INCOMPLETE
@@ -237,6 +262,7 @@ def test_logger_writes_each_measurement_once_at_the_epoch_it_was_made(tmp_path):
     loop = make_loop(tmp_path, plugins, n=10, batch=4, epochs=4)  # 3 iterations per epoch
     loop.run()
     import json
+
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # measured at iterations 5, 10 (epochs 2 and 4); epoch 3 has nothing new to write but its loss
     assert [(r["step"], r["value"]) for r in rows if r["name"] == "v"] == [(2, 5.0), (4, 10.0)]

@@ -58,8 +58,11 @@ def test_mlp_is_better_than_chance_by_far_after_training_and_not_before(tmp_path
 @pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
 def test_every_optimizer_and_activation_learns(tmp_path, optimizer, activation):
     lr = {"sgd": 0.5, "momentum": 0.05, "adam": 0.01}[optimizer]
-    out = run_direct(mlp.train, {**SYN, "optimizer": optimizer, "activation": activation, "lr": lr,
-                                 "epochs": 15, "checkpoint_every": 0}, tmp_path)
+    out = run_direct(
+        mlp.train,
+        {**SYN, "optimizer": optimizer, "activation": activation, "lr": lr, "epochs": 15, "checkpoint_every": 0},
+        tmp_path,
+    )
     assert out.status == "DONE" and out.results["test_error"] < 0.3
 
 
@@ -103,8 +106,11 @@ def test_a_stopped_job_resumes_to_the_same_weights(tmp_path):
     assert second.results["test_error"] == straight.results["test_error"]
     assert second.results.get("epochs", 10) == straight.results.get("epochs", 10)
     # the learning curve has each epoch once, across both attempts
-    steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["name"] == "valid_error"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (work / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["name"] == "valid_error"
+    ]
     assert steps == list(range(1, 11))
 
 
@@ -131,8 +137,10 @@ def test_resume_without_the_optimizer_state_would_not_match(tmp_path):
     channel = StopAfterEpoch(job_id=None, phase=0, attempt=1, workdir=work, params=params)
     assert call(mlp.train, DD(params), channel).status == "INCOMPLETE"
     ck = load_npz(work / "checkpoint.npz")
-    np.savez(work / "checkpoint.npz", **{k: (np.zeros_like(v) if k.startswith("opt/") and "/m" in k else v)
-                                         for k, v in ck.items()})
+    np.savez(
+        work / "checkpoint.npz",
+        **{k: (np.zeros_like(v) if k.startswith("opt/") and "/m" in k else v) for k, v in ck.items()},
+    )
     run_direct(mlp.train, params, work)
     assert not same_weights(tmp_path / "straight", work)
 
@@ -151,8 +159,9 @@ def test_a_finished_job_relaunched_returns_the_same_results(tmp_path):
 
 def test_digits_end_to_end(tmp_path):
     pytest.importorskip("sklearn")
-    out = run_direct("jobman.models.mlp:train", {"nb_cross_fold": 5, "id_cross_fold": 1, "epochs": 8,
-                                                 "progress_every": 0}, tmp_path)
+    out = run_direct(
+        "jobman.models.mlp:train", {"nb_cross_fold": 5, "id_cross_fold": 1, "epochs": 8, "progress_every": 0}, tmp_path
+    )
     assert out.status == "DONE" and out.results["test_error"] < 0.1
 
 

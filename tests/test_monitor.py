@@ -92,11 +92,29 @@ class Lab:
 
     def start_worker(self, *extra: str) -> subprocess.Popen:
         log = open(self.root / f"worker-{time.monotonic_ns()}.log", "wb")
-        return subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", self.url,
-                                 "--exproot", str(self.root / "runs"), "--heartbeat", "0.2", "--grace", "1",
-                                 "--max-jobs", "1", *extra],
-                                cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobman.cli.main",
+                "worker",
+                self.url,
+                "--exproot",
+                str(self.root / "runs"),
+                "--heartbeat",
+                "0.2",
+                "--grace",
+                "1",
+                "--max-jobs",
+                "1",
+                *extra,
+            ],
+            cwd=self.root,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 @pytest.fixture
@@ -134,8 +152,11 @@ def kill_worker(proc: subprocess.Popen) -> None:
 def age_heartbeat(store: Store, job_id: int, seconds: float) -> None:
     """Make a job's last heartbeat ``seconds`` older, instead of sleeping."""
     with store.engine.begin() as conn:
-        conn.execute(sa.update(t_job).where(t_job.c.id == job_id)
-                     .values(heartbeat_at=t_job.c.heartbeat_at - seconds, started_at=t_job.c.started_at - seconds))
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id == job_id)
+            .values(heartbeat_at=t_job.c.heartbeat_at - seconds, started_at=t_job.c.started_at - seconds)
+        )
 
 
 def changes(store: Store, job_id: int) -> list[tuple[str | None, str | None, str]]:
@@ -143,6 +164,7 @@ def changes(store: Store, job_id: int) -> list[tuple[str | None, str | None, str
 
 
 # -- detection ---------------------------------------------------------------------------------
+
 
 def test_a_worker_killed_by_sigkill_is_found_by_pid_crashed_and_relaunched(lab, store, jobman):
     [job_id] = one(store, "sleepy", {"seconds": 60})
@@ -166,7 +188,8 @@ def test_a_worker_killed_by_sigkill_is_found_by_pid_crashed_and_relaunched(lab, 
     assert "is gone" in job.error
     assert changes(store, job_id)[-2:] == [
         ("RUNNING", "CRASHED", found["reason"]),
-        ("CRASHED", "QUEUED", f"relaunch after crash ({found['reason']}), attempt 1 of 3")]
+        ("CRASHED", "QUEUED", f"relaunch after crash ({found['reason']}), attempt 1 of 3"),
+    ]
     assert [(c["job_id"], c["why"]) for c in seen["recent_crashes"]] == [(job_id, found["reason"])]
     assert seen["totals"] == {"QUEUED": 1} and seen["running"] == []
 
@@ -218,8 +241,7 @@ def test_a_reused_pid_is_not_taken_for_the_worker(store):
     assert store.job(real).status is S.RUNNING
 
 
-def test_a_job_its_dead_worker_marked_as_interrupted_by_the_database_is_put_back_without_an_attempt(
-        store, tmp_path):
+def test_a_job_its_dead_worker_marked_as_interrupted_by_the_database_is_put_back_without_an_attempt(store, tmp_path):
     from jobman.dispatch.interrupted import mark_interrupted
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -279,18 +301,21 @@ def test_an_ended_allocation_is_crashed_with_the_backends_reason_and_unknown_is_
     ids = [one(store, "sleepy", {"seconds": k})[0] for k in range(3)]
     for bid in ("100_0", "100_1", "101"):
         store.claim(WorkerInfo(host="node7", pid=77, pid_started_at=1.0, backend="slurm", backend_id=bid))
-    slurm = FakeSlurm({
-        "100_0": AllocationState("100_0", True, "RUNNING"),
-        "100_1": AllocationState("100_1", False, "NODE_FAIL", "Slurm job 100_1 ended NODE_FAIL."),
-        "101": AllocationState("101", False, "UNKNOWN", "Slurm does not know job 101 (any more)."),
-    })
+    slurm = FakeSlurm(
+        {
+            "100_0": AllocationState("100_0", True, "RUNNING"),
+            "100_1": AllocationState("100_1", False, "NODE_FAIL", "Slurm job 100_1 ended NODE_FAIL."),
+            "101": AllocationState("101", False, "UNKNOWN", "Slurm does not know job 101 (any more)."),
+        }
+    )
 
     report = Monitor(store, MonitorOptions(relaunch=False), backends={"slurm": slurm}).scan()
 
     assert slurm.asked == [["100_0", "100_1", "101"]]  # one question for every Slurm job
     assert [(f.job_id, f.sign, f.reason) for f in report.crashed] == [
         (ids[1], "allocation", "Slurm job 100_1 ended NODE_FAIL."),
-        (ids[2], "allocation", "Slurm does not know job 101 (any more).")]
+        (ids[2], "allocation", "Slurm does not know job 101 (any more)."),
+    ]
     assert store.job(ids[0]).status is S.RUNNING
 
 
@@ -323,6 +348,7 @@ def test_dry_run_finds_but_changes_nothing(store):
 
 
 # -- relaunch, limits, checkpoints, leases -------------------------------------------------------------
+
 
 def test_relaunch_within_max_attempts_then_crashed_for_good_with_blocked_dependents(store):
     root, child = one(store, "sleepy", {"seconds": 1}, max_attempts=2, children=1)
@@ -410,8 +436,9 @@ def test_a_finish_racing_the_monitors_crash_is_not_overwritten(db_url, store):
     sa.event.listen(worker_side.engine, "before_cursor_execute", held_update)
     sa.event.listen(monitor_side.engine, "checkout", monitor_connects)
     finished = {}
-    t = threading.Thread(target=lambda: finished.update(
-        status=worker_side.finish(job_id, claimed.lease, "FAILED", error="boom")))
+    t = threading.Thread(
+        target=lambda: finished.update(status=worker_side.finish(job_id, claimed.lease, "FAILED", error="boom"))
+    )
     t.start()
     assert worker_inside.wait(30), "the worker never reached its update"
     crashed = monitor_side.crash_many([(job_id, claimed.lease, "found dead")], relaunch=True)
@@ -426,6 +453,7 @@ def test_a_finish_racing_the_monitors_crash_is_not_overwritten(db_url, store):
 
 # -- scale -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_scan_of_100000_jobs_with_10000_running_is_fast(store):
     specs = [JobSpec(0, "fn", f"{MODULE}:sleepy", {"i": i}, None) for i in range(100_000)]
@@ -433,11 +461,25 @@ def test_a_scan_of_100000_jobs_with_10000_running_is_fast(store):
     now = time.time()
     ids = sorted(store.select_ids())  # this experiment's only: other tests share the database
     with store.engine.begin() as conn:
-        conn.execute(sa.update(t_job).where(t_job.c.id.between(ids[0], ids[9_999]))
-                     .values(status="RUNNING", attempt=1, lease=1, host="node-elsewhere", pid=1, backend="local",
-                             started_at=now, heartbeat_at=now))
-        conn.execute(sa.update(t_job).where(t_job.c.id.between(ids[0], ids[9_999]), t_job.c.id % 10 == 0)
-                     .values(heartbeat_at=now - 3600))
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id.between(ids[0], ids[9_999]))
+            .values(
+                status="RUNNING",
+                attempt=1,
+                lease=1,
+                host="node-elsewhere",
+                pid=1,
+                backend="local",
+                started_at=now,
+                heartbeat_at=now,
+            )
+        )
+        conn.execute(
+            sa.update(t_job)
+            .where(t_job.c.id.between(ids[0], ids[9_999]), t_job.c.id % 10 == 0)
+            .values(heartbeat_at=now - 3600)
+        )
     watcher = Monitor(store, MonitorOptions(heartbeat_grace=60))
     report = watcher.scan()  # its speed is measured in bench/graph.py, not asserted here
     assert report.checked == 10_000 and len(report.crashed) == 1_000
@@ -448,13 +490,26 @@ def test_a_scan_of_100000_jobs_with_10000_running_is_fast(store):
 def _running(**fields):
     from jobman.jobdb.store import RunningJob
 
-    base = dict(id=1, phase=0, lease=1, attempt=1, max_attempts=3, host=HOST, pid=None, pid_started_at=None,
-                backend="local", backend_id=None, started_at=time.time(), heartbeat_at=time.time(),
-                stop_requested=False)
+    base = dict(
+        id=1,
+        phase=0,
+        lease=1,
+        attempt=1,
+        max_attempts=3,
+        host=HOST,
+        pid=None,
+        pid_started_at=None,
+        backend="local",
+        backend_id=None,
+        started_at=time.time(),
+        heartbeat_at=time.time(),
+        stop_requested=False,
+    )
     return RunningJob(**{**base, **fields})
 
 
 # -- the command ---------------------------------------------------------------------------------------
+
 
 def test_monitor_once_prints_counts_running_jobs_and_recent_crashes(store, db_url, capsys):
     from jobman.cli.main import main
@@ -465,8 +520,15 @@ def test_monitor_once_prints_counts_running_jobs_and_recent_crashes(store, db_ur
     age_heartbeat(store, lost, 90)
     assert main(["monitor", db_url, "--once", "--no-relaunch", "--heartbeat-grace", "60"]) == 0
     shown = capsys.readouterr().out
-    for words in ("phase", "CRASHED", "running (1)", "node-elsewhere:4242", "recent crashes",
-                  "no heartbeat for 9", "declared 1 crashed"):
+    for words in (
+        "phase",
+        "CRASHED",
+        "running (1)",
+        "node-elsewhere:4242",
+        "recent crashes",
+        "no heartbeat for 9",
+        "declared 1 crashed",
+    ):
         assert words in shown, (words, shown)
     assert re.search(r"no heartbeat for 9[0-2] s", shown), shown  # a second or two more on a loaded host
     assert store.job(lost).status is S.CRASHED and store.job(alive).status is S.RUNNING
@@ -474,8 +536,12 @@ def test_monitor_once_prints_counts_running_jobs_and_recent_crashes(store, db_ur
 
 def test_watching_prints_one_json_line_per_scan_until_interrupted(lab, store):
     one(store, "sleepy", {"seconds": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "monitor", lab.url, "--format", "json",
-                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "monitor", lab.url, "--format", "json", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
         proc.send_signal(signal.SIGINT)

@@ -52,12 +52,22 @@ VIEW_SCRIPT = textwrap.dedent("""\
     db.createView(TABLE_NAME + 'view')
     """)
 
-DOC_QUERY = ("SELECT id, jobman_status AS status, jobman_sql_priority AS priority, first, second, result "
-             "FROM test_add_view WHERE first > 4 AND second < 7 AND jobman_status = 2 ORDER BY result")
+DOC_QUERY = (
+    "SELECT id, jobman_status AS status, jobman_sql_priority AS priority, first, second, result "
+    "FROM test_add_view WHERE first > 4 AND second < 7 AND jobman_status = 2 ORDER BY result"
+)
 # The documentation's nine rows: (id, status, priority, first, second, result).
-DOC_ROWS = [(16, 2, 1, 6, 1, 7), (21, 2, 1, 8, 1, 9), (17, 2, 1, 6, 3, 9), (22, 2, 1, 8, 3, 11),
-            (18, 2, 1, 6, 5, 11), (26, 2, 1, 10, 1, 11), (27, 2, 1, 10, 3, 13), (23, 2, 1, 8, 5, 13),
-            (28, 2, 1, 10, 5, 15)]
+DOC_ROWS = [
+    (16, 2, 1, 6, 1, 7),
+    (21, 2, 1, 8, 1, 9),
+    (17, 2, 1, 6, 3, 9),
+    (22, 2, 1, 8, 3, 11),
+    (18, 2, 1, 6, 5, 11),
+    (26, 2, 1, 10, 1, 11),
+    (27, 2, 1, 10, 3, 13),
+    (23, 2, 1, 8, 5, 13),
+    (28, 2, 1, 10, 5, 15),
+]
 
 
 @pytest.fixture
@@ -77,8 +87,9 @@ def query(url: str, sql: str) -> list[tuple]:
 
 
 def run_script(path: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(path)], cwd=cwd, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(path)], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+    )
 
 
 def one_sentence(r) -> str:
@@ -100,11 +111,15 @@ def test_the_tutorial_end_to_end(fresh_db, tmp_path, jobman):
     # The view before any job ran: no result column yet, every job START (0) at priority 1.
     r = run_script(tmp_path / "createview_addition.py", env, tmp_path)
     assert r.returncode == 0, r.stderr
-    rows = query(fresh_db, "SELECT id, jobman_status AS status, jobman_sql_priority AS priority, first, second "
-                           "FROM test_add_view ORDER BY id")
+    rows = query(
+        fresh_db,
+        "SELECT id, jobman_status AS status, jobman_sql_priority AS priority, first, second "
+        "FROM test_add_view ORDER BY id",
+    )
     assert [tuple(int(x) for x in row) for row in rows] == [
-        (i + 1, 0, 1, first, second) for i, (first, second) in
-        enumerate((f, s) for f in (0, 2, 4, 6, 8, 10) for s in (1, 3, 5, 7, 9))]
+        (i + 1, 0, 1, first, second)
+        for i, (first, second) in enumerate((f, s) for f in (0, 2, 4, 6, 8, 10) for s in (1, 3, 5, 7, 9))
+    ]
     with pytest.raises(sa.exc.DBAPIError):
         query(fresh_db, "SELECT result FROM test_add_view")
     r = jobman("sql", "-n0", url, ".", cwd=tmp_path)
@@ -118,7 +133,10 @@ def test_the_tutorial_end_to_end(fresh_db, tmp_path, jobman):
     assert hosts == [(os.uname().nodename, "jobman.examples.def_addition.addition_example")]
     workdir = query(fresh_db, "SELECT jobman_sql_hostworkdir FROM test_add_view WHERE id = 1")[0][0]
     assert (Path(workdir) / "stdout.txt").read_text().splitlines() == [
-        "state.first = 0", "state.second = 1", "result = 1"]
+        "state.first = 0",
+        "state.second = 1",
+        "result = 1",
+    ]
     # The command-line form of the same view, and its -d.
     r = jobman("sqlview", url, "cli_view")
     assert r.code == 0, r.err
@@ -137,11 +155,17 @@ def test_the_tutorial_end_to_end(fresh_db, tmp_path, jobman):
 @pytest.mark.slow
 def test_the_tutorial_runs_from_a_non_editable_install(tmp_path):
     wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(wheel_dir.glob("jobman_sql-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     work = tmp_path / "work"
     work.mkdir()
     (work / "insert_addition.py").write_text(INSERT_SCRIPT)
@@ -151,13 +175,23 @@ def test_the_tutorial_runs_from_a_non_editable_install(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run_jobman("sql", "-n0", f"{db}/test_add_", ".", cwd=work, env=env)
     assert r.code == 0, r.err
-    where = subprocess.run([sys.executable, "-c", "import jobman.examples.def_addition as m; print(m.__file__)"],
-                           cwd=work, env={**os.environ, **env}, capture_output=True, text=True)
+    where = subprocess.run(
+        [sys.executable, "-c", "import jobman.examples.def_addition as m; print(m.__file__)"],
+        cwd=work,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
     assert where.stdout.startswith(str(site)), where.stdout
     assert query(db, "SELECT count(*) FROM job WHERE status = 'DONE'") == [(30,)]
     # The other examples ship too: the MLP tutorial's files, copied out, and make2's test.conf.
-    r = subprocess.run([sys.executable, "-m", "jobman.examples", "."], cwd=work, env={**os.environ, **env},
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.examples", "."],
+        cwd=work,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and (work / "mlp_jobman.conf").read_text().startswith("learning_rate=0.01"), r.stderr
     r = run_jobman("cmdline", "jobman.examples.def_make2.experiment", "test.conf", "-n", cwd=work, env=env)
     assert r.code == 0 and r.out.startswith("it's a me, luigi!"), r.out + r.err
@@ -197,7 +231,7 @@ def test_tools_flatten_and_expand_round_trip():
         expand({"a": 1, "a.b": 2})
 
 
-NESTED = textwrap.dedent('''
+NESTED = textwrap.dedent("""
     def nested(state, channel):
         assert channel() is None and channel.switch() is None
         state.score = state.hyper.lr * state.hyper.nhid
@@ -206,7 +240,7 @@ NESTED = textwrap.dedent('''
                           host=state.jobman.sql.host_name, workdir=state.jobman.sql.host_workdir,
                           lr_type=type(state.hyper).__name__)
         return channel.COMPLETE
-    ''')
+    """)
 
 
 @pytest.fixture
@@ -218,11 +252,19 @@ def nested_module(tmp_path):
 
 
 def test_nested_state_through_dispatch_and_report(db_url, tmp_path, nested_module, jobman):
-    r = jobman("sqlschedule", db_url, "jm_nested_exp.nested", "hyper.lr=0.1", "hyper.nhid={{10,20}}",
-               env=nested_module)
+    r = jobman("sqlschedule", db_url, "jm_nested_exp.nested", "hyper.lr=0.1", "hyper.nhid={{10,20}}", env=nested_module)
     assert r.code == 0, r.err
-    r = jobman("dispatch", db_url, "-j", "2", "--exproot", str(tmp_path / "runs"), "--no-progress",
-               env=nested_module, cwd=tmp_path)
+    r = jobman(
+        "dispatch",
+        db_url,
+        "-j",
+        "2",
+        "--exproot",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        env=nested_module,
+        cwd=tmp_path,
+    )
     assert r.code == 0, r.err + r.out
     store = Store.open(db_url)
     try:
@@ -241,8 +283,7 @@ def test_nested_state_through_dispatch_and_report(db_url, tmp_path, nested_modul
         assert store.schedule([spec]).added == 0
     finally:
         store.dispose()
-    r = jobman("sqlschedule", db_url, "jm_nested_exp.nested", "hyper.lr=0.1", "hyper.nhid={{10,20}}",
-               env=nested_module)
+    r = jobman("sqlschedule", db_url, "jm_nested_exp.nested", "hyper.lr=0.1", "hyper.nhid={{10,20}}", env=nested_module)
     assert "nothing added" in r.out, r.out
     r = jobman("report", db_url, "--metric", "score", "--max", "--where", "hyper.nhid>10", "--format", "json")
     assert r.code == 0, r.err
@@ -273,8 +314,11 @@ def test_python_api_identity_force_dup_and_bad_input(db_url):
         assert sql.insert_job(addition_example, {"second": 2, "first": 1}, db) is None
         again = sql.insert_job(addition_example, {"first": 1, "second": 2}, db, force_dup=True)
         assert again not in (None, first)
-        prio = sql.insert_dict({"jobman.experiment": "jobman.examples.def_addition.addition_example",
-                                "first": 5, "second": 5}, db, priority=3)
+        prio = sql.insert_dict(
+            {"jobman.experiment": "jobman.examples.def_addition.addition_example", "first": 5, "second": 5},
+            db,
+            priority=3,
+        )
         jobs = {j.id: j for j in db.store.jobs()}
         assert jobs[again].params == jobs[first].params and jobs[prio].priority == 3
         assert sql.hash_state({"a": {"b": 1}}) == sql.hash_state({"a.b": 1}) != sql.hash_state({"a.b": 2})
@@ -310,13 +354,16 @@ def test_jobman_help(jobman):
     r = jobman("help", "sqlschedule")
     assert r.code == 0 and "Usage: jobman sqlschedule" in r.out
     assert "no command or topic named 'nope'" in one_sentence(jobman("help", "nope"))
-    for topic, says in (("parameters", "key::pkg.mod.Builder"), ("experiment", "def my_experiment(state, channel)"),
-                        ("example", "jobman sql -n0")):
+    for topic, says in (
+        ("parameters", "key::pkg.mod.Builder"),
+        ("experiment", "def my_experiment(state, channel)"),
+        ("example", "jobman sql -n0"),
+    ):
         r = jobman("help", topic)
         assert r.code == 0 and says in r.out, r.out
 
 
-COUNTER = textwrap.dedent('''
+COUNTER = textwrap.dedent("""
     import time
 
     def counts(state, channel):
@@ -328,7 +375,7 @@ COUNTER = textwrap.dedent('''
             time.sleep(0.05)
         state.answers = sorted({a for a in answers if a})
         return channel.COMPLETE
-    ''')
+    """)
 
 
 def test_original_options_kept_or_explained(tmp_path, jobman):
@@ -348,8 +395,9 @@ def test_original_options_kept_or_explained(tmp_path, jobman):
     assert r.out.strip() == "3", r.out
     # sql: -w is the exproot, --save-every reaches channel.switch(), an ssh:// exproot is explained.
     assert "ssh" in one_sentence(jobman("sql", url, "ssh://host:/runs", env=env))
-    r = jobman("sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0.2", "--finish-up-after", "60",
-               env=env)
+    r = jobman(
+        "sql", "-n", "1", url, "-w", str(tmp_path / "runs"), "--save-every", "0.2", "--finish-up-after", "60", env=env
+    )
     assert r.code == 0, r.err
     r = jobman("sqlstatus", url, "--status", "DONE", "--print", "answers", "--print", "runs")
     assert r.out.splitlines() == ['Job 5: status 2 (DONE) phase 0 answers=["save"] runs=1'], r.out
@@ -376,7 +424,8 @@ def test_original_options_kept_or_explained(tmp_path, jobman):
     assert "write KEY=LAMBDA" in one_sentence(jobman("sqlstatus", url, "--fselect", "lambda v: v"))
     assert "SyntaxError" in one_sentence(jobman("sqlstatus", url, "--fselect", "x=lambda v v"))
     assert "--restart is --set_status START" in one_sentence(
-        jobman("sqlstatus", url, "1", "--restart", "--set_status", "DONE"))
+        jobman("sqlstatus", url, "1", "--restart", "--set_status", "DONE")
+    )
 
 
 MAIN_SCRIPT = textwrap.dedent("""\
@@ -447,10 +496,15 @@ def test_insert_job_keeps_the_code_of_each_function_of_one_name(db_url, tmp_path
     store = Store.open(db_url)
     try:
         jobs = sorted(store.jobs(), key=lambda j: j.id)
-        assert [(j.status.name, j.results["total"]) for j in jobs] == [("DONE", 6), ("DONE", 105), ("DONE", 10),
-                                                                         ("DONE", 15)]
+        assert [(j.status.name, j.results["total"]) for j in jobs] == [
+            ("DONE", 6),
+            ("DONE", 105),
+            ("DONE", 10),
+            ("DONE", 15),
+        ]
         assert [j.target.partition("#")[0] for j in jobs] == ["__main__:offset.<locals>.add"] * 2 + [
-            "__main__:times.<locals>.<lambda>"] * 2
+            "__main__:times.<locals>.<lambda>"
+        ] * 2
     finally:
         store.dispose()
 
@@ -478,7 +532,7 @@ def test_a_function_stored_by_value_before_its_code_had_a_digest_still_runs(db_u
         store.dispose()
 
 
-NUL_MODULE = textwrap.dedent('''
+NUL_MODULE = textwrap.dedent("""
     def nul_result(state, channel):
         state.fine = 1
         channel.save()
@@ -496,7 +550,7 @@ NUL_MODULE = textwrap.dedent('''
 
     def nul_error(state, channel):
         raise ValueError("bad\\x00byte")
-    ''')
+    """)
 
 
 def test_nul_is_refused_alike_on_both_engines(db_url, tmp_path, jobman):
@@ -544,7 +598,7 @@ def test_nul_is_refused_alike_on_both_engines(db_url, tmp_path, jobman):
         store.dispose()
 
 
-DOTS_MODULE = textwrap.dedent('''
+DOTS_MODULE = textwrap.dedent("""
     def dotted(state, channel):
         if "a.b" not in state:
             state["a.b"] = 1
@@ -556,7 +610,7 @@ DOTS_MODULE = textwrap.dedent('''
         state.inner = sorted(state.c)
         state.best = state.hyper.best
         return channel.COMPLETE
-    ''')
+    """)
 
 
 def test_dotted_result_names_come_back_as_written(db_url, tmp_path, jobman):

@@ -11,15 +11,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_holds_the_jobman_namespace_and_its_migrations(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(tmp_path.glob("jobman_sql-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("jobman/__init__.py", "jobman/migrations/env.py", "jobman/migrations/versions/0001_initial.py",
-                     "jobman/jobdb/store.py", "jobman/dispatch/runner.py", "jobman/models/mlp.py",
-                     "jobman/cli/main.py", "jobman/web/app.py", "jobman/ps.py", "jobman/dispatch/ps.py",
-                     "jobman/web/templates/experiment.html",
-                     "jobman/web/static/style.css", "jobman/web/static/live.js"):
+    for required in (
+        "jobman/__init__.py",
+        "jobman/migrations/env.py",
+        "jobman/migrations/versions/0001_initial.py",
+        "jobman/jobdb/store.py",
+        "jobman/dispatch/runner.py",
+        "jobman/models/mlp.py",
+        "jobman/cli/main.py",
+        "jobman/web/app.py",
+        "jobman/ps.py",
+        "jobman/dispatch/ps.py",
+        "jobman/web/templates/experiment.html",
+        "jobman/web/static/style.css",
+        "jobman/web/static/live.js",
+    ):
         assert required in names, required
     top_level = {n.split("/")[0] for n in names if not n.startswith("jobman_sql-")}
     assert top_level == {"jobman"}, f"only the jobman namespace may be installed, not {top_level - {'jobman'}}"

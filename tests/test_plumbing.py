@@ -31,7 +31,8 @@ def test_the_bottom_modules_import_nothing_of_jobman(name):
             ours += [a.name for a in node.names if a.name.split(".")[0] == "jobman"]
     assert ours == []
     for module in [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names] + [
-            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]:
+        n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+    ]:
         top = module.split(".")[0]
         assert top in sys.stdlib_module_names or top in ("__future__", "psutil"), module
 

@@ -108,16 +108,28 @@ def test_bad_input_gets_one_sentence(ranks: list[dict]) -> None:
 
 def test_a_job_of_one_process_is_refused_in_one_sentence() -> None:
     mpiexec()
-    done = run([sys.executable, "-c", "from jobman import ps, errors\n"
-                "try:\n    ps.init()\nexcept errors.UsageError as exc:\n    print(exc)"])
-    assert done.stdout.strip() == ("jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); "
-                                   "this one runs alone."), done.stderr
+    done = run(
+        [
+            sys.executable,
+            "-c",
+            "from jobman import ps, errors\ntry:\n    ps.init()\nexcept errors.UsageError as exc:\n    print(exc)",
+        ]
+    )
+    assert done.stdout.strip() == (
+        "jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); this one runs alone."
+    ), done.stderr
 
 
 def test_without_the_extra_the_first_call_says_what_to_install() -> None:
-    done = run([sys.executable, "-c", "import sys; sys.modules['mpi4py'] = None\n"
-                "from jobman import ps, errors\n"
-                "try:\n    ps.init()\nexcept errors.UsageError as exc:\n    print(exc)"])
+    done = run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['mpi4py'] = None\n"
+            "from jobman import ps, errors\n"
+            "try:\n    ps.init()\nexcept errors.UsageError as exc:\n    print(exc)",
+        ]
+    )
     assert done.stdout.startswith("jobman.ps needs MPI: install it with pip install 'jobman-sql[ps]'"), done.stderr
 
 

@@ -39,12 +39,19 @@ PRELUDE = textwrap.dedent('''
 ''')
 
 
-def run_script(tmp_path: Path, body: str, *args: str, timeout: float = 120, env: dict | None = None
-               ) -> subprocess.CompletedProcess:
+def run_script(
+    tmp_path: Path, body: str, *args: str, timeout: float = 120, env: dict | None = None
+) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     return proc
 
 
@@ -67,14 +74,18 @@ def test_import_jobman_stays_cheap():
 
 @pytest.mark.pgbouncer
 def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_from_the_cache(db_url, tmp_path):
-    proc = run_script(tmp_path, '''
+    proc = run_script(
+        tmp_path,
+        """
         exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
         futures = exp.map(train, jobman.grid(lr=[0.1, 0.01], nhid=[64, 256]))
         got = {f.job_id: f.result(timeout=60) for f in jobman.as_completed(futures, timeout=90)}
         again = exp.call(train, lr=0.1, nhid=64).result()
         exp.close()
         print(json.dumps({"got": got, "again": again, "me": os.getpid()}))
-    ''', db_url)
+    """,
+        db_url,
+    )
     out = last_json(proc)
     assert len(out["got"]) == 4
     errors = sorted(r["valid_error"] for r in out["got"].values())
@@ -95,10 +106,11 @@ def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_
 
 
 def test_functions_of_one_name_each_run_their_own_code_on_workers_and_a_rerun_is_answered_from_the_cache(
-        db_url, tmp_path):
+    db_url, tmp_path
+):
     """Two lambdas, and two functions made by one factory, share a name (``__main__:<lambda>``,
     ``__main__:scaled.<locals>.step``): each call runs its own function's code on a worker."""
-    body = '''
+    body = """
         def scaled(k):
             def step(x):
                 with open(SIDE, "a") as fh:
@@ -124,7 +136,7 @@ def test_functions_of_one_name_each_run_their_own_code_on_workers_and_a_rerun_is
         got = [f.result(timeout=90)["y"] for f in futures]
         exp.close()
         print(json.dumps(got))
-    '''
+    """
     assert last_json(run_script(tmp_path, body, db_url)) == [11, 9, 20, 30]
     assert sorted(side_lines(tmp_path)) == ["minus", "plus", "step 2 10", "step 3 10"]
     assert last_json(run_script(tmp_path, body, db_url)) == [11, 9, 20, 30]  # the same script again
@@ -143,14 +155,14 @@ def test_functions_of_one_name_each_run_their_own_code_on_workers_and_a_rerun_is
 
 def test_two_scripts_train_each_run_their_own_code(db_url, tmp_path):
     """Two scripts, each with its own ``train``: one name, ``__main__:train``, two functions."""
-    body = '''
+    body = """
         def train(x):
             return {"y": x * FACTOR}
 
         exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
         print(json.dumps(exp.call(train, x=7).result(timeout=90)))
         exp.close()
-    '''
+    """
     got = []
     for factor in (2, 5):
         here = tmp_path / f"script{factor}"
@@ -160,13 +172,13 @@ def test_two_scripts_train_each_run_their_own_code(db_url, tmp_path):
 
 
 def test_a_cache_hit_runs_nothing_and_a_new_version_runs_again(db_url, tmp_path):
-    body = '''
+    body = """
         exp = jobman.Experiment(URL, backend="inline", exproot="runs")
         a = exp.call(train, lr=0.5).result()
         b = exp.call(train, {"lr": 0.5, "nhid": 64}).result()   # the same call: defaults are not params
         c = exp.call(train, lr=0.5, version="v2").result()
         print(json.dumps([a, b, c]))
-    '''
+    """
     first = last_json(run_script(tmp_path, body, db_url))
     assert len(side_lines(tmp_path)) == 3  # lr=0.5; lr=0.5 nhid=64; lr=0.5 at v2
     second = last_json(run_script(tmp_path, body, db_url))
@@ -219,7 +231,7 @@ def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(d
 def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
     """Three processes ready, then let go at once; the one that runs the call holds it running until all
     three have begun it and it has started, so none of them can be answered by a finished job."""
-    body = '''
+    body = """
         here = os.path.dirname(SIDE)
 
         @jobman.cached(URL, exproot="runs")
@@ -235,11 +247,19 @@ def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
             time.sleep(0.01)
         print("calling", flush=True)
         print(json.dumps(slow(7)))
-    '''
+    """
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    procs = [subprocess.Popen([sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), db_url],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     try:
         for word in ("ready", "calling"):
             for p in procs:
@@ -266,7 +286,7 @@ def test_the_same_call_from_three_processes_at_once_runs_once(db_url, tmp_path):
 
 
 def test_cached_memoizes_across_two_interpreter_runs(db_url, tmp_path):
-    body = '''
+    body = """
         @jobman.cached(URL, exproot="runs")
         def features(dataset, pca=32, scale=1.0):
             with open(SIDE, "a") as fh:
@@ -274,7 +294,7 @@ def test_cached_memoizes_across_two_interpreter_runs(db_url, tmp_path):
             return [dataset, pca, scale, (1, 2)]
 
         print(json.dumps([features("digits"), features("digits", pca=32), features("digits", 16)]))
-    '''
+    """
     first = last_json(run_script(tmp_path, body, db_url))
     assert first == [["digits", 32, 1.0, [1, 2]], ["digits", 32, 1.0, [1, 2]], ["digits", 16, 1.0, [1, 2]]]
     assert len(side_lines(tmp_path)) == 2
@@ -283,30 +303,32 @@ def test_cached_memoizes_across_two_interpreter_runs(db_url, tmp_path):
 
 
 def test_enqueue_only_futures_are_resolved_by_a_worker_started_elsewhere(db_url, tmp_path, jobman):
-    (tmp_path / "mymod.py").write_text(textwrap.dedent('''
+    (tmp_path / "mymod.py").write_text(
+        textwrap.dedent("""
         import os
         def square(state, channel):
             state.y = state.x ** 2
             state.where = os.getpid()
-    '''))
-    body = '''
+    """)
+    )
+    body = """
         import mymod
         exp = jobman.Experiment(URL, backend=None)
         futures = exp.map(mymod.square, [{"x": 2}, {"x": 3}])
         open("scheduled", "w").close()
         print(json.dumps(sorted(f.result(timeout=90)["y"] for f in futures)))
-    '''
+    """
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
-    proc = subprocess.Popen([sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), db_url], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 60
     while not (tmp_path / "scheduled").exists():
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
         time.sleep(0.05)
     # A worker in the script's directory: mymod is found there without PYTHONPATH.
-    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path,
-                    env={"PYTHONPATH": ""})
+    worker = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path, env={"PYTHONPATH": ""})
     assert worker.code == 0, worker.err
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -318,12 +340,24 @@ def test_sqlschedules_check_finds_a_module_in_the_current_directory(tmp_path):
     (tmp_path / "nextdoor.py").write_text("def fn(state, channel):\n    pass\n")
     script = Path(sys.executable).with_name("jobman")
     env = {**os.environ, "PYTHONPATH": ""}
-    proc = subprocess.run([str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "nextdoor:fn",
-                           "x={{1,2}}"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "nextdoor:fn", "x={{1,2}}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "added 2 jobs" in proc.stdout
-    proc = subprocess.run([str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "elsewhere:fn"],
-                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [str(script), "sqlschedule", f"sqlite:///{tmp_path / 'j.db'}?table=t", "elsewhere:fn"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode != 0 and "cannot import module 'elsewhere'" in proc.stderr
 
 
@@ -335,9 +369,13 @@ def test_bad_parameters_are_refused_naming_them_and_nothing_is_written(db_url, t
     def f(**kw):
         return {"seen": kw}
 
-    for params, named in [({"a": 1, "obj": object()}, "'obj'"), ({"s": {1, 2}}, "'s'"),
-                          ({"x": float("nan")}, "'x'"), ({"arr": np.zeros(3)}, "arr.tolist()"),
-                          ({"nested": {"k": [1, object()]}}, "'nested.k[1]'")]:
+    for params, named in [
+        ({"a": 1, "obj": object()}, "'obj'"),
+        ({"s": {1, 2}}, "'s'"),
+        ({"x": float("nan")}, "'x'"),
+        ({"arr": np.zeros(3)}, "arr.tolist()"),
+        ({"nested": {"k": [1, object()]}}, "'nested.k[1]'"),
+    ]:
         with pytest.raises(UsageError) as info:
             exp.map(f, [{"ok": 1}, params])
         assert named in str(info.value)
@@ -374,15 +412,16 @@ def test_errors_a_user_meets_are_jobman_errors(db_url, tmp_path):
     exp.close()
 
 
-def test_schedule_takes_the_sweep_grammar_with_phases_and_best_is_the_reports_choice(db_url, tmp_path,
-                                                                                      monkeypatch):
-    (tmp_path / "phased.py").write_text(textwrap.dedent('''
+def test_schedule_takes_the_sweep_grammar_with_phases_and_best_is_the_reports_choice(db_url, tmp_path, monkeypatch):
+    (tmp_path / "phased.py").write_text(
+        textwrap.dedent("""
         def first(state, channel):
             state.base = state.a * 10
 
         def second(state, channel):
             state.err = abs(channel.parents[0].results["base"] - state.b) + state.fold * 0.5
-    '''))
+    """)
+    )
     monkeypatch.chdir(tmp_path)  # phased.py is importable from the current directory, as with python -m
     exp = jobman.Experiment(db_url, backend="local", workers=2, exproot=tmp_path / "runs")
     futures = exp.schedule("phased:first a={{1,2}} -- phased:second b={{10,19}} fold={{0,1}}")
@@ -452,13 +491,18 @@ def test_map_on_slurm_workers_runs_a_main_function(slurm_cluster, pg_database, t
     name = f"pyslurm_{uuid.uuid4().hex[:8]}"
     url = f"{pg_database}?table={name}"
     try:
-        proc = run_script(tmp_path, '''
+        proc = run_script(
+            tmp_path,
+            """
             exp = jobman.Experiment(URL, backend="slurm", workers=2, exproot="runs")
             futures = exp.map(train, jobman.grid(lr=[0.1, 0.2], nhid=[10]))
             out = [f.result(timeout=150) for f in futures]
             exp.close()
             print(json.dumps(out))
-        ''', url, timeout=240)
+        """,
+            url,
+            timeout=240,
+        )
         out = last_json(proc)
         assert [r["valid_error"] for r in out] == [1.0, 2.0]
         store = Store.open(url)

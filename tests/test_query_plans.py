@@ -44,8 +44,7 @@ def busy_store(request, tmp_path_factory):
     store.schedule(expand(parse_sweep(["pkg.mod:fn", "x={{" + ",".join(map(str, range(N))) + "}}"])))
     exp = store.jobs(limit=1)[0].experiment_id
     with store.engine.begin() as conn:
-        conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp, t_job.c.id % 10 != 0)
-                     .values(status="DONE"))
+        conn.execute(sa.update(t_job).where(t_job.c.experiment_id == exp, t_job.c.id % 10 != 0).values(status="DONE"))
     for _ in range(5):
         store.claim(WorkerInfo(host="h", pid=1))
     with store.engine.connect() as conn:
@@ -55,8 +54,9 @@ def busy_store(request, tmp_path_factory):
     store.dispose()
 
 
-def assert_uses_claim_index(text: str, dialect: str, *, ordered: bool,
-                            names: tuple[str, ...] = ("ix_job_claim",)) -> None:
+def assert_uses_claim_index(
+    text: str, dialect: str, *, ordered: bool, names: tuple[str, ...] = ("ix_job_claim",)
+) -> None:
     if dialect == "sqlite":
         assert any(f"USING INDEX {n}" in text or f"USING COVERING INDEX {n}" in text for n in names), text
         assert "SCAN job" not in text, text
@@ -98,8 +98,19 @@ def test_the_claim_update_as_run_reads_the_claim_index(busy_store):
     """The whole claim, as the store's prepared statement runs it (UPDATE ... WHERE id = (pick)),
     including its lookup of the claimed job's parents in job_dep."""
     exp = busy_store.jobs(limit=1)[0].experiment_id
-    text = explain_prepared(busy_store, busy_store.hot.claim, exp=exp, host="h", pid=1, pid_started_at=None,
-                            backend="local", backend_id=None, log_path=None, now=0.0, root=None)
+    text = explain_prepared(
+        busy_store,
+        busy_store.hot.claim,
+        exp=exp,
+        host="h",
+        pid=1,
+        pid_started_at=None,
+        backend="local",
+        backend_id=None,
+        log_path=None,
+        now=0.0,
+        root=None,
+    )
     assert "job_dep" in text, text
     assert_uses_claim_index(text, busy_store.engine.dialect.name, ordered=True)
 
@@ -107,8 +118,9 @@ def test_the_claim_update_as_run_reads_the_claim_index(busy_store):
 def test_the_finish_looks_dependents_up_by_index(busy_store):
     """Marking a job DONE asks whether it has dependents: an index lookup of job_dep, not a scan."""
     job = busy_store.jobs(limit=1)[0]
-    text = explain_prepared(busy_store, busy_store.hot.finish_done, id=job.id, lease=1, now=0.0, results=None,
-                            exit_code=None)
+    text = explain_prepared(
+        busy_store, busy_store.hot.finish_done, id=job.id, lease=1, now=0.0, results=None, exit_code=None
+    )
     if busy_store.engine.dialect.name == "sqlite":
         assert "ix_job_dep_parent" in text and "SCAN" not in text, text
     else:
@@ -120,8 +132,9 @@ def test_the_running_scan_reads_the_claim_index(busy_store):
     with busy_store.engine.connect() as conn:
         text = plan(busy_store, stmt, conn)
     # The status range of either index: (experiment, status) leads both.
-    assert_uses_claim_index(text, busy_store.engine.dialect.name, ordered=False,
-                            names=("ix_job_claim", "ix_job_status"))
+    assert_uses_claim_index(
+        text, busy_store.engine.dialect.name, ordered=False, names=("ix_job_claim", "ix_job_status")
+    )
     assert len(busy_store.running()) >= 5
 
 
@@ -193,8 +206,11 @@ def test_a_report_reads_only_its_experiments_jobs_through_an_index(busy_store):
     finally:
         sa.event.remove(small.engine, "before_cursor_execute", capture)
     assert rep.best is not None and rep.configurations == 5
-    reads = [(s.split(" AS ", 1)[1] if s.startswith("CREATE TEMP TABLE") else s, p) for s, p in ran
-             if "FROM job" in s and "experiment_id" in s and not s.startswith("SELECT experiment.")]
+    reads = [
+        (s.split(" AS ", 1)[1] if s.startswith("CREATE TEMP TABLE") else s, p)
+        for s, p in ran
+        if "FROM job" in s and "experiment_id" in s and not s.startswith("SELECT experiment.")
+    ]
     assert len(reads) >= 4, ran  # the sampled parameters, the two sampled results, the grouping
     dialect = small.engine.dialect.name
     with small.engine.connect() as conn:
@@ -209,6 +225,7 @@ def test_a_report_reads_only_its_experiments_jobs_through_an_index(busy_store):
 
 
 # -- the read paths of list, show, the monitor and a cascade, as the store runs them ------------------
+
 
 def statements_of(store: Store, verb) -> list[tuple[str, object]]:
     """Every SELECT ``verb()`` sends to the database, with its parameters, as the driver got them."""
@@ -261,13 +278,16 @@ def plans_of(store: Store, verb) -> list[str]:
     return [explain(store, s, p) for s, p in found if "FROM job" in s or "FROM job_event" in s]
 
 
-@pytest.mark.parametrize("name, verb", [
-    ("first page", lambda s: s.jobs(limit=50)),
-    ("one status", lambda s: s.jobs(status=[Status.QUEUED], limit=50)),
-    ("two statuses", lambda s: s.jobs(status=[Status.QUEUED, Status.RUNNING], limit=50)),
-    ("one phase", lambda s: s.jobs(phase=0, limit=50)),
-    ("phase and status", lambda s: s.jobs(phase=0, status=[Status.DONE, Status.QUEUED], limit=50)),
-])
+@pytest.mark.parametrize(
+    "name, verb",
+    [
+        ("first page", lambda s: s.jobs(limit=50)),
+        ("one status", lambda s: s.jobs(status=[Status.QUEUED], limit=50)),
+        ("two statuses", lambda s: s.jobs(status=[Status.QUEUED, Status.RUNNING], limit=50)),
+        ("one phase", lambda s: s.jobs(phase=0, limit=50)),
+        ("phase and status", lambda s: s.jobs(phase=0, status=[Status.DONE, Status.QUEUED], limit=50)),
+    ],
+)
 def test_a_page_of_jobman_list_reads_an_index_in_id_order(busy_store, name, verb):
     dialect = busy_store.engine.dialect.name
     found = statements_of(busy_store, lambda: verb(busy_store))
@@ -275,8 +295,13 @@ def test_a_page_of_jobman_list_reads_an_index_in_id_order(busy_store, name, verb
     for (statement, _), text in zip([f for f in found if "FROM job" in f[0]], plans):
         # The page's own dependencies (a few rows by job_dep's key) may be sorted; the page may not.
         assert_indexed(text, dialect, ordered="FROM job_dep" not in statement)
-    names = {"first page": "ix_job_list", "one status": "ix_job_status", "two statuses": "ix_job_status",
-             "one phase": "ix_job_phase", "phase and status": "ix_job_phase"}
+    names = {
+        "first page": "ix_job_list",
+        "one status": "ix_job_status",
+        "two statuses": "ix_job_status",
+        "one phase": "ix_job_phase",
+        "phase and status": "ix_job_phase",
+    }
     if dialect == "sqlite":  # PostgreSQL may take the primary key in id order, stopped by the limit
         assert any(names[name] in t for t in plans), plans
 
@@ -302,6 +327,7 @@ def test_show_reads_one_job_its_links_and_its_events_by_index(busy_store):
         busy_store.children(job.id)
         busy_store.events(job.id)
         busy_store.rungs([job.id])
+
     for text in plans_of(busy_store, show):
         assert_indexed(text, dialect)
 
@@ -346,8 +372,11 @@ def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypa
     ids = small.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"lr": i}, None) for i in range(50)]).job_ids
     with small.engine.begin() as conn:
         for i in ids:
-            conn.execute(sa.update(t_job).where(t_job.c.id == i)
-                         .values(status="DONE", results=f'{{"valid_error": {(i * 7919) % 50 / 50}}}'))
+            conn.execute(
+                sa.update(t_job)
+                .where(t_job.c.id == i)
+                .values(status="DONE", results=f'{{"valid_error": {(i * 7919) % 50 / 50}}}')
+            )
     pg = small.engine.dialect.name == "postgresql"
     plans: list[str] = []
     real = queries.ranked_batches
@@ -355,8 +384,11 @@ def test_the_json_of_a_report_sorts_its_configurations_once(busy_store, monkeypa
     def explained(conn, sql, section, columns, mode, allow_incomplete):
         for cls in section.classes(allow_incomplete):
             query = queries.ranked_query(sql, section, columns, mode, allow_incomplete, ids=False, cls=cls)
-            rows = conn.execution_options(stream_results=False).execute(
-                sa.text(("EXPLAIN " if pg else "EXPLAIN QUERY PLAN ") + query), sql.binds).all()
+            rows = (
+                conn.execution_options(stream_results=False)
+                .execute(sa.text(("EXPLAIN " if pg else "EXPLAIN QUERY PLAN ") + query), sql.binds)
+                .all()
+            )
             plans.append("\n".join(str(r[-1]) for r in rows))
         yield from real(conn, sql, section, columns, mode, allow_incomplete)
 

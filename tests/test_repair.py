@@ -33,12 +33,14 @@ W = WorkerInfo(host="node-elsewhere", pid=4242, pid_started_at=1.0)
 @pytest.fixture
 def cli(capsys):
     """Run a jobman command in this process: (exit code, stdout, stderr)."""
+
     def run(*args: str) -> tuple[int, str, str]:
         capsys.readouterr()
         code = main([str(a) for a in args])
         gc.collect()  # the command's engine, and its pooled connections, go now rather than later
         captured = capsys.readouterr()
         return code, captured.out, captured.err
+
     return run
 
 
@@ -75,8 +77,8 @@ def snapshot(store: Store) -> list[tuple]:
 
 # -- reset ------------------------------------------------------------------------------------------
 
-def test_reset_of_a_phase0_job_puts_its_done_children_back_to_waiting_keeping_results_in_the_log(store, db_url,
-                                                                                                cli):
+
+def test_reset_of_a_phase0_job_puts_its_done_children_back_to_waiting_keeping_results_in_the_log(store, db_url, cli):
     [[root, a, b]] = tree(store)
     run_all(store)
     before = snapshot(store)
@@ -120,6 +122,7 @@ def test_reset_refuses_a_running_job_unless_forced(store, db_url, cli):
 
 # -- final failure, BLOCKED, retry ----------------------------------------------------------------
 
+
 def test_a_final_crash_blocks_dependents_and_retry_releases_them(store, db_url, cli):
     [[root, a, b], [other, *_]] = tree(store, roots=2, max_attempts=1)
     c = store.claim(W)
@@ -159,6 +162,7 @@ def test_retry_selects_by_status_phase_and_ids_and_fresh_starts_over(store, db_u
 
 
 # -- cancel, set-status, set-priority, rm ----------------------------------------------------------
+
 
 def test_cancel_blocks_dependents_and_asks_for_running_to_be_named(store, db_url, cli):
     [[r0, a0, _], [r1, a1, b1]] = tree(store, roots=2)
@@ -231,8 +235,12 @@ def test_rm_asks_first_previews_and_releases_dependents(store, db_url, cli):
 def test_a_choice_of_no_jobs_or_unknown_jobs_is_one_sentence(store, db_url, cli):
     [[root, *_]] = tree(store)
     missing = root + 10**6  # ids come from a sequence the earlier tests' jobs advanced: 99 may be one of ours
-    for args, words in ((("reset",), "name the jobs"), (("reset", str(missing)), f"no job {missing}"),
-                        (("cancel", "--status", "FAILED"), "no job matches"), (("rm", "1-x"), "not a job id")):
+    for args, words in (
+        (("reset",), "name the jobs"),
+        (("reset", str(missing)), f"no job {missing}"),
+        (("cancel", "--status", "FAILED"), "no job matches"),
+        (("rm", "1-x"), "not a job id"),
+    ):
         code, out, err = cli(args[0], db_url, *args[1:])
         assert code == 2 and words in err and "Traceback" not in err, (args, err)
         assert len(err.strip().splitlines()) == 1
@@ -262,9 +270,27 @@ def test_cancel_running_stops_the_job_through_its_worker(store, db_url, cli, tmp
     marker = tmp_path / "marker.txt"
     [job_id] = store.schedule([JobSpec(0, "fn", "jm_stop_exp:stubborn", {"marker": str(marker)}, None)]).job_ids
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    worker = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot",
-                               str(tmp_path / "runs"), "--heartbeat", "0.2", "--grace", "1", "--max-jobs", "1"],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobman.cli.main",
+            "worker",
+            db_url,
+            "--exproot",
+            str(tmp_path / "runs"),
+            "--heartbeat",
+            "0.2",
+            "--grace",
+            "1",
+            "--max-jobs",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 30
     while not (marker.exists() and marker.read_text() == "started"):
         assert time.time() < deadline and worker.poll() is None, "the job did not start"
@@ -282,8 +308,10 @@ def test_cancel_running_stops_the_job_through_its_worker(store, db_url, cli, tmp
     job = store.job(job_id)
     assert job.status is S.CANCELED and "SIGKILL" in (job.error or "")
     whys = [(e.from_status, e.to_status, e.why) for e in store.events(job_id) if e.to_status]
-    assert whys[-2:] == [("RUNNING", "RUNNING", "cancelled by hand: stop requested"),
-                         ("RUNNING", "CANCELED", "cancelled while running")]
+    assert whys[-2:] == [
+        ("RUNNING", "RUNNING", "cancelled by hand: stop requested"),
+        ("RUNNING", "CANCELED", "cancelled while running"),
+    ]
 
 
 def test_reset_of_many_jobs_finds_a_running_one_past_the_first_chunk(store):
@@ -296,15 +324,23 @@ def test_reset_of_many_jobs_finds_a_running_one_past_the_first_chunk(store):
 
 
 def test_set_status_done_of_a_failed_job_releases_everything_downstream(store):
-    ids = store.schedule([JobSpec(0, "fn", "pkg.mod:fn", {"i": 0}, None), JobSpec(1, "fn", "pkg.mod:fn", {"i": 0}, 0),
-                          JobSpec(2, "fn", "pkg.mod:fn", {"i": 0}, 1)]).job_ids
+    ids = store.schedule(
+        [
+            JobSpec(0, "fn", "pkg.mod:fn", {"i": 0}, None),
+            JobSpec(1, "fn", "pkg.mod:fn", {"i": 0}, 0),
+            JobSpec(2, "fn", "pkg.mod:fn", {"i": 0}, 1),
+        ]
+    ).job_ids
     run_all(store, "FAILED")
     assert status(store, *ids) == [S.FAILED, S.BLOCKED, S.BLOCKED]
     store.set_status([ids[0]], S.DONE)
     # The grandchild's parent can run again: it waits for it, rather than staying BLOCKED for good.
     assert status(store, *ids) == [S.DONE, S.QUEUED, S.WAITING]
-    assert [(e.from_status, e.to_status, e.why) for e in store.events(ids[2])][-1] == \
-        ("BLOCKED", "WAITING", f"job {ids[0]} is DONE")
+    assert [(e.from_status, e.to_status, e.why) for e in store.events(ids[2])][-1] == (
+        "BLOCKED",
+        "WAITING",
+        f"job {ids[0]} is DONE",
+    )
 
 
 def test_cancel_and_set_status_of_many_jobs_move_them_all_in_one_verb(store):
@@ -315,7 +351,7 @@ def test_cancel_and_set_status_of_many_jobs_move_them_all_in_one_verb(store):
     specs += [JobSpec(1, "fn", "pkg.mod:fn", {"i": i}, i) for i in range(n)]
     specs += [JobSpec(2, "fn", "pkg.mod:fn", {"i": i}, n + i) for i in range(n)]
     ids = store.schedule(specs).job_ids
-    roots, kids, grandkids = ids[:n], ids[n:2 * n], ids[2 * n:]
+    roots, kids, grandkids = ids[:n], ids[n : 2 * n], ids[2 * n :]
     c = store.claim(W)  # one root runs: asked to stop, not cancelled
     changes = store.changes_of(lambda: store.cancel(roots + kids, running=True))[1]
     assert store.counts() == {(0, "CANCELED"): n - 1, (0, "RUNNING"): 1, (1, "CANCELED"): n, (2, "BLOCKED"): n}

@@ -26,8 +26,9 @@ from jobman.jobdb.sweep import JobSpec
 TARGET = "tests.fake:train"
 
 
-def add_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0,
-             target: str = TARGET) -> list[int]:
+def add_jobs(
+    store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0, target: str = TARGET
+) -> list[int]:
     """Schedule ``(params, status, results)`` jobs in order, then claim and finish each as told.
 
     QUEUED jobs must come last: they are left unclaimed.
@@ -73,8 +74,9 @@ SWEEP = [  # two configurations × three folds; the first is better
 
 
 def test_means_and_sample_stds_are_exact_and_the_best_is_said_in_words(store, db_url, capsys):
-    ids = add_jobs(store, [(p, "DONE", {"valid_error": v, "accuracy": a, "_internal": 1.0, "note": "text"})
-                           for p, v, a in SWEEP])
+    ids = add_jobs(
+        store, [(p, "DONE", {"valid_error": v, "accuracy": a, "_internal": 1.0, "note": "text"}) for p, v, a in SWEEP]
+    )
     rep = report.from_store(store, "valid_error")
     assert rep.group_over == ["id_cross_fold"]
     assert rep.constant == {"nb_cross_fold": 3}
@@ -183,8 +185,19 @@ def test_ties_go_to_more_runs_then_lower_std_then_first_scheduled():
 
 
 def test_default_group_and_outer_keys():
-    keys = ["id_cross_fold", "nb_cross_fold", "seed", "init_seed", "fold", "fold_id", "id_outer_fold",
-            "nb_outer_fold", "lr", "seeds_per_x", "n_seed"]
+    keys = [
+        "id_cross_fold",
+        "nb_cross_fold",
+        "seed",
+        "init_seed",
+        "fold",
+        "fold_id",
+        "id_outer_fold",
+        "nb_outer_fold",
+        "lr",
+        "seeds_per_x",
+        "n_seed",
+    ]
     assert report.default_group_keys(keys) == ["fold", "fold_id", "id_cross_fold", "init_seed", "seed"]
     assert report.default_outer_key(keys) == "id_outer_fold"
     assert report.default_outer_key(["outer_fold", "lr"]) == "outer_fold"
@@ -195,8 +208,10 @@ def test_parent_like_objects_and_status_enums_are_records():
     from jobman.dispatch.channel import Parent
     from jobman.jobdb.status import Status
 
-    parents = [Parent(i, 0, TARGET, Path("."), {"lr": lr, "id_cross_fold": f}, {"valid_error": lr + f / 100})
-               for i, (lr, f) in enumerate([(0.1, 0), (0.1, 1), (0.2, 0), (0.2, 1)])]
+    parents = [
+        Parent(i, 0, TARGET, Path("."), {"lr": lr, "id_cross_fold": f}, {"valid_error": lr + f / 100})
+        for i, (lr, f) in enumerate([(0.1, 0), (0.1, 1), (0.2, 0), (0.2, 1)])
+    ]
     chosen = report.best(parents)
     assert chosen.params == {"lr": 0.1} and chosen.job_ids == [0, 1] and chosen.n == 2
     assert chosen.mean == pytest.approx(0.105) and chosen.std == pytest.approx(math.sqrt(0.5) * 0.01)
@@ -206,9 +221,16 @@ def test_parent_like_objects_and_status_enums_are_records():
 
 # -- filters and formats -----------------------------------------------------------------------
 
-GRID = [({"nhid": h, "act": a, "id_cross_fold": f}, "DONE", {"valid_error": 1 / h + (a == "relu") * 0.1 + f / 1000,
-                                                              "train_error": 0.5 / h})
-        for h in (32, 128, 512) for a in ("tanh", "relu") for f in range(2)]
+GRID = [
+    (
+        {"nhid": h, "act": a, "id_cross_fold": f},
+        "DONE",
+        {"valid_error": 1 / h + (a == "relu") * 0.1 + f / 1000, "train_error": 0.5 / h},
+    )
+    for h in (32, 128, 512)
+    for a in ("tanh", "relu")
+    for f in range(2)
+]
 
 
 def test_where_filters_on_parameters(store, db_url, capsys):
@@ -239,8 +261,12 @@ def test_json_csv_and_markdown_outputs_parse(store, db_url, capsys):
     data = json.loads(out)
     assert code == 0 and len(data["rows"]) == 6 and data["best"]["params"] == {"act": "tanh", "nhid": 512}
     assert data["best"]["results"]["valid_error"] == {
-        "n": 2, "mean": pytest.approx(1 / 512 + 0.0005), "std": pytest.approx(math.sqrt(0.5) * 0.001),
-        "min": pytest.approx(1 / 512), "max": pytest.approx(1 / 512 + 0.001)}
+        "n": 2,
+        "mean": pytest.approx(1 / 512 + 0.0005),
+        "std": pytest.approx(math.sqrt(0.5) * 0.001),
+        "min": pytest.approx(1 / 512),
+        "max": pytest.approx(1 / 512 + 0.001),
+    }
     assert data["group_over"] == ["id_cross_fold"] and "ddof=1" in data["std"]
 
     code, out, _ = cli("report", db_url, "--format", "csv", capsys=capsys)
@@ -275,12 +301,20 @@ def test_phase_option_and_scopes_without_the_metric_are_left_out(store, db_url, 
 
 # -- nested cross-validation ---------------------------------------------------------------
 
+
 def test_nested_cross_validation_is_reported_per_outer_fold_and_overall(store, db_url, capsys):
     # Outer folds 0 and 1 prefer lr=0.01; outer fold 2 prefers lr=0.1.
     valid = {(0, 0.01): 0.1, (0, 0.1): 0.2, (1, 0.01): 0.3, (1, 0.1): 0.4, (2, 0.01): 0.6, (2, 0.1): 0.5}
-    jobs = [({"lr": lr, "id_outer_fold": o, "id_cross_fold": f}, "DONE",
-             {"valid_error": valid[o, lr] + (f - 1) * 0.01, "test_error": valid[o, lr] * 2})
-            for o in range(3) for lr in (0.01, 0.1) for f in range(3)]
+    jobs = [
+        (
+            {"lr": lr, "id_outer_fold": o, "id_cross_fold": f},
+            "DONE",
+            {"valid_error": valid[o, lr] + (f - 1) * 0.01, "test_error": valid[o, lr] * 2},
+        )
+        for o in range(3)
+        for lr in (0.01, 0.1)
+        for f in range(3)
+    ]
     add_jobs(store, jobs)
     rep = report.from_store(store, "valid_error")
     assert rep.outer == "id_outer_fold" and rep.group_over == ["id_cross_fold"]
@@ -306,6 +340,7 @@ def test_nested_cross_validation_is_reported_per_outer_fold_and_overall(store, d
 
 # -- plots ------------------------------------------------------------------------------------
 
+
 def png_size(path: Path) -> tuple[int, int]:
     blob = path.read_bytes()
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
@@ -319,8 +354,9 @@ def test_plots_are_valid_pngs_of_a_sensible_size(db_url, tmp_path, capsys):
         ids = add_jobs(store, [(p, "RUNNING", None) for p, _, _ in GRID])
         for job_id, (_params, _, results) in zip(ids, GRID):
             job = store.job(job_id)
-            store.log_metrics(job_id, job.lease, [(s, "valid_error", results["valid_error"] * (5 - s))
-                                                  for s in range(5)])
+            store.log_metrics(
+                job_id, job.lease, [(s, "valid_error", results["valid_error"] * (5 - s)) for s in range(5)]
+            )
             store.finish(job_id, job.lease, "DONE", results=results)
     finally:
         store.dispose()
@@ -406,8 +442,10 @@ def test_a_fan_in_job_chooses_the_best_config_of_a_real_sweep(db_url, tmp_path, 
 
 # -- the database's grouping agrees with the Python path --------------------------------------
 
-def put_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0,
-             target: str = TARGET) -> list[int]:
+
+def put_jobs(
+    store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: int = 0, target: str = TARGET
+) -> list[int]:
     """Schedule ``(params, status, results)`` jobs and write their status and results as they are."""
     import sqlalchemy as sa
 
@@ -416,8 +454,11 @@ def put_jobs(store: Store, jobs: list[tuple[dict, str, dict | None]], *, phase: 
     ids = store.schedule([JobSpec(phase, "fn", target, p, None) for p, _, _ in jobs]).job_ids
     with store.engine.begin() as conn:
         for job_id, (_, status, results) in zip(ids, jobs):
-            conn.execute(sa.update(t_job).where(t_job.c.id == job_id).values(
-                status=status, results=None if results is None else json.dumps(results, sort_keys=True)))
+            conn.execute(
+                sa.update(t_job)
+                .where(t_job.c.id == job_id)
+                .values(status=status, results=None if results is None else json.dumps(results, sort_keys=True))
+            )
     return ids
 
 
@@ -430,10 +471,35 @@ def same_report(store: Store, metric: str = "valid_error", mode: str = "min", **
         assert getattr(in_db, name) == getattr(in_py, name), name
     assert len(in_db.rows) == len(in_py.rows)
     for a, b in zip(in_db.rows, in_py.rows):
-        assert (a.params, a.phase, a.target, a.outer, a.rank, a.best, a.eligible, a.complete, a.expected, a.status,
-                a.job_ids, a.all_job_ids, a.first_id) == \
-            (b.params, b.phase, b.target, b.outer, b.rank, b.best, b.eligible, b.complete, b.expected, b.status,
-             b.job_ids, b.all_job_ids, b.first_id), b.params
+        assert (
+            a.params,
+            a.phase,
+            a.target,
+            a.outer,
+            a.rank,
+            a.best,
+            a.eligible,
+            a.complete,
+            a.expected,
+            a.status,
+            a.job_ids,
+            a.all_job_ids,
+            a.first_id,
+        ) == (
+            b.params,
+            b.phase,
+            b.target,
+            b.outer,
+            b.rank,
+            b.best,
+            b.eligible,
+            b.complete,
+            b.expected,
+            b.status,
+            b.job_ids,
+            b.all_job_ids,
+            b.first_id,
+        ), b.params
         assert a.stats.keys() == b.stats.keys()
         for name, s in b.stats.items():
             t = a.stats[name]
@@ -475,20 +541,27 @@ def assert_close(got, want, where: str = "") -> None:
 
 def folds_and_ties(lr: float, values: list[float | None], statuses: list[str] | None = None, **more):
     statuses = statuses or ["DONE"] * len(values)
-    return [({"lr": lr, "nb_cross_fold": 3, "id_cross_fold": i, **more}, s,
-             None if v is None else {"valid_error": v, "epochs": 20, "note": "text", "_private": 1.0})
-            for i, (v, s) in enumerate(zip(values, statuses))]
+    return [
+        (
+            {"lr": lr, "nb_cross_fold": 3, "id_cross_fold": i, **more},
+            s,
+            None if v is None else {"valid_error": v, "epochs": 20, "note": "text", "_private": 1.0},
+        )
+        for i, (v, s) in enumerate(zip(values, statuses))
+    ]
 
 
 def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store, db_url, capsys, monkeypatch):
-    jobs = (folds_and_ties(0.1, [0.2, 0.1, 0.3])  # mean 0.2
-            + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # the same values in another order: a tie, by std then id
-            + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # mean 0.2 again, a lower std: first of the three
-            + folds_and_ties(0.35, [0.5, 0.5, 0.5], warmup=5)  # a parameter the first and last jobs lack
-            + folds_and_ties(0.4, [0.01, None, 0.02], ["DONE", "DONE", "FAILED"])  # a fold without the metric
-            + folds_and_ties(0.5, [0.3, 0.3, 0.3], ["DONE", "RUNNING", "QUEUED"])
-            + folds_and_ties(0.6, [None, None, None], ["QUEUED"] * 3)  # nothing yet
-            + folds_and_ties(0.7, [1 / 3, 1 / 3]))  # one fold short of the others
+    jobs = (
+        folds_and_ties(0.1, [0.2, 0.1, 0.3])  # mean 0.2
+        + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # the same values in another order: a tie, by std then id
+        + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # mean 0.2 again, a lower std: first of the three
+        + folds_and_ties(0.35, [0.5, 0.5, 0.5], warmup=5)  # a parameter the first and last jobs lack
+        + folds_and_ties(0.4, [0.01, None, 0.02], ["DONE", "DONE", "FAILED"])  # a fold without the metric
+        + folds_and_ties(0.5, [0.3, 0.3, 0.3], ["DONE", "RUNNING", "QUEUED"])
+        + folds_and_ties(0.6, [None, None, None], ["QUEUED"] * 3)  # nothing yet
+        + folds_and_ties(0.7, [1 / 3, 1 / 3])
+    )  # one fold short of the others
     put_jobs(store, jobs)
     rep = same_report(store)
     assert [r.params["lr"] for r in rep.rows][:3] == [0.3, 0.1, 0.2] and rep.best.params["lr"] == 0.3
@@ -514,15 +587,22 @@ def test_the_database_and_python_agree_on_folds_missing_metrics_and_ties(store, 
 def test_names_beyond_ascii_are_grouped_and_averaged_as_in_python(store):
     # SQLite's JSON paths miss a key stored escaped (a Greek letter, a control character): such a
     # report is made as the Python path makes it, never with the key silently left out.
-    jobs = [({"α": a, "note\x01": "x", "id_cross_fold": i, "nb_cross_fold": 2}, "DONE",
-             {"valid_error": a + i / 10, "λ": 2 * a + i})
-            for a in (0.3, 0.1, 0.2) for i in range(2)]
+    jobs = [
+        (
+            {"α": a, "note\x01": "x", "id_cross_fold": i, "nb_cross_fold": 2},
+            "DONE",
+            {"valid_error": a + i / 10, "λ": 2 * a + i},
+        )
+        for a in (0.3, 0.1, 0.2)
+        for i in range(2)
+    ]
     put_jobs(store, jobs)
     for metric in ("valid_error", "λ"):
         got = report.from_store(store, metric)
         want = report.from_store_in_python(store, metric)
-        assert [(r.params, r.job_ids, {k: (s.n, s.mean) for k, s in r.stats.items()}) for r in got.rows] == \
-            [(r.params, r.job_ids, {k: (s.n, s.mean) for k, s in r.stats.items()}) for r in want.rows]
+        assert [(r.params, r.job_ids, {k: (s.n, s.mean) for k, s in r.stats.items()}) for r in got.rows] == [
+            (r.params, r.job_ids, {k: (s.n, s.mean) for k, s in r.stats.items()}) for r in want.rows
+        ]
         assert [r.params["α"] for r in got.rows] == [0.1, 0.2, 0.3] and got.best.stats[metric].n == 2
     assert store.select_ids(params={"α": 0.2}) == store.select_ids(params={"α": 0.2, "note\x01": "x"})
     assert len(store.select_ids(params={"α": 0.2})) == 2
@@ -530,9 +610,11 @@ def test_names_beyond_ascii_are_grouped_and_averaged_as_in_python(store):
 
 def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_folds(store):
     # Means equal to 12 significant digits but not to the last bit: ranked as equal, then by std.
-    seeds = [({"act": a, "seed": s}, "DONE", {"valid_error": v, "accuracy": 1 - v})
-             for a, vals in (("relu", [0.1, 0.2]), ("tanh", [0.15, 0.15]), ("elu", [0.3, 0.0]))
-             for s, v in enumerate(vals)]
+    seeds = [
+        ({"act": a, "seed": s}, "DONE", {"valid_error": v, "accuracy": 1 - v})
+        for a, vals in (("relu", [0.1, 0.2]), ("tanh", [0.15, 0.15]), ("elu", [0.3, 0.0]))
+        for s, v in enumerate(vals)
+    ]
     put_jobs(store, seeds)
     put_jobs(store, [({"act": "relu", "seed": 0, "finetune": True}, "DONE", {"loss": 1.0})], phase=1)
     rep = same_report(store)
@@ -542,13 +624,18 @@ def test_the_database_and_python_agree_on_seeds_rounding_ties_phases_and_outer_f
         report.from_store(store, "nope")
 
     # A run of 150 means equal to 12 digits (not to the last bit) goes on past the first rows read.
-    put_jobs(store, [({"x": i}, "DONE", {"valid_error": 0.15 if i % 2 else (0.1 + 0.2) / 2}) for i in range(150)],
-             phase=3)
+    put_jobs(
+        store, [({"x": i}, "DONE", {"valid_error": 0.15 if i % 2 else (0.1 + 0.2) / 2}) for i in range(150)], phase=3
+    )
     rep = same_report(store, phase=3)
     assert [r.params["x"] for r in rep.rows[:3]] == [0, 1, 2]
 
-    nested = [({"lr": lr, "id_outer_fold": o, "id_cross_fold": i}, "DONE", {"valid_error": lr * (o + 1) + i / 100})
-              for o in range(3) for lr in (0.1, 0.2) for i in range(2)]
+    nested = [
+        ({"lr": lr, "id_outer_fold": o, "id_cross_fold": i}, "DONE", {"valid_error": lr * (o + 1) + i / 100})
+        for o in range(3)
+        for lr in (0.1, 0.2)
+        for i in range(2)
+    ]
     put_jobs(store, nested, phase=2, target="tests.fake:nested")
     rep = same_report(store, phase=2)
     assert rep.outer == "id_outer_fold" and set(rep.best_by_outer) == {0, 1, 2} and rep.overall
@@ -566,8 +653,10 @@ def report_reads(store: Store, build) -> tuple[bool, int]:
         build()
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", listener)
-    return (any("json_each(job.results)" in s or "jsonb_each(job.results)" in s for s in ran),
-            sum("CREATE TEMP TABLE" in s for s in ran))
+    return (
+        any("json_each(job.results)" in s or "jsonb_each(job.results)" in s for s in ran),
+        sum("CREATE TEMP TABLE" in s for s in ran),
+    )
 
 
 def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
@@ -576,19 +665,26 @@ def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
     import dataclasses
 
     def sweep(more: dict[int, dict]) -> list[tuple[dict, str, dict]]:
-        return [({"lr": lr, "id_cross_fold": i, "nb_cross_fold": 2}, "DONE",
-                 {"valid_error": lr + i / 10, "note": "text", "_private": 1.0, **more.get(2 * c + i, {})})
-                for c, lr in enumerate((0.3, 0.1, 0.2, 0.4)) for i in range(2)]
+        return [
+            (
+                {"lr": lr, "id_cross_fold": i, "nb_cross_fold": 2},
+                "DONE",
+                {"valid_error": lr + i / 10, "note": "text", "_private": 1.0, **more.get(2 * c + i, {})},
+            )
+            for c, lr in enumerate((0.3, 0.1, 0.2, 0.4))
+            for i in range(2)
+        ]
 
     put_jobs(store, sweep({}))
     assert report_reads(store, lambda: report.from_store(store, "valid_error")) == (False, 1)  # the two told it all
     same_report(store)
     assert report.from_store(store, "valid_error").columns == ["valid_error"]
     for name, rare, column, numbers, groupings in (
-            ("rare", {3: {"test_error": 0.5}}, "test_error", 1, 2),  # in one job of eight: grouped again
-            ("text_then_number", {4: {"note": 2.5}}, "note", 1, 2),  # a number where the sampled hold text
-            ("boolean", {5: {"test_error": 1.0}, 6: {"test_error": True}}, "test_error", 1, 2),  # True is no number
-            ("text_only", {3: {"status_note": "slow"}, 4: {"_seconds": 3.5}}, None, 0, 1)):  # no column: grouped once
+        ("rare", {3: {"test_error": 0.5}}, "test_error", 1, 2),  # in one job of eight: grouped again
+        ("text_then_number", {4: {"note": 2.5}}, "note", 1, 2),  # a number where the sampled hold text
+        ("boolean", {5: {"test_error": 1.0}, 6: {"test_error": True}}, "test_error", 1, 2),  # True is no number
+        ("text_only", {3: {"status_note": "slow"}, 4: {"_seconds": 3.5}}, None, 0, 1),
+    ):  # no column: grouped once
         other = Store(dataclasses.replace(store.target, experiment=f"{store.experiment}_{name}"))
         put_jobs(other, sweep(rare))
         reads = report_reads(other, lambda other=other: report.from_store(other, "valid_error"))
@@ -603,8 +699,14 @@ def test_result_keys_read_from_two_jobs_miss_no_rare_result(store):
 def test_a_spread_of_configurations_picked_by_the_database_is_the_python_paths(store):
     # What the dashboard's charts draw of a report too large to hold: every k-th configuration with
     # the metric, picked by the database as the Python path picks them from its ranking.
-    put_jobs(store, [({"lr": lr, "id_cross_fold": i}, "DONE", {"valid_error": lr * (i + 1)} if lr != 0.5 else {})
-                     for lr in (0.3, 0.1, 0.7, 0.2, 0.5, 0.4, 0.6) for i in range(2)])
+    put_jobs(
+        store,
+        [
+            ({"lr": lr, "id_cross_fold": i}, "DONE", {"valid_error": lr * (i + 1)} if lr != 0.5 else {})
+            for lr in (0.3, 0.1, 0.7, 0.2, 0.5, 0.4, 0.6)
+            for i in range(2)
+        ],
+    )
     in_py = report.from_store_in_python(store, "valid_error")
     for count in (1, 2, 3, 6):
         with report.open_report(store, "valid_error", keep=1, sample=count) as part:
@@ -624,16 +726,22 @@ def test_json_rows_read_a_list_at_a_time_keep_the_order_of_ties_across_lists(sto
     # On PostgreSQL, libpq 17 on reads them in chunks; with size 3 as an older libpq does, by a named cursor.
     monkeypatch.setattr(queries, "_chunked_mode", lambda: size != 3)
     third = (0.1 + 0.2) / 3  # 0.1 to 12 digits, not to the last bit
-    jobs = (folds_and_ties(0.05, [0.01, 0.02, 0.03])
-            + folds_and_ties(0.1, [0.2, 0.1, 0.3]) + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # a tie: by id
-            + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # the same mean, a lower std: first
-            + folds_and_ties(0.4, [0.2, 0.2, 0.2])  # the same mean, no spread: first of all
-            + folds_and_ties(0.45, [0.3, 0.3]) + folds_and_ties(0.46, [0.3, 0.3])  # fewer runs: not eligible
-            + folds_and_ties(0.5, [third, third, third]) + folds_and_ties(0.6, [0.1, 0.1, 0.1])
-            + folds_and_ties(0.7, [0.05, 0.1, 0.15]) + folds_and_ties(0.8, [0.1, 0.1, 0.1])
-            + folds_and_ties(0.9, [0.4, None, 0.4], ["DONE", "FAILED", "DONE"])
-            + folds_and_ties(0.95, [None, None, None], ["QUEUED"] * 3)
-            + folds_and_ties(0.99, [None, None, None], ["QUEUED"] * 3))
+    jobs = (
+        folds_and_ties(0.05, [0.01, 0.02, 0.03])
+        + folds_and_ties(0.1, [0.2, 0.1, 0.3])
+        + folds_and_ties(0.2, [0.1, 0.2, 0.3])  # a tie: by id
+        + folds_and_ties(0.3, [0.15, 0.15, 0.3])  # the same mean, a lower std: first
+        + folds_and_ties(0.4, [0.2, 0.2, 0.2])  # the same mean, no spread: first of all
+        + folds_and_ties(0.45, [0.3, 0.3])
+        + folds_and_ties(0.46, [0.3, 0.3])  # fewer runs: not eligible
+        + folds_and_ties(0.5, [third, third, third])
+        + folds_and_ties(0.6, [0.1, 0.1, 0.1])
+        + folds_and_ties(0.7, [0.05, 0.1, 0.15])
+        + folds_and_ties(0.8, [0.1, 0.1, 0.1])
+        + folds_and_ties(0.9, [0.4, None, 0.4], ["DONE", "FAILED", "DONE"])
+        + folds_and_ties(0.95, [None, None, None], ["QUEUED"] * 3)
+        + folds_and_ties(0.99, [None, None, None], ["QUEUED"] * 3)
+    )
     put_jobs(store, jobs)
     for options in ({}, {"group_over": []}, {"allow_incomplete": True}):
         for mode in ("min", "max"):
@@ -649,16 +757,30 @@ def test_json_of_configurations_of_one_run_is_the_python_paths(store):
     # A configuration of one DONE job with every result is written by a shorter route: the best, the
     # next ones, one that is not eligible (its scope's others have two runs), one missing a result,
     # one not DONE, and one per outer fold, each as the Python path writes it.
-    one = [({"lr": lr, "nhid": 8}, "DONE", {"valid_error": v, "train_error": v / 2})
-           for lr, v in ((0.1, 0.3), (0.2, 0.1), (0.3, 0.2), (0.4, 1e-7), (0.5, 1e22))]
-    one += [({"lr": 0.6, "nhid": 8}, "DONE", {"valid_error": 0.25}),  # without train_error
-            ({"lr": 0.7, "nhid": 8}, "RUNNING", None)]
+    one = [
+        ({"lr": lr, "nhid": 8}, "DONE", {"valid_error": v, "train_error": v / 2})
+        for lr, v in ((0.1, 0.3), (0.2, 0.1), (0.3, 0.2), (0.4, 1e-7), (0.5, 1e22))
+    ]
+    one += [
+        ({"lr": 0.6, "nhid": 8}, "DONE", {"valid_error": 0.25}),  # without train_error
+        ({"lr": 0.7, "nhid": 8}, "RUNNING", None),
+    ]
     put_jobs(store, one)
-    put_jobs(store, [({"lr": 0.1, "nhid": 16, "seed": s}, "DONE", {"valid_error": 0.05, "train_error": 0.01})
-                     for s in (1, 2)] + [({"lr": 0.2, "nhid": 16, "seed": 1}, "DONE",
-                                          {"valid_error": 0.01, "train_error": 0.01})], phase=1)
-    put_jobs(store, [({"lr": lr, "id_outer_fold": o}, "DONE", {"valid_error": lr * (o + 1), "train_error": lr})
-                     for o in range(2) for lr in (0.1, 0.2)], phase=2)
+    put_jobs(
+        store,
+        [({"lr": 0.1, "nhid": 16, "seed": s}, "DONE", {"valid_error": 0.05, "train_error": 0.01}) for s in (1, 2)]
+        + [({"lr": 0.2, "nhid": 16, "seed": 1}, "DONE", {"valid_error": 0.01, "train_error": 0.01})],
+        phase=1,
+    )
+    put_jobs(
+        store,
+        [
+            ({"lr": lr, "id_outer_fold": o}, "DONE", {"valid_error": lr * (o + 1), "train_error": lr})
+            for o in range(2)
+            for lr in (0.1, 0.2)
+        ],
+        phase=2,
+    )
     for phase in (0, 1, 2):
         for mode in ("min", "max"):
             rep = same_report(store, phase=phase, mode=mode)
@@ -678,8 +800,11 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     def pooled() -> tuple[Any, list, int]:
         with store.engine.connect() as conn:
             raw = conn.connection.dbapi_connection
-            return (raw, raw.execute("SELECT name FROM sqlite_temp_master").fetchall(),
-                    raw.execute("PRAGMA cache_size").fetchone()[0])
+            return (
+                raw,
+                raw.execute("SELECT name FROM sqlite_temp_master").fetchall(),
+                raw.execute("PRAGMA cache_size").fetchone()[0],
+            )
 
     first, tables, cache = pooled()
     assert not tables and cache == -SQLITE_CACHE_KIB
@@ -693,8 +818,7 @@ def test_sqlite_lets_a_large_report_table_go_with_its_connection_and_keeps_a_sma
     store.dispose()
 
 
-def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_the_same(engine_name, tmp_path,
-                                                                                      request):
+def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_the_same(engine_name, tmp_path, request):
     """On PostgreSQL the grouping's plan gathers parallel workers, asked for ``parallel`` or not (in a
     database of its own, where a table option lets the planner consider them for a test-sized table),
     and each configuration's jobs are summed in the order of their ids: the report is the same to the
@@ -703,14 +827,22 @@ def test_a_parallel_report_reads_the_jobs_with_workers_on_postgresql_and_ranks_t
 
     from sqlalchemy import event
 
-    url = (f"sqlite:///{tmp_path / 'jobs.db'}" if engine_name == "sqlite"
-           else request.getfixturevalue("own_pg_database"))
+    url = f"sqlite:///{tmp_path / 'jobs.db'}" if engine_name == "sqlite" else request.getfixturevalue("own_pg_database")
     store = Store.open(url, "parallel")
     request.addfinalizer(store.dispose)
     rng = random.Random(3)
-    put_jobs(store, [({"lr": c / 1000, "nhid": 32 * (c % 3 + 1), "fold": f}, "DONE",
-                      {"valid_error": rng.random(), "train_error": rng.random()})
-                     for c in range(1200) for f in range(5)])
+    put_jobs(
+        store,
+        [
+            (
+                {"lr": c / 1000, "nhid": 32 * (c % 3 + 1), "fold": f},
+                "DONE",
+                {"valid_error": rng.random(), "train_error": rng.random()},
+            )
+            for c in range(1200)
+            for f in range(5)
+        ],
+    )
     plans: list[str] = []
 
     def explain(conn, cursor, statement, params, context, executemany):
@@ -757,8 +889,11 @@ def test_sqlite_groups_a_large_selection_in_two_halves_at_once_and_reports_the_s
 
     store = Store.open(f"sqlite:///{tmp_path / 'jobs.db'}", "halves")
     rng = random.Random(5)
-    pairs = [(c, f) for f in range(5) for c in range(2500)] if folds_outside else \
-        [(c, f) for c in range(2500) for f in range(5)]
+    pairs = (
+        [(c, f) for f in range(5) for c in range(2500)]
+        if folds_outside
+        else [(c, f) for c in range(2500) for f in range(5)]
+    )
     jobs = []
     for c, f in pairs:
         status = "DONE" if (c + f) % 11 else ("RUNNING" if c % 2 else "CRASHED")
@@ -789,8 +924,16 @@ def test_sqlite_groups_a_large_selection_in_two_halves_at_once_and_reports_the_s
     assert other.configurations == one.configurations == 2500 and other.jobs == one.jobs == 12_500
     assert len(other.rows) == len(one.rows) == 2500
     for a, b in zip(one.rows, other.rows):
-        assert (b.params, b.rank, b.status, b.job_ids, b.all_job_ids, b.first_id, b.complete, b.eligible) == \
-            (a.params, a.rank, a.status, a.job_ids, a.all_job_ids, a.first_id, a.complete, a.eligible)
+        assert (b.params, b.rank, b.status, b.job_ids, b.all_job_ids, b.first_id, b.complete, b.eligible) == (
+            a.params,
+            a.rank,
+            a.status,
+            a.job_ids,
+            a.all_job_ids,
+            a.first_id,
+            a.complete,
+            a.eligible,
+        )
         assert b.stats.keys() == a.stats.keys()
         for name, s in a.stats.items():
             t = b.stats[name]
@@ -825,8 +968,11 @@ def test_the_report_and_the_selection_module_import_each_other_in_one_direction_
 
     here = Path(report.__file__).parent
     selection = ast.parse((here.parent / "selection.py").read_text())
-    assert not [n for n in ast.walk(selection) if isinstance(n, ast.ImportFrom) and n.module
-                and ("report" in n.module or "store" in n.module)]
+    assert not [
+        n
+        for n in ast.walk(selection)
+        if isinstance(n, ast.ImportFrom) and n.module and ("report" in n.module or "store" in n.module)
+    ]
     queries = ast.parse((here / "queries.py").read_text())
     assert not [n for n in ast.walk(queries) if isinstance(n, ast.ImportFrom) and n.level == 1]
 
@@ -846,8 +992,10 @@ def test_the_cv_retrain_reads_its_parents_through_the_channel_only():
 def test_the_json_of_one_run_rows_with_results_missing_here_and_there_is_the_reports(store):
     # The JSON writer's rows of one run (most of their text known) and its other rows, side by side:
     # a second result missing from some jobs, a metric missing from others, values equal and apart.
-    jobs = [({"lr": lr}, "DONE", {"valid_error": lr / 3, **({"epochs": 7} if i % 3 else {})})
-            for i, lr in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6))]
+    jobs = [
+        ({"lr": lr}, "DONE", {"valid_error": lr / 3, **({"epochs": 7} if i % 3 else {})})
+        for i, lr in enumerate((0.1, 0.2, 0.3, 0.4, 0.5, 0.6))
+    ]
     jobs += [({"lr": 0.7}, "DONE", {"epochs": 2}), ({"lr": 0.8}, "FAILED", None), ({"lr": 0.9}, "QUEUED", None)]
     put_jobs(store, jobs)
     for options in ({}, {"allow_incomplete": True}):

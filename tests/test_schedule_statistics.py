@@ -19,8 +19,7 @@ from jobman.jobdb.sweep import JobSpec
 def random_specs(n: int, seed: int = 0) -> list[JobSpec]:
     """Not a grid (the same value may come twice), so every chunk is checked against the index."""
     rng = random.Random(seed)
-    return [JobSpec(0, "fn", "pkg.mod:train", {"lr": round(rng.uniform(0, 1), 2), "i": i // 2}, None)
-            for i in range(n)]
+    return [JobSpec(0, "fn", "pkg.mod:train", {"lr": round(rng.uniform(0, 1), 2), "i": i // 2}, None) for i in range(n)]
 
 
 @pytest.fixture

@@ -25,8 +25,15 @@ def shape(store) -> list[tuple]:
     """Every job as (phase, params, status, its parents' params): comparable across databases."""
     jobs = store.jobs()
     by_id = {j.id: j for j in jobs}
-    return sorted((j.phase, sorted(j.params.items()), j.status.value,
-                   sorted(sorted(by_id[p].params.items()) for p in j.depends_on)) for j in jobs)
+    return sorted(
+        (
+            j.phase,
+            sorted(j.params.items()),
+            j.status.value,
+            sorted(sorted(by_id[p].params.items()) for p in j.depends_on),
+        )
+        for j in jobs
+    )
 
 
 def test_a_streamed_sweep_with_phases_keeps_every_parent(store):
@@ -70,7 +77,7 @@ def test_children_of_jobs_already_there_are_derived_from_their_parents(store):
     kids = [j for j in store.jobs() if j.phase == 1]
     for j in kids:
         parent = j.depends_on[0]
-        want = (Status.QUEUED if parent in done else Status.BLOCKED if parent in failed else Status.WAITING)
+        want = Status.QUEUED if parent in done else Status.BLOCKED if parent in failed else Status.WAITING
         assert j.status is want, (j.id, parent, j.status)
 
 
@@ -83,8 +90,13 @@ def test_a_streamed_schedule_that_fails_half_way_writes_nothing(store):
     with pytest.raises(UsageError, match="job 20 of the sweep names job 25"):
         store.schedule(specs)
     with store.engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = experiment_id "
-                                    "WHERE e.name = :n"), {"n": store.experiment}).scalar() == 0
+        assert (
+            conn.execute(
+                sa.text("SELECT count(*) FROM job JOIN experiment e ON e.id = experiment_id WHERE e.name = :n"),
+                {"n": store.experiment},
+            ).scalar()
+            == 0
+        )
 
 
 def test_the_expansion_is_made_as_it_is_read():

@@ -45,18 +45,33 @@ FAST = ("--heartbeat", "0.2", "--grace", "2")
 
 # -- rules ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("low, high, eta, values", [
-    (3, 27, 3, [3, 9, 27]), (1, 10, 3, [1, 3, 10]), (1, 16, 2, [1, 2, 4, 8, 16]), (1, 2, 3, [1, 2]),
-    (0.5, 4.5, 3, [0.5, 1.5, 4.5]), (5, 81, 3, [5, 15, 81]),
-])
+
+@pytest.mark.parametrize(
+    "low, high, eta, values",
+    [
+        (3, 27, 3, [3, 9, 27]),
+        (1, 10, 3, [1, 3, 10]),
+        (1, 16, 2, [1, 2, 4, 8, 16]),
+        (1, 2, 3, [1, 2]),
+        (0.5, 4.5, 3, [0.5, 1.5, 4.5]),
+        (5, 81, 3, [5, 15, 81]),
+    ],
+)
 def test_rungs_go_from_min_by_eta_and_end_at_max(low, high, eta, values):
     assert rung_values(low, high, eta) == values
 
 
-@pytest.mark.parametrize("configs, eta, rungs, sizes", [
-    (27, 3, 3, [27, 9, 3]), (32, 3, 3, [32, 10, 3]), (81, 3, 5, [81, 27, 9, 3, 1]), (16, 2, 5, [16, 8, 4, 2, 1]),
-    (5, 4, 3, [5, 1, 1]), (2, 3, 2, [2, 1]),
-])
+@pytest.mark.parametrize(
+    "configs, eta, rungs, sizes",
+    [
+        (27, 3, 3, [27, 9, 3]),
+        (32, 3, 3, [32, 10, 3]),
+        (81, 3, 5, [81, 27, 9, 3, 1]),
+        (16, 2, 5, [16, 8, 4, 2, 1]),
+        (5, 4, 3, [5, 1, 1]),
+        (2, 3, 2, [2, 1]),
+    ],
+)
 def test_rung_sizes(configs, eta, rungs, sizes):
     assert rung_sizes(configs, eta, rungs) == sizes
 
@@ -82,7 +97,7 @@ def test_asha_never_promotes_more_than_the_top_fraction_of_the_finished(total, e
     for i in order:
         finished[f"c{i}"] = score[f"c{i}"]
         new = choose(finished, total, promoted, eta, "min", True)
-        top = sorted(finished, key=finished.get)[:allowed(len(finished), total, eta)]
+        top = sorted(finished, key=finished.get)[: allowed(len(finished), total, eta)]
         assert set(new) <= set(top) and not set(new) & set(promoted)
         promoted += new
         assert len(promoted) <= allowed(len(finished), total, eta)
@@ -97,14 +112,27 @@ def test_asha_waits_while_configurations_may_still_join_a_rung():
 
 # -- real searches --------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def exp(tmp_path: Path):
     return experiment_module(tmp_path, MODULE, TRAINER)
 
 
 def search(jobman, url, exp, *extra):
-    result = jobman("sqlschedule", url, f"{MODULE}:counter", "lr={{1e-4,1e-3,1e-2,1e-1,1,3e-5,3e-3,3e-1,3}}",
-                    "--halving", "epochs=1:9", "--eta", "3", "--metric", "err", *extra, env=exp.env)
+    result = jobman(
+        "sqlschedule",
+        url,
+        f"{MODULE}:counter",
+        "lr={{1e-4,1e-3,1e-2,1e-1,1,3e-5,3e-3,3e-1,3}}",
+        "--halving",
+        "epochs=1:9",
+        "--eta",
+        "3",
+        "--metric",
+        "err",
+        *extra,
+        env=exp.env,
+    )
     assert result.code == 0, result.err
     return result
 
@@ -133,8 +161,9 @@ def check_search(store: Store, killed_lr: float | None = None) -> dict[int, list
         assert parents == {j.id for j in best_of(phases[rung - 1], len(phases[rung]))}
         for job in phases[rung]:
             [parent] = store.parents(job.id)
-            assert {k: v for k, v in parent.params.items() if k != "epochs"} == \
-                {k: v for k, v in job.params.items() if k != "epochs"}
+            assert {k: v for k, v in parent.params.items() if k != "epochs"} == {
+                k: v for k, v in job.params.items() if k != "epochs"
+            }
     assert phases[2][0].params["lr"] == 1e-2
     return phases
 
@@ -238,8 +267,23 @@ def test_the_folds_of_a_configuration_are_one_configuration_at_every_rung():
 
 def test_more_samples_grow_the_same_search_even_after_its_first_promotions(jobman, db_url, store, exp):
     def schedule(samples: int):
-        result = jobman("sqlschedule", db_url, f"{MODULE}:counter", "lr=loguniform(1e-4,3)", "--samples", str(samples),
-                        "--seed", "3", "--halving", "epochs=1:9", "--eta", "3", "--metric", "err", env=exp.env)
+        result = jobman(
+            "sqlschedule",
+            db_url,
+            f"{MODULE}:counter",
+            "lr=loguniform(1e-4,3)",
+            "--samples",
+            str(samples),
+            "--seed",
+            "3",
+            "--halving",
+            "epochs=1:9",
+            "--eta",
+            "3",
+            "--metric",
+            "err",
+            env=exp.env,
+        )
         assert result.code == 0, result.err
         return result
 
@@ -252,14 +296,16 @@ def test_more_samples_grow_the_same_search_even_after_its_first_promotions(jobma
     assert len(store.search_summaries()) == 1  # one search, grown, not a second one beside it
     report = jobman("report", db_url, "--metric", "err")  # mid-search: jobs without results yet
     assert report.code == 0, report.err
-    assert re.search(r"search \d+: successive halving by err: configurations reaching each rung: 9 at epochs=1,",
-                     report.out)
+    assert re.search(
+        r"search \d+: successive halving by err: configurations reaching each rung: 9 at epochs=1,", report.out
+    )
     work(jobman, db_url, exp)
     phases = by_phase(store)
     assert [len(phases[p]) for p in sorted(phases)] == [9, 3, 1]
     assert first < {j.id for j in phases[1]}  # promotions are never taken back
     assert all(j.status is Status.DONE for js in phases.values() for j in js)
     best = best_of(phases[0], 3)
-    assert best_of(phases[0], 1)[0].params["lr"] == phases[2][0].params["lr"] or \
-        phases[2][0].params["lr"] in {j.params["lr"] for j in best}
+    assert best_of(phases[0], 1)[0].params["lr"] == phases[2][0].params["lr"] or phases[2][0].params["lr"] in {
+        j.params["lr"] for j in best
+    }
     assert store.search_summaries()[0].endswith("9 at epochs=1, 3 at epochs=3, 1 at epochs=9")

@@ -42,8 +42,17 @@ def exp(tmp_path: Path):
 
 
 def run_search(jobman, url, exp, *extra):
-    made = jobman("sqlschedule", url, f"{MODULE}:fit", "lr=loguniform(1e-4,1)", "wd=loguniform(1,3)",
-                  "mom=uniform(0.5,0.99)", "nhid=choice(16,32)", *extra, env=exp.env)
+    made = jobman(
+        "sqlschedule",
+        url,
+        f"{MODULE}:fit",
+        "lr=loguniform(1e-4,1)",
+        "wd=loguniform(1,3)",
+        "mom=uniform(0.5,0.99)",
+        "nhid=choice(16,32)",
+        *extra,
+        env=exp.env,
+    )
     assert made.code == 0, made.err
     work = jobman("worker", url, "--exproot", str(exp.runs), *FAST, env=exp.env, timeout=180)
     assert work.code == 0, work.err
@@ -60,12 +69,16 @@ def points_drawn(ax) -> int:
     return sum(len(c.lines[0].get_xdata()) for c in ax.containers)
 
 
-def test_a_random_search_plots_each_drawn_parameter_on_its_distributions_scale(jobman, db_url, store, exp,
-                                                                                tmp_path):
+def test_a_random_search_plots_each_drawn_parameter_on_its_distributions_scale(jobman, db_url, store, exp, tmp_path):
     run_search(jobman, db_url, exp, "epochs=2", "--samples", "12", "--seed", "3")
     figs = figures_of(store)
-    assert set(figs) == {"err_vs_lr.png", "err_vs_wd.png", "err_vs_mom.png", "err_vs_nhid.png",
-                         "err_learning_curves.png"}
+    assert set(figs) == {
+        "err_vs_lr.png",
+        "err_vs_wd.png",
+        "err_vs_mom.png",
+        "err_vs_nhid.png",
+        "err_learning_curves.png",
+    }
     scale = {key: figs[f"err_vs_{key}.png"].axes[0].get_xscale() for key in ("lr", "wd", "mom", "nhid")}
     # wd spans less than a factor of 3: its values alone do not look log-spaced, its loguniform() does.
     assert scale == {"lr": "log", "wd": "log", "mom": "linear", "nhid": "linear"}
@@ -82,8 +95,9 @@ def test_a_random_search_plots_each_drawn_parameter_on_its_distributions_scale(j
 
 
 def test_a_halving_search_plots_its_rungs_with_the_promoted_configurations_drawn_on(jobman, db_url, store, exp):
-    run_search(jobman, db_url, exp, "--samples", "9", "--seed", "1", "--halving", "epochs=1:9", "--eta", "3",
-               "--metric", "err")
+    run_search(
+        jobman, db_url, exp, "--samples", "9", "--seed", "1", "--halving", "epochs=1:9", "--eta", "3", "--metric", "err"
+    )
     rungs = by_phase(store)
     assert [len(rungs[k]) for k in sorted(rungs)] == [9, 3, 1]
     figs = figures_of(store)
@@ -100,7 +114,8 @@ def test_a_halving_search_plots_its_rungs_with_the_promoted_configurations_drawn
     longest = max(lines.values(), key=lambda line: len(line.get_xdata()))
     assert list(longest.get_xdata()) == [1, 3, 9]
     assert list(longest.get_ydata()) == pytest.approx(
-        [next(j for j in rungs[k] if j.params["lr"] == winner.params["lr"]).results["err"] for k in range(3)])
+        [next(j for j in rungs[k] if j.params["lr"] == winner.params["lr"]).results["err"] for k in range(3)]
+    )
     # Against a drawn parameter: every (configuration, rung) row, one colour per rung, on a log axis.
     ax = figs["err_vs_lr.png"].axes[0]
     assert ax.get_xscale() == "log" and points_drawn(ax) == 13 and len(ax.containers) == 3
@@ -114,11 +129,14 @@ def test_the_python_api_records_the_distributions_it_draws_from(tmp_path):
 
     exp = jobman.Experiment(f"sqlite:///{tmp_path / 'api.db'}?table=t", backend=None)
     try:
-        exp.schedule("jobman.models.mlp:train lr=loguniform(1e-4,1e-1) momentum=uniform(0.5,0.99)", samples=4,
-                     check=False)
+        exp.schedule(
+            "jobman.models.mlp:train lr=loguniform(1e-4,1e-1) momentum=uniform(0.5,0.99)", samples=4, check=False
+        )
         space = exp.store.search_space()
         assert {k: (d.name, d.log_scale) for k, d in space.items()} == {
-            "lr": ("loguniform", True), "momentum": ("uniform", False)}
+            "lr": ("loguniform", True),
+            "momentum": ("uniform", False),
+        }
         assert exp.store.search_summaries() == []
     finally:
         exp.close()

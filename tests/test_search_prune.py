@@ -44,8 +44,18 @@ def exp(tmp_path: Path):
 def test_a_hopeless_job_is_pruned_and_ends_done_with_its_partial_curve(jobman, db_url, store, exp):
     # One worker runs them in order: 1, 2, 3 finish; 1.5 is better than their median (2) and
     # finishes; 9 is worse than the median of the four (1.75) from its first step.
-    scheduled = jobman("sqlschedule", db_url, f"{MODULE}:flat", "x={{1,2,3,1.5,9}}", "steps=6",
-                       "--prune", "median", "--metric", "err", env=exp.env)
+    scheduled = jobman(
+        "sqlschedule",
+        db_url,
+        f"{MODULE}:flat",
+        "x={{1,2,3,1.5,9}}",
+        "steps=6",
+        "--prune",
+        "median",
+        "--metric",
+        "err",
+        env=exp.env,
+    )
     assert scheduled.code == 0 and "pruning by err" in scheduled.out, scheduled
     worker = jobman("worker", db_url, "--exproot", str(exp.runs), "--heartbeat", "0.2", env=exp.env, timeout=120)
     assert worker.code == 0, worker.err
@@ -53,8 +63,9 @@ def test_a_hopeless_job_is_pruned_and_ends_done_with_its_partial_curve(jobman, d
     assert all(j.status is Status.DONE for j in jobs.values())
     hopeless = jobs[9]
     assert hopeless.results["pruned"] is True and hopeless.results["stopped_at"] == 1
-    assert hopeless.results["pruned_why"] == ("pruned at step 1: err 9 is worse than 1.75, "
-                                              "the median of 4 finished jobs at that step")
+    assert hopeless.results["pruned_why"] == (
+        "pruned at step 1: err 9 is worse than 1.75, the median of 4 finished jobs at that step"
+    )
     curve = [(step, value) for job_id, step, name, value in store.metrics([hopeless.id])]
     assert curve == [(1, 9.0)]  # the partial curve is kept
     for x in (1, 2, 3, 1.5):

@@ -16,7 +16,7 @@ from jobman.jobdb.status import Status
 MODULE = "jm_repeat_exp"
 # A run's own offset is drawn once, at rung 0, in the order the runs of its configuration start
 # (the first run of lr=1 is far better than its copy), and carried in its workdir from rung to rung.
-TRAINER = textwrap.dedent('''
+TRAINER = textwrap.dedent("""
     import os
     from pathlib import Path
 
@@ -40,7 +40,7 @@ TRAINER = textwrap.dedent('''
         state.start = start
         key = round(state.lr) if state.lr >= 1 else 3
         state.err = BASE[key] + OFFSET.get((key, index), 0.0) + 0.01 / state.epochs
-''')
+""")
 FAST = ("--heartbeat", "0.2", "--grace", "2")
 
 
@@ -59,8 +59,20 @@ def work(jobman, url, exp):
 
 
 def test_copies_are_runs_of_one_configuration_ranked_by_their_mean(jobman, db_url, store, exp):
-    args = ("sqlschedule", db_url, f"{MODULE}:noisy", "lr={{1,2,3}}", "--halving", "epochs=1:3", "--eta", "3",
-            "--metric", "err", "-r", "2")
+    args = (
+        "sqlschedule",
+        db_url,
+        f"{MODULE}:noisy",
+        "lr={{1,2,3}}",
+        "--halving",
+        "epochs=1:3",
+        "--eta",
+        "3",
+        "--metric",
+        "err",
+        "-r",
+        "2",
+    )
     dry = jobman(*args, "--dry-run", env=exp.env)
     assert dry.code == 0 and "6 jobs" in dry.out and "6 at epochs=1, 2 at epochs=3" in dry.out, dry.out
     made = jobman(*args, env=exp.env)
@@ -81,8 +93,9 @@ def test_copies_are_runs_of_one_configuration_ranked_by_their_mean(jobman, db_ur
         assert (child.results["origin"], child.results["start"]) == (parent.id, 1)
     assert len({store.parents(c.id)[0].id for c in rungs[1]}) == 2
     report = jobman("report", db_url, "--metric", "err", "--phase", "0")
-    assert report.code == 0 and "copies of a job (equal parameters, sqlschedule -r) are averaged" in report.out, \
+    assert report.code == 0 and "copies of a job (equal parameters, sqlschedule -r) are averaged" in report.out, (
         report.out + report.err
+    )
     again = jobman(*args, env=exp.env)
     assert "nothing added" in again.out and "not repeated" in again.err
     assert len(store.jobs()) == 8
@@ -90,8 +103,22 @@ def test_copies_are_runs_of_one_configuration_ranked_by_their_mean(jobman, db_ur
 
 def test_asynchronous_promotion_waits_for_every_copy_of_a_configuration(jobman, db_url, store, exp):
     lrs = "lr={{1,2,3,0.1,0.2,0.3,0.4,0.5,0.6}}"
-    made = jobman("sqlschedule", db_url, f"{MODULE}:noisy", lrs, "--halving", "epochs=1:9", "--eta", "3",
-                  "--metric", "err", "-r", "2", "--async", env=exp.env)
+    made = jobman(
+        "sqlschedule",
+        db_url,
+        f"{MODULE}:noisy",
+        lrs,
+        "--halving",
+        "epochs=1:9",
+        "--eta",
+        "3",
+        "--metric",
+        "err",
+        "-r",
+        "2",
+        "--async",
+        env=exp.env,
+    )
     assert made.code == 0 and "added 18 jobs" in made.out, made.out + made.err
     work(jobman, db_url, exp)
     rungs = by_phase(store)
@@ -104,12 +131,14 @@ def test_asynchronous_promotion_waits_for_every_copy_of_a_configuration(jobman, 
             runs = [j for j in below if j.params["lr"] == child.params["lr"]]
             assert len(runs) == 2 and child.created_at >= max(j.finished_at for j in runs)
             # never more configurations promoted than the top 1/eta of the configurations finished by then
-            finished = {lr for lr in configs
-                        if all(j.finished_at <= child.created_at for j in below if j.params["lr"] == lr)}
+            finished = {
+                lr for lr in configs if all(j.finished_at <= child.created_at for j in below if j.params["lr"] == lr)
+            }
             promoted = {j.params["lr"] for j in rungs[rung] if j.created_at <= child.created_at}
             assert len(promoted) <= allowed(len(finished), len(configs), 3)
-        assert sorted(len([c for c in rungs[rung] if c.params["lr"] == lr]) for lr in
-                      {c.params["lr"] for c in rungs[rung]}) == [2] * (len(rungs[rung]) // 2)
+        assert sorted(
+            len([c for c in rungs[rung] if c.params["lr"] == lr]) for lr in {c.params["lr"] for c in rungs[rung]}
+        ) == [2] * (len(rungs[rung]) // 2)
     assert all(j.results["origin"] == j.id for j in rungs[0])
     for child in (c for rung in sorted(rungs)[1:] for c in rungs[rung]):
         [parent] = store.parents(child.id)  # each copy continues its own parent's run

@@ -15,8 +15,7 @@ from jobman.jobdb.errors import SweepError
 from jobman.jobdb.sweep import count_jobs, expand, format_sweep, format_value, parse_sweep
 
 TARGET = "jobman.models.mlp:train"
-SWEEP = [TARGET, "dataset=digits", "lr=loguniform(1e-4,1e-1)", "nhid=choice(64,128,256)",
-         "momentum=uniform(0.5,0.99)"]
+SWEEP = [TARGET, "dataset=digits", "lr=loguniform(1e-4,1e-1)", "nhid=choice(64,128,256)", "momentum=uniform(0.5,0.99)"]
 
 
 def points(tokens, **kw):
@@ -25,20 +24,24 @@ def points(tokens, **kw):
 
 # -- grammar --------------------------------------------------------------------------------------
 
+
 def test_distributions_parse_as_values_and_print_back():
-    sweep = parse_sweep([*SWEEP, "a={{1,2}}", "q=quniform(0,10,2.5)", "k=randint(1,6)", "z=normal(0,1)",
-                         "c=choice([1,2],relu,\"x,y\")"])
+    sweep = parse_sweep(
+        [*SWEEP, "a={{1,2}}", "q=quniform(0,10,2.5)", "k=randint(1,6)", "z=normal(0,1)", 'c=choice([1,2],relu,"x,y")']
+    )
     assert sweep.phases[0].assignments[1].distribution == Distribution("loguniform", (1e-4, 1e-1))
     assert sweep.phases[0].assignments[-1].distribution == Distribution("choice", ([1, 2], "relu", "x,y"))
     assert parse_sweep(format_sweep(sweep)) == sweep
 
 
-numbers = st.floats(-1e6, 1e6, allow_nan=False) | st.integers(-10**6, 10**6)
+numbers = st.floats(-1e6, 1e6, allow_nan=False) | st.integers(-(10**6), 10**6)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.sampled_from(["uniform", "loguniform", "randint", "normal", "quniform", "choice"]),
-       st.lists(numbers | st.text(max_size=5) | st.booleans(), min_size=1, max_size=4))
+@given(
+    st.sampled_from(["uniform", "loguniform", "randint", "normal", "quniform", "choice"]),
+    st.lists(numbers | st.text(max_size=5) | st.booleans(), min_size=1, max_size=4),
+)
 def test_any_distribution_that_parses_prints_back_to_itself(name, args):
     token = f"k={name}({','.join(format_value(a) for a in args)})"
     try:
@@ -54,22 +57,25 @@ def test_a_string_that_looks_like_a_call_stays_a_string_when_quoted():
     assert format_value("uniform(1)") == '"uniform(1)"'
 
 
-@pytest.mark.parametrize("token, words, char", [
-    ("lr=loguniform(0,1)", "must be above 0", 15),
-    ("lr=loguniform(1e-1,1e-4)", "below the high bound", 15),
-    ("lr=uniform(1)", "takes 2 numbers", 12),
-    ("lr=uniform(a,b)", "are numbers", 12),
-    ("n=randint(1.5,3)", "whole numbers", 11),
-    ("s=normal(0,0)", "sigma", 10),
-    ("q=quniform(0,1,0)", "step q", 12),
-    ("c=choice()", "at least one value", 10),
-    ("lr=logunifrom(1,2)", "not a distribution", 4),
-    ("lr={{1,uniform(1,2)}}", "inside a grid", 8),
-    ("lr=[uniform(1,2)]", "inside a list", 5),
-    ("lr=uniform(1,[2)", "never closed", 14),
-    ("lr=uniform(1,2", "uniform( is never closed", 15),
-    ("lr=loguniform(1e-4,1e-1)x", "unexpected text after the call of loguniform()", 25),
-])
+@pytest.mark.parametrize(
+    "token, words, char",
+    [
+        ("lr=loguniform(0,1)", "must be above 0", 15),
+        ("lr=loguniform(1e-1,1e-4)", "below the high bound", 15),
+        ("lr=uniform(1)", "takes 2 numbers", 12),
+        ("lr=uniform(a,b)", "are numbers", 12),
+        ("n=randint(1.5,3)", "whole numbers", 11),
+        ("s=normal(0,0)", "sigma", 10),
+        ("q=quniform(0,1,0)", "step q", 12),
+        ("c=choice()", "at least one value", 10),
+        ("lr=logunifrom(1,2)", "not a distribution", 4),
+        ("lr={{1,uniform(1,2)}}", "inside a grid", 8),
+        ("lr=[uniform(1,2)]", "inside a list", 5),
+        ("lr=uniform(1,[2)", "never closed", 14),
+        ("lr=uniform(1,2", "uniform( is never closed", 15),
+        ("lr=loguniform(1e-4,1e-1)x", "unexpected text after the call of loguniform()", 25),
+    ],
+)
 def test_a_bad_distribution_is_refused_at_its_position(token, words, char):
     with pytest.raises(SweepError) as err:
         parse_sweep(["f", "x=1", token])
@@ -86,6 +92,7 @@ def test_samples_and_distributions_go_together():
 
 
 # -- draws ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sampler", ["random", "halton"])
 def test_draws_are_reproducible_and_the_first_n_do_not_depend_on_n(sampler):
@@ -109,9 +116,14 @@ def test_each_grid_point_gets_the_same_draws_and_phases_draw_their_own():
 
 @pytest.mark.parametrize("sampler", ["random", "halton"])
 def test_draws_respect_bounds_and_types(sampler):
-    dists = {"u": Distribution("uniform", (-2.0, 3.0)), "l": Distribution("loguniform", (1e-4, 1e-1)),
-             "r": Distribution("randint", (1, 6)), "c": Distribution("choice", ("a", "b", "c")),
-             "q": Distribution("quniform", (0, 10, 3)), "ql": Distribution("qloguniform", (1, 1000, 0.5))}
+    dists = {
+        "u": Distribution("uniform", (-2.0, 3.0)),
+        "l": Distribution("loguniform", (1e-4, 1e-1)),
+        "r": Distribution("randint", (1, 6)),
+        "c": Distribution("choice", ("a", "b", "c")),
+        "q": Distribution("quniform", (0, 10, 3)),
+        "ql": Distribution("qloguniform", (1, 1000, 0.5)),
+    }
     out = draws(dists, 2000, seed=3, sampler=sampler)
     assert all(-2 <= p["u"] < 3 and 1e-4 <= p["l"] <= 1e-1 for p in out)
     assert {p["r"] for p in out} == {1, 2, 3, 4, 5, 6} and all(type(p["r"]) is int for p in out)
@@ -154,11 +166,13 @@ def test_halton_draws_spread_more_evenly_than_random_ones():
         return 64 - len(cells)
 
     assert worst_empty_cell(draws(dists, 64, seed=5, sampler="halton")) < worst_empty_cell(
-        draws(dists, 64, seed=5, sampler="random"))
+        draws(dists, 64, seed=5, sampler="random")
+    )
     assert ks_uniform([p["a"] for p in draws(dists, 256, seed=5, sampler="halton")]) < 0.02
 
 
 # -- the command ----------------------------------------------------------------------------------
+
 
 def test_the_same_command_adds_nothing_and_a_larger_one_only_the_new_points(jobman, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}?table=t"
@@ -170,18 +184,22 @@ def test_the_same_command_adds_nothing_and_a_larger_one_only_the_new_points(jobm
     assert more.code == 0 and "added 8 jobs" in more.out and "32 already present" in more.out
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["lr=loguniform(0,1)", "--samples", "3"], "character 15"),
-    (["lr=loguniform(1e-4,1)"], "--samples"),
-    (["lr=0.1", "--samples", "3"], "no parameter of this sweep is one"),
-    (["lr=uniform(1,2)", "--samples", "3", "--sampler", "sobol"], "sobol"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["lr=loguniform(0,1)", "--samples", "3"], "character 15"),
+        (["lr=loguniform(1e-4,1)"], "--samples"),
+        (["lr=0.1", "--samples", "3"], "no parameter of this sweep is one"),
+        (["lr=uniform(1,2)", "--samples", "3", "--sampler", "sobol"], "sobol"),
+    ],
+)
 def test_bad_search_commands_are_one_sentence_and_write_nothing(jobman, tmp_path, extra, words):
     db = tmp_path / "never.db"
     result = jobman("sqlschedule", f"sqlite:///{db}?table=t", TARGET, *extra)
     assert result.code != 0 and words in result.err and "Traceback" not in result.err, result
-    assert not db.exists() or not sqlite3.connect(db).execute(
-        "select name from sqlite_master where name='job'").fetchall()
+    assert (
+        not db.exists() or not sqlite3.connect(db).execute("select name from sqlite_master where name='job'").fetchall()
+    )
 
 
 def test_cmdline_runs_one_job_and_refuses_a_distribution(jobman, tmp_path):
@@ -193,11 +211,16 @@ def test_the_python_api_takes_the_same_distributions(tmp_path):
     import jobman
     from jobman.jobdb.errors import UsageError
 
-    axes = {"dataset": "digits", "lr": jobman.loguniform(1e-4, 1e-1), "nhid": jobman.choice(64, 128, 256),
-            "momentum": jobman.uniform(0.5, 0.99)}
+    axes = {
+        "dataset": "digits",
+        "lr": jobman.loguniform(1e-4, 1e-1),
+        "nhid": jobman.choice(64, 128, 256),
+        "momentum": jobman.uniform(0.5, 0.99),
+    }
     assert jobman.sample(32, axes, seed=7) == points(SWEEP, samples=32, seed=7)
-    assert jobman.sample(4, {**axes, "fold": [0, 1]}, seed=7, sampler="halton") == \
-        points([*SWEEP, "fold={{0,1}}"], samples=4, seed=7, sampler="halton")
+    assert jobman.sample(4, {**axes, "fold": [0, 1]}, seed=7, sampler="halton") == points(
+        [*SWEEP, "fold={{0,1}}"], samples=4, seed=7, sampler="halton"
+    )
     with pytest.raises(UsageError, match="above 0"):
         jobman.loguniform(0, 1)
     with pytest.raises(UsageError, match="jobman.sample"):
@@ -205,8 +228,12 @@ def test_the_python_api_takes_the_same_distributions(tmp_path):
     exp = jobman.Experiment(f"sqlite:///{tmp_path / 'api.db'}?table=t", backend=None)
     try:
         first = exp.schedule(SWEEP, samples=32, seed=7, check=False)
-        more = exp.schedule(" ".join(SWEEP[:2]) + " 'lr=loguniform(1e-4,1e-1)' 'nhid=choice(64,128,256)' "
-                            "'momentum=uniform(0.5,0.99)'", samples=40, seed=7, check=False)
+        more = exp.schedule(
+            " ".join(SWEEP[:2]) + " 'lr=loguniform(1e-4,1e-1)' 'nhid=choice(64,128,256)' 'momentum=uniform(0.5,0.99)'",
+            samples=40,
+            seed=7,
+            check=False,
+        )
         assert len(first) == 32 and len(more) == 40 and len(exp.store.jobs()) == 40
         assert [f.job_id for f in more[:32]] == [f.job_id for f in first]
         with pytest.raises(jobman.errors.SweepError, match="--samples"):

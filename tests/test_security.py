@@ -68,11 +68,11 @@ EXPERIMENTS = textwrap.dedent('''
         if state.n == 3:
             raise RuntimeError(f"job {channel.job_id} fails on purpose")
 ''')
-ECHO_ARGV = textwrap.dedent('''
+ECHO_ARGV = textwrap.dedent("""
     import json, os, sys
     with open(os.environ["JOBMAN_RESULTS"], "w") as fh:
         json.dump({"argv": sys.argv[1:]}, fh)
-''')
+""")
 
 
 @pytest.fixture
@@ -90,10 +90,21 @@ def env_with(mods: Path, **extra: str) -> dict[str, str]:
 
 # -- parameters never reach a shell ----------------------------------------------------------------
 
+
 def hostile_values(pwned: Path) -> list[str]:
-    return [f"$(touch {pwned})", f"`touch {pwned}`", f"; touch {pwned}", "; rm -rf ~", f"a && touch {pwned} #",
-            f"| touch {pwned}", f"' ; touch {pwned} ; '", f'" ; touch {pwned} ; "', f"\n touch {pwned}",
-            "{msg} $HOME * ~", "$(rm -rf ~)"]
+    return [
+        f"$(touch {pwned})",
+        f"`touch {pwned}`",
+        f"; touch {pwned}",
+        "; rm -rf ~",
+        f"a && touch {pwned} #",
+        f"| touch {pwned}",
+        f"' ; touch {pwned} ; '",
+        f'" ; touch {pwned} ; "',
+        f"\n touch {pwned}",
+        "{msg} $HOME * ~",
+        "$(rm -rf ~)",
+    ]
 
 
 def test_parameter_values_stay_inert_in_function_and_command_jobs(tmp_path, mods):
@@ -111,15 +122,17 @@ def test_parameter_values_stay_inert_in_function_and_command_jobs(tmp_path, mods
         assert r.code == 0 and f"added {len(values)} jobs" in r.out, r.err
     r = run_jobman("dispatch", url, "-j", "2", "--no-progress", "--exproot", str(tmp_path / "runs"), env=env)
     assert r.code == 0, r.err
-    r = run_jobman("cmdline", f"{MODULE}:echo", f"msg={json.dumps(values[0])}", "--workdir", str(tmp_path / "one"),
-                   env=env)
+    r = run_jobman(
+        "cmdline", f"{MODULE}:echo", f"msg={json.dumps(values[0])}", "--workdir", str(tmp_path / "one"), env=env
+    )
     assert r.code == 0 and json.loads(r.out)["results"]["got"] == values[0], r.err
 
     store = Store.open(url, create=False)
     try:
         jobs = store.jobs()
-        assert len(jobs) == 3 * len(values) and {j.status for j in jobs} == {Status.DONE}, \
-            [(j.id, j.status, j.error) for j in jobs if j.status is not Status.DONE]
+        assert len(jobs) == 3 * len(values) and {j.status for j in jobs} == {Status.DONE}, [
+            (j.id, j.status, j.error) for j in jobs if j.status is not Status.DONE
+        ]
         for j in jobs:
             msg = j.params["msg"]
             assert msg in values
@@ -136,6 +149,7 @@ def test_parameter_values_stay_inert_in_function_and_command_jobs(tmp_path, mods
 
 
 # -- passwords stay masked ------------------------------------------------------------------------
+
 
 def _table_text(url: str) -> str:
     """Every row of every jobman table, as text."""
@@ -163,14 +177,27 @@ def test_passwords_are_masked_in_every_output_log_error_and_event(password_serve
     runs = tmp_path / "runs"
     env = env_with(mods, JM_SECRETS="\n".join(forms))
 
-    results = [run_jobman("sqlschedule", url, f"{MODULE}:where", "n={{1,2,3,4,5}}", env=env),
-               run_jobman("worker", url, "--max-jobs", "1", "--exproot", str(runs), env=env),
-               run_jobman("dispatch", url, "-j", "2", "--no-progress", "--exproot", str(runs), env=env)]
+    results = [
+        run_jobman("sqlschedule", url, f"{MODULE}:where", "n={{1,2,3,4,5}}", env=env),
+        run_jobman("worker", url, "--max-jobs", "1", "--exproot", str(runs), env=env),
+        run_jobman("dispatch", url, "-j", "2", "--no-progress", "--exproot", str(runs), env=env),
+    ]
     assert [r.code for r in results] == [0, 0, 1], [r.err for r in results]  # job 3 fails on purpose
-    fine = (["list", url], ["list", url, "--format", "json"], ["show", url, "3"], ["sqlstatus", url],
-            ["report", url, "--metric", "score"], ["db", "experiments", url], ["db", "upgrade", url])
-    refused = (["list", wrong], ["--debug", "list", wrong], ["sqlschedule", unreachable, "--no-check", "p.m:f", "a=1"],
-               ["--debug", "worker", unreachable])
+    fine = (
+        ["list", url],
+        ["list", url, "--format", "json"],
+        ["show", url, "3"],
+        ["sqlstatus", url],
+        ["report", url, "--metric", "score"],
+        ["db", "experiments", url],
+        ["db", "upgrade", url],
+    )
+    refused = (
+        ["list", wrong],
+        ["--debug", "list", wrong],
+        ["sqlschedule", unreachable, "--no-check", "p.m:f", "a=1"],
+        ["--debug", "worker", unreachable],
+    )
     with ThreadPoolExecutor(max_workers=2) as pool:
         more = list(pool.map(lambda argv: run_jobman(*argv, env=env), [*fine, *refused]))
     for argv, r in zip([*fine, *refused], more):
@@ -183,7 +210,12 @@ def test_passwords_are_masked_in_every_output_log_error_and_event(password_serve
     try:
         jobs = store.jobs()
         assert sorted((j.params["n"], j.status) for j in jobs) == [
-            (1, Status.DONE), (2, Status.DONE), (3, Status.FAILED), (4, Status.DONE), (5, Status.DONE)]
+            (1, Status.DONE),
+            (2, Status.DONE),
+            (3, Status.FAILED),
+            (4, Status.DONE),
+            (5, Status.DONE),
+        ]
         plain = _plain_worker_pid(results[1])
         ran_by_dispatch = [j for j in jobs if j.status is Status.DONE and j.pid != plain]
         assert ran_by_dispatch, "dispatch ran some jobs"
@@ -196,8 +228,7 @@ def test_passwords_are_masked_in_every_output_log_error_and_event(password_serve
     finally:
         store.dispose()
 
-    everything = {"outputs": shown, "files under the exproot": _files_text(runs),
-                  "database rows": _table_text(url)}
+    everything = {"outputs": shown, "files under the exproot": _files_text(runs), "database rows": _table_text(url)}
     for where, text in everything.items():
         for form in forms:
             assert form not in text, f"the password ({form!r}) shows in the {where}"
@@ -219,7 +250,10 @@ def test_mask_password_masks_every_url_form():
         ("sqlite:////tmp/x.db?table=t", "sqlite:////tmp/x.db?table=t"),
         ("postgresql://:only-pw@host/db", "postgresql://:***@host/db"),
         ("postgresql://me:p@ss@host/db", "postgresql://me:***@host/db"),  # an unencoded '@'
-        ("postgres://u:a@b@c@h:5/db?table=t and sqlite:///x@y.db", "postgres://u:***@h:5/db?table=t and sqlite:///x@y.db"),
+        (
+            "postgres://u:a@b@c@h:5/db?table=t and sqlite:///x@y.db",
+            "postgres://u:***@h:5/db?table=t and sqlite:///x@y.db",
+        ),
         ("postgresql://me:pa#ss@host/db", "postgresql://me:***@host/db"),  # a raw '#'
         ("postgresql://me:pa ss@host/db?table=t", "postgresql://me:***@host/db?table=t"),  # a raw space
         ("'postgresql://me:a@b#c d@host:5432/db'", "'postgresql://me:***@host:5432/db'"),
@@ -240,14 +274,21 @@ def test_a_password_in_any_spelling_of_the_url_is_masked_in_output_errors_and_pa
     base, name = pg_database.rsplit("/", 1)
     scheme, _, hostpart = base.partition("://")
     user, _, host = hostpart.rpartition("@")
-    url = {"query": f"{pg_database}?password={secret}&table=masked",
-           "query-encoded": f"{pg_database}?table=masked&password={secret}%23x%40y",
-           "raw-hash": f"{scheme}://{user}:{secret}#x@{host}/{name}?table=masked",
-           "raw-space": f"{scheme}://{user}:{secret} x@{host}/{name}?table=masked",
-           "raw-at": f"{scheme}://{user}:{secret}@x@{host}/{name}?table=masked"}[spelling]
+    url = {
+        "query": f"{pg_database}?password={secret}&table=masked",
+        "query-encoded": f"{pg_database}?table=masked&password={secret}%23x%40y",
+        "raw-hash": f"{scheme}://{user}:{secret}#x@{host}/{name}?table=masked",
+        "raw-space": f"{scheme}://{user}:{secret} x@{host}/{name}?table=masked",
+        "raw-at": f"{scheme}://{user}:{secret}@x@{host}/{name}?table=masked",
+    }[spelling]
     shown = []
-    for argv in (["sqlschedule", url, "--no-check", "p.m:f", "a={{1,2}}"], ["list", url], ["sqlstatus", url],
-                 ["--debug", "list", url], ["db", "experiments", url]):
+    for argv in (
+        ["sqlschedule", url, "--no-check", "p.m:f", "a={{1,2}}"],
+        ["list", url],
+        ["sqlstatus", url],
+        ["--debug", "list", url],
+        ["db", "experiments", url],
+    ):
         r = run_jobman(*argv)
         shown.append(r.out + r.err)
         assert "Traceback" not in r.err or argv[0] == "--debug", (argv, r.err)
@@ -268,15 +309,24 @@ def test_a_password_in_any_spelling_of_the_url_is_masked_in_output_errors_and_pa
 
 # -- SQL is only built with bound parameters -------------------------------------------------------
 
-EVIL = ["'; DROP TABLE job; --", "Robert'); DROP TABLE experiment;--", 'a"b\\c', "x' OR '1'='1",
-        "%s %(x)s ? :name $1", "é✓\u202e\x01"]
+EVIL = [
+    "'; DROP TABLE job; --",
+    "Robert'); DROP TABLE experiment;--",
+    'a"b\\c',
+    "x' OR '1'='1",
+    "%s %(x)s ? :name $1",
+    "é✓\u202e\x01",
+]
 
 
 def _tables(store: Store) -> dict[str, int]:
     with store.engine.connect() as conn:
         names = set(sa.inspect(conn).get_table_names())
-        return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar()
-                for t in sorted(names) if t in {*metadata.tables, VERSION_TABLE}}
+        return {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar()
+            for t in sorted(names)
+            if t in {*metadata.tables, VERSION_TABLE}
+        }
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -288,8 +338,10 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
     # Through the Python API: keys, values, targets, results, metric names and reasons may hold anything.
-    specs = [JobSpec(0, "fn", f"pkg.mod:f{i}{evil}", {evil: evil, "i": i, "nested": {evil: [evil]}}, None)
-             for i, evil in enumerate(EVIL)]
+    specs = [
+        JobSpec(0, "fn", f"pkg.mod:f{i}{evil}", {evil: evil, "i": i, "nested": {evil: [evil]}}, None)
+        for i, evil in enumerate(EVIL)
+    ]
     ids = store.schedule(specs).job_ids
     for job_id, spec in zip(ids, specs):
         job = store.job(job_id)
@@ -314,23 +366,28 @@ def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
     assert code == 0 and "added 4 jobs" in out, err
     code, out, err = _cli(capsys, "list", db_url, "--format", "json")
     assert code == 0 and sorted(j["params"]["msg"] for j in json.loads(out) if "msg" in j["params"]) == sorted(EVIL[:4])
-    code, out, err = _cli(capsys, "sqlschedule", db_url, "--no-check", "pkg.mod:retrain", "x=1",
-                          "--after", f"msg={json.dumps(EVIL[0])}")
+    code, out, err = _cli(
+        capsys, "sqlschedule", db_url, "--no-check", "pkg.mod:retrain", "x=1", "--after", f"msg={json.dumps(EVIL[0])}"
+    )
     assert code == 0 and "added 1 jobs" in out, err
     fan_in = [j for j in store.jobs() if j.target == "pkg.mod:retrain"]
     assert len(fan_in) == 1 and len(fan_in[0].depends_on) == 1
     assert store.job(fan_in[0].depends_on[0]).params["msg"] == EVIL[0]
-    for argv in (["sqlstatus", db_url, "--print_keys", ",".join(EVIL)],
-                 ["report", db_url, "--metric", EVIL[0], "--format", "json"],
-                 ["report", db_url, "--where", f"msg=={json.dumps(EVIL[3])}", "--metric", "x"],
-                 ["sqlschedule", db_url, "--no-check", "pkg.mod:g", "x=1", "--after", f"target={EVIL[1]}"]):
+    for argv in (
+        ["sqlstatus", db_url, "--print_keys", ",".join(EVIL)],
+        ["report", db_url, "--metric", EVIL[0], "--format", "json"],
+        ["report", db_url, "--where", f"msg=={json.dumps(EVIL[3])}", "--metric", "x"],
+        ["sqlschedule", db_url, "--no-check", "pkg.mod:g", "x=1", "--after", f"target={EVIL[1]}"],
+    ):
         code, out, err = _cli(capsys, *argv)
         assert code in (0, 1, 2), (argv, code, err)
-    refused = [["show", db_url, "1; DROP TABLE job"],
-               ["list", db_url.replace("?table=", "?table=x'; DROP TABLE job; --")],
-               ["list", db_url, "--table", "x; DROP TABLE job"],
-               ["list", db_url, "--status", "DONE'; DROP TABLE job; --"],
-               ["sqlstatus", db_url, "1 OR 1=1"]]
+    refused = [
+        ["show", db_url, "1; DROP TABLE job"],
+        ["list", db_url.replace("?table=", "?table=x'; DROP TABLE job; --")],
+        ["list", db_url, "--table", "x; DROP TABLE job"],
+        ["list", db_url, "--status", "DONE'; DROP TABLE job; --"],
+        ["sqlstatus", db_url, "1 OR 1=1"],
+    ]
     if db_url.startswith("postgresql"):
         refused.append(["list", db_url + "&schema=public;DROP TABLE job"])
     for argv in refused:
@@ -345,6 +402,7 @@ def test_sql_is_only_built_with_bound_parameters(store, db_url, capsys):
 
 # -- least privilege: one role, one schema ---------------------------------------------------------
 
+
 def _admin(database_url: str, sql: list[str]) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         for statement in sql:
@@ -353,9 +411,11 @@ def _admin(database_url: str, sql: list[str]) -> None:
 
 def grants(schema: str, role: str) -> list[str]:
     """The least a role needs to run an experiment in ``schema``: what docs/guarantees.md prescribes."""
-    return [f"GRANT USAGE ON SCHEMA {schema} TO {role}",
-            f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
-            f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"]
+    return [
+        f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
+        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+    ]
 
 
 def test_a_role_works_in_its_own_schema_and_is_refused_another(pg_database, tmp_path, mods):
@@ -384,9 +444,11 @@ def test_a_role_works_in_its_own_schema_and_is_refused_another(pg_database, tmp_
 
         # Role A in schema B: refused, in one sentence, and nothing changes there.
         before = run_jobman("list", f"{pg_database}?schema={schemas[1]}&table=mlp", "--format", "json").out
-        attempts = (["list", url(roles[0], schemas[1])],
-                    ["sqlschedule", url(roles[0], schemas[1]), "--no-check", "pkg.mod:f", "x=1"],
-                    ["worker", url(roles[0], schemas[1]), "--exproot", str(tmp_path / "stolen")])
+        attempts = (
+            ["list", url(roles[0], schemas[1])],
+            ["sqlschedule", url(roles[0], schemas[1]), "--no-check", "pkg.mod:f", "x=1"],
+            ["worker", url(roles[0], schemas[1]), "--exproot", str(tmp_path / "stolen")],
+        )
         with ThreadPoolExecutor(max_workers=2) as pool:
             for r in pool.map(lambda argv: run_jobman(*argv), attempts):
                 message = one_sentence(r)
@@ -400,9 +462,12 @@ def test_a_role_works_in_its_own_schema_and_is_refused_another(pg_database, tmp_
         message = one_sentence(run_jobman("db", "upgrade", f"{pg_database}?schema=nope_{tag}"))
         assert f"schema 'nope_{tag}' does not exist" in message and "CREATE SCHEMA" in message, message
     finally:
-        _admin(pg_database, [f"DROP SCHEMA IF EXISTS {s} CASCADE" for s in schemas]
-               + [f"DROP OWNED BY {r}" for r in roles if _role_exists(pg_database, r)]
-               + [f"DROP ROLE IF EXISTS {r}" for r in roles])
+        _admin(
+            pg_database,
+            [f"DROP SCHEMA IF EXISTS {s} CASCADE" for s in schemas]
+            + [f"DROP OWNED BY {r}" for r in roles if _role_exists(pg_database, r)]
+            + [f"DROP ROLE IF EXISTS {r}" for r in roles],
+        )
 
 
 def _role_exists(database_url: str, role: str) -> bool:

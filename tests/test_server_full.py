@@ -29,7 +29,7 @@ MAX_CONNECTIONS = 15  # 3 kept for superusers: 12 for jobman, whose 24 workers w
 WORKERS = 24
 JOBS = 200
 
-EXPERIMENT = '''
+EXPERIMENT = """
 import os, time
 
 def nap(state, channel):
@@ -37,7 +37,7 @@ def nap(state, channel):
         fh.write(f"{state['i']}\\n")
     time.sleep(0.3)
     return {"i": state["i"]}
-'''
+"""
 
 
 @pytest.fixture
@@ -93,7 +93,8 @@ class Probe:
 
 
 def test_more_workers_than_connection_slots_run_every_job_once_and_the_dispatcher_says_so_once(
-        small_server, tmp_path: Path):
+    small_server, tmp_path: Path
+):
     moddir = tmp_path / "mods"
     moddir.mkdir()
     (moddir / "full_exp.py").write_text(EXPERIMENT)
@@ -101,23 +102,47 @@ def test_more_workers_than_connection_slots_run_every_job_once_and_the_dispatche
     trace.touch()
     url = f"postgresql://lab@127.0.0.1:{small_server.port}/lab?table=full"
     store = Store.open(url)
-    store.schedule([JobSpec(phase=0, kind="fn", target="full_exp:nap", params={"i": i}, parent=None)
-                    for i in range(JOBS)])
+    store.schedule(
+        [JobSpec(phase=0, kind="fn", target="full_exp:nap", params={"i": i}, parent=None) for i in range(JOBS)]
+    )
     store.dispose()
-    env = {**os.environ, "JM_TRACE": str(trace),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "JM_TRACE": str(trace),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p),
+    }
     colleague = f"postgresql://colleague@127.0.0.1:{small_server.port}/lab"
     admin_url = f"postgresql://postgres@127.0.0.1:{small_server.port}/lab?table=full"
     with Probe(small_server.url) as probe, Probe(colleague) as other:
         began = time.monotonic()
-        dispatch = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "dispatch", url, "-j", str(WORKERS),
-                                     "--exproot", str(tmp_path / "runs"), "--no-progress"], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        dispatch = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jobman.cli.main",
+                "dispatch",
+                url,
+                "-j",
+                str(WORKERS),
+                "--exproot",
+                str(tmp_path / "runs"),
+                "--no-progress",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         while len(trace.read_text().split()) < 20 and dispatch.poll() is None:
             time.sleep(0.05)
         # an administrator's monitor (a superuser, who has the reserved slots) while the workers wait for slots
-        monitor = subprocess.run([sys.executable, "-m", "jobman.cli.main", "monitor", admin_url, "--once"],
-                                 env=env, capture_output=True, text=True, timeout=120)
+        monitor = subprocess.run(
+            [sys.executable, "-m", "jobman.cli.main", "monitor", admin_url, "--once"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         _out, err = dispatch.communicate(timeout=400)
         took = time.monotonic() - began
     proc = subprocess.CompletedProcess(dispatch.args, dispatch.returncode, _out, err)

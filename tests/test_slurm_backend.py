@@ -21,7 +21,6 @@ pytestmark = pytest.mark.slurm
 PRINT_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
 
 
-
 def wait_ended(backend: SlurmBackend, ids: list[str], timeout: float = 30.0) -> None:
     """Poll the backend until none of ``ids`` is alive."""
     deadline = time.monotonic() + timeout
@@ -31,8 +30,9 @@ def wait_ended(backend: SlurmBackend, ids: list[str], timeout: float = 30.0) -> 
 
 
 def squeue_field(job_id: str, field: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-O", f"{field}:|"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", job_id, "-O", f"{field}:|"], capture_output=True, text=True, check=True
+    )
     return out.stdout.rstrip("\n").rstrip("|")
 
 
@@ -48,10 +48,8 @@ def test_submit_job_passes_argv_unaltered(slurm_cluster: SlurmCluster, tmp_path:
     assert (tmp_path / f"{job}.sh").read_text().startswith("#!/bin/sh\n")
 
 
-def test_sbatch_options_with_spaces_and_quotes_arrive_unaltered(
-    slurm_cluster: SlurmCluster, tmp_path: Path
-) -> None:
-    user_string = "--comment='a b \"c\" $HOME' --job-name=\"my job's\""
+def test_sbatch_options_with_spaces_and_quotes_arrive_unaltered(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    user_string = '--comment=\'a b "c" $HOME\' --job-name="my job\'s"'
     backend = SlurmBackend(sbatch_options=user_string, log_dir=tmp_path)
     assert backend.sbatch_options == ['--comment=a b "c" $HOME', "--job-name=my job's"]
     first = backend.submit_job(["true"])

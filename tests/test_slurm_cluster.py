@@ -12,7 +12,6 @@ from slurm_cluster import SlurmCluster
 pytestmark = pytest.mark.slurm
 
 
-
 def test_client_commands_find_the_cluster_through_slurm_conf(slurm_cluster: SlurmCluster) -> None:
     assert os.environ["SLURM_CONF"] == str(slurm_cluster.conf_path)
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %T"], capture_output=True, text=True, check=True)
@@ -21,8 +20,9 @@ def test_client_commands_find_the_cluster_through_slurm_conf(slurm_cluster: Slur
     assert state in ("idle", "mixed", "allocated")
     # What the client commands read is the test cluster's file, whatever /etc/slurm holds on this host.
     config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    conf_lines = [line.split("=", 1)[1].strip() for line in config.splitlines()
-                  if line.split("=", 1)[0].strip() == "SLURM_CONF"]
+    conf_lines = [
+        line.split("=", 1)[1].strip() for line in config.splitlines() if line.split("=", 1)[0].strip() == "SLURM_CONF"
+    ]
     assert conf_lines == [str(slurm_cluster.conf_path)], conf_lines
 
 
@@ -40,8 +40,9 @@ def test_a_job_completes_and_writes_its_output(slurm_cluster: SlurmCluster, tmp_
 def test_an_array_gives_one_record_per_task(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     job = slurm_cluster.sbatch("#!/bin/sh\necho $SLURM_ARRAY_TASK_ID\n", "--array=0-3", directory=tmp_path)
     assert [slurm_cluster.wait_state(f"{job}_{task}") for task in range(4)] == ["COMPLETED"] * 4
-    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i"], capture_output=True, text=True, check=True
+    )
     assert sorted(out.stdout.split()) == [f"{job}_{task}" for task in range(4)]
 
 

@@ -98,6 +98,7 @@ def resumable(state, channel):
 
 # -- helpers ----------------------------------------------------------------------
 
+
 @pytest.fixture
 def exp(tmp_path: Path, pg_database: str, jobman):
     experiment = Experiment(tmp_path, f"{pg_database}?table=slurm_{uuid.uuid4().hex[:8]}", jobman)
@@ -134,8 +135,19 @@ class Experiment:
         """A dispatch --follow running in the background (stdout and stderr to files under root)."""
         out = open(self.root / "dispatch.out", "w")
         err = open(self.root / "dispatch.err", "w")
-        argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", self.url, "--backend", "slurm",
-                "--exproot", str(self.exproot), "--follow", *options]
+        argv = [
+            sys.executable,
+            "-m",
+            "jobman.cli.main",
+            "dispatch",
+            self.url,
+            "--backend",
+            "slurm",
+            "--exproot",
+            str(self.exproot),
+            "--follow",
+            *options,
+        ]
         return subprocess.Popen(argv, cwd=self.root, env={**os.environ, **self.env}, stdout=out, stderr=err)
 
     def dispatch_err(self) -> str:
@@ -179,9 +191,11 @@ def scontrol(job_id: str) -> dict[str, str]:
 
 # -- pull workers ---------------------------------------------------------------------
 
+
 @pytest.mark.slurm
 def test_a_two_phase_sweep_runs_on_a_worker_array_children_after_parents(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:pretrain", "x={{1,2,3}}", "--", "slurm_jobs:finetune")
     proc = exp.popen_dispatch("-j", "4", "--heartbeat", "1")
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
@@ -208,7 +222,11 @@ def test_a_two_phase_sweep_runs_on_a_worker_array_children_after_parents(
 
 @pytest.mark.slurm
 def test_a_database_password_reaches_the_workers_but_not_their_command_lines(
-        slurm_cluster: SlurmCluster, password_server, tmp_path: Path, jobman) -> None:  # noqa: F811
+    slurm_cluster: SlurmCluster,
+    password_server,  # noqa: F811
+    tmp_path: Path,
+    jobman,
+) -> None:
     server = password_server
     role, database = f"jm_sl_{uuid.uuid4().hex[:8]}", f"jm_sl_{uuid.uuid4().hex[:8]}"
     secret = "S1urm:p@ss/" + uuid.uuid4().hex[:6]
@@ -243,8 +261,9 @@ def test_detach_submits_one_array_prints_its_id_and_returns(slurm_cluster: Slurm
     assert "jobman monitor" in result.err and array_id in result.err
     task = scontrol(f"{array_id}_0")
     assert (task["JobName"], task["ArrayTaskThrottle"], task["Requeue"]) == ("detached", "1", "1")
-    tasks = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", array_id, "-o", "%i"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    tasks = subprocess.run(
+        ["squeue", "-h", "-r", "-t", "all", "-j", array_id, "-o", "%i"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert sorted(tasks) == [f"{array_id}_0", f"{array_id}_1"]  # -j 2 of 3 ready jobs
     exp.wait_all_done(60)
     assert {j.backend_id.split("_")[0] for j in exp.jobs()} == {array_id}
@@ -255,7 +274,8 @@ def test_detach_submits_one_array_prints_its_id_and_returns(slurm_cluster: Slurm
 
 @pytest.mark.slurm
 def test_a_scancelled_worker_is_found_by_the_monitor_and_its_job_relaunched(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     marker = exp.root / "started"
     exp.schedule("slurm_jobs:stubborn", f"marker={marker}")
     proc = exp.popen_dispatch("-j", "1", "--heartbeat", "1", "--grace", "60")
@@ -273,7 +293,8 @@ def test_a_scancelled_worker_is_found_by_the_monitor_and_its_job_relaunched(
 
 @pytest.mark.slurm
 def test_a_job_that_sigkills_its_process_or_its_worker_is_crashed_with_the_reason_and_relaunched(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:killer", "victim={{self,worker}}")
     proc = exp.popen_dispatch("-j", "2", "--heartbeat", "1")
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
@@ -291,7 +312,8 @@ def test_a_job_that_sigkills_its_process_or_its_worker_is_crashed_with_the_reaso
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_worker_at_its_time_limit_requeues_its_job_which_resumes_from_its_checkpoint(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     # --time=1 and the default --signal=B:TERM@60: Slurm's warning comes at its first
     # time check (~20 s in), long before the kill at ~85 s.
     exp.schedule("slurm_jobs:resumable", "steps=40")
@@ -310,7 +332,8 @@ def test_a_worker_at_its_time_limit_requeues_its_job_which_resumes_from_its_chec
 
 @pytest.mark.slurm
 def test_pull_workers_on_slurm_reuse_job_processes_and_set_the_threads_of_each_job(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:where_and_threads", "n={{1,2,3,4,5,6}}")
     proc = exp.popen_dispatch("-j", "1", "--heartbeat", "1", "--jobs-per-process", "3", "--threads-per-job", "2")
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
@@ -325,7 +348,8 @@ def test_pull_workers_on_slurm_reuse_job_processes_and_set_the_threads_of_each_j
 
 @pytest.mark.slurm
 def test_gpus_come_from_slurms_gres_which_sets_each_jobs_cuda_visible_devices(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:where_and_threads", "n={{1,2,3,4}}")
     proc = exp.popen_dispatch("-j", "2", "--heartbeat", "1", "--sbatch", "--gres=gpu:1")
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
@@ -349,14 +373,17 @@ def test_gpus_come_from_slurms_gres_which_sets_each_jobs_cuda_visible_devices(
 
 # -- one Slurm job per jobman job ----------------------------------------------------------
 
+
 @pytest.mark.slurm
 def test_one_job_per_task_sets_the_threads_of_each_job_and_refuses_jobs_per_process(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:where_and_threads", "n={{1,2}}")
     refused = exp.dispatch("--one-job-per-task", "--jobs-per-process", "5")
     assert refused.code == 2 and "Traceback" not in refused.err
-    assert refused.err.strip() == ("jobman: --jobs-per-process is for pull workers: with --one-job-per-task "
-                                   "each Slurm job runs one job"), refused.err
+    assert refused.err.strip() == (
+        "jobman: --jobs-per-process is for pull workers: with --one-job-per-task each Slurm job runs one job"
+    ), refused.err
     assert all(j.status is Status.QUEUED and j.backend_id is None for j in exp.jobs())  # nothing submitted
 
     proc = exp.popen_dispatch("--one-job-per-task", "--threads-per-job", "3", "--heartbeat", "1")
@@ -367,14 +394,15 @@ def test_one_job_per_task_sets_the_threads_of_each_job_and_refuses_jobs_per_proc
     assert len({j.results["slurm_job"] for j in jobs}) == 2
 
 
-
 @pytest.mark.slurm
 def test_one_job_per_task_gives_each_job_its_own_resources_and_submits_children_when_queued(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:probe", "n=1", "resources=--cpus-per-task=2 --mem=64M")
     exp.schedule("slurm_jobs:probe", "n=2", "--", "slurm_jobs:probe")
-    proc = exp.popen_dispatch("--one-job-per-task", "--sbatch", "--mem=32M",
-                              "--sbatch-phase", "1=--cpus-per-task=3", "--heartbeat", "1")
+    proc = exp.popen_dispatch(
+        "--one-job-per-task", "--sbatch", "--mem=32M", "--sbatch-phase", "1=--cpus-per-task=3", "--heartbeat", "1"
+    )
     assert finish(proc, 120, exp) == 0, exp.dispatch_err()
 
     own, plain, child = sorted(exp.jobs(), key=lambda j: (j.phase, j.params["n"]))
@@ -395,7 +423,8 @@ def test_one_job_per_task_gives_each_job_its_own_resources_and_submits_children_
 
 @pytest.mark.slurm
 def test_one_job_per_task_never_submits_a_job_twice_and_resubmits_one_whose_slurm_job_never_started(
-        slurm_cluster: SlurmCluster, exp: Experiment) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
     exp.schedule("slurm_jobs:probe", "n={{1,2}}", "--", "slurm_jobs:pretrain", "x=1")
     first = exp.dispatch("--one-job-per-task", "--sbatch", "--hold")
     assert first.code == 0, first.err
@@ -436,6 +465,7 @@ def test_run_job_runs_only_the_job_assigned_to_its_slurm_job(exp: Experiment) ->
 
 # -- what is refused ---------------------------------------------------------------------
 
+
 @pytest.mark.slurm
 def test_sqlite_is_refused_without_allow_sqlite(slurm_cluster: SlurmCluster, tmp_path: Path, jobman) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}?table=t"
@@ -444,21 +474,35 @@ def test_sqlite_is_refused_without_allow_sqlite(slurm_cluster: SlurmCluster, tmp
     assert refused.code == 2 and refused.out == ""
     assert refused.err.strip().startswith("jobman: Slurm jobs on other nodes cannot share a SQLite file")
     assert "PostgreSQL" in refused.err and "--allow-sqlite" in refused.err and len(refused.err.splitlines()) == 1
-    accepted = jobman("dispatch", url, "--backend", "slurm", "--allow-sqlite", "--sbatch", "--hold",
-                      "--exproot", str(tmp_path / "runs"), cwd=tmp_path)
+    accepted = jobman(
+        "dispatch",
+        url,
+        "--backend",
+        "slurm",
+        "--allow-sqlite",
+        "--sbatch",
+        "--hold",
+        "--exproot",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     assert accepted.code == 0 and accepted.out.strip().isdigit(), accepted.err
     subprocess.run(["scancel", accepted.out.strip()], check=True)
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("mode, options, message", [
-    ((), "--no-such-option", "sbatch refused the job: unrecognized option '--no-such-option'"),
-    ((), "--partition=nowhere", "sbatch refused the job: Batch job submission failed: Invalid partition name"),
-    (("--one-job-per-task",), "--partition=nowhere", "sbatch refused the job: Batch job submission failed"),
-    (("--one-job-per-task",), "--comment='unbalanced", "cannot be parsed: No closing quotation"),
-])
+@pytest.mark.parametrize(
+    "mode, options, message",
+    [
+        ((), "--no-such-option", "sbatch refused the job: unrecognized option '--no-such-option'"),
+        ((), "--partition=nowhere", "sbatch refused the job: Batch job submission failed: Invalid partition name"),
+        (("--one-job-per-task",), "--partition=nowhere", "sbatch refused the job: Batch job submission failed"),
+        (("--one-job-per-task",), "--comment='unbalanced", "cannot be parsed: No closing quotation"),
+    ],
+)
 def test_a_bad_sbatch_option_is_one_sentence_and_a_failure(
-        slurm_cluster: SlurmCluster, exp: Experiment, mode: tuple, options: str, message: str) -> None:
+    slurm_cluster: SlurmCluster, exp: Experiment, mode: tuple, options: str, message: str
+) -> None:
     exp.schedule("slurm_jobs:pretrain", "x=1")
     result = exp.dispatch(*mode, "--sbatch", options)
     assert result.code == 1 and result.out == ""
@@ -483,6 +527,7 @@ def test_slurm_options_are_refused_with_the_local_backend(tmp_path: Path, jobman
 
 # -- the pieces -----------------------------------------------------------------------------
 
+
 def test_resources_become_sbatch_options() -> None:
     from jobman.dispatch.slurm_dispatch import parse_phase_options, resources_options
     from jobman.jobdb.errors import UsageError
@@ -490,12 +535,17 @@ def test_resources_become_sbatch_options() -> None:
     assert resources_options("--mem=4G  --comment='a b'") == ["--mem=4G", "--comment=a b"]
     assert resources_options(["--mem=4G", "--gres=gpu:1"]) == ["--mem=4G", "--gres=gpu:1"]
     assert resources_options({"mem": "4G", "cpus-per-task": 2, "exclusive": True, "x": False}) == [
-        "--mem=4G", "--cpus-per-task=2", "--exclusive"]
+        "--mem=4G",
+        "--cpus-per-task=2",
+        "--exclusive",
+    ]
     assert resources_options(None) == []
     with pytest.raises(UsageError, match="resources"):
         resources_options(4)
     assert parse_phase_options(["1=--mem=4G --gres=gpu:1", "0=-c 2", "1=--time=5"]) == {
-        1: ["--mem=4G", "--gres=gpu:1", "--time=5"], 0: ["-c", "2"]}
+        1: ["--mem=4G", "--gres=gpu:1", "--time=5"],
+        0: ["-c", "2"],
+    }
     with pytest.raises(UsageError, match="PHASE=OPTIONS"):
         parse_phase_options(["--mem=4G"])
 

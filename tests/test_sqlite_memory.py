@@ -18,15 +18,20 @@ from conftest import experiment_module
 engine_name = pytest.fixture(lambda: "sqlite")
 
 # Python that reads how many bytes SQLite counts as in use, as ``used()``.
-MEMORY_USED = ("import ctypes, _sqlite3\n"
-               "used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used\n"
-               "used.restype = ctypes.c_int64\n")
+MEMORY_USED = (
+    "import ctypes, _sqlite3\n"
+    "used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used\n"
+    "used.restype = ctypes.c_int64\n"
+)
 
-PROBE = MEMORY_USED + '''
+PROBE = (
+    MEMORY_USED
+    + """
 def memory_counted(state, channel):
     state["counted"] = used()
     return channel.COMPLETE
-'''
+"""
+)
 
 
 def sqlite_memory_counted_after(code: str) -> int:
@@ -38,10 +43,12 @@ def sqlite_memory_counted_after(code: str) -> int:
 
 def test_a_process_that_allows_it_opens_its_store_without_the_statistics_and_works(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    work = ("from jobman.jobdb.store import Store\nfrom jobman.jobdb.sweep import JobSpec\n"
-            f"s = Store.open({url!r})\n"
-            "s.schedule([JobSpec(0, 'fn', 'm:f', {'lr': lr}, None) for lr in (1, 2, 3)])\n"
-            "assert len(s.jobs()) == 3\n")
+    work = (
+        "from jobman.jobdb.store import Store\nfrom jobman.jobdb.sweep import JobSpec\n"
+        f"s = Store.open({url!r})\n"
+        "s.schedule([JobSpec(0, 'fn', 'm:f', {'lr': lr}, None) for lr in (1, 2, 3)])\n"
+        "assert len(s.jobs()) == 3\n"
+    )
     allowed = "from jobman.jobdb import sqlite_memory\nsqlite_memory.allow()\n"
     assert sqlite_memory_counted_after(allowed + work) == 0
     # A program that imports jobman with connections of its own keeps SQLite as it was.

@@ -63,8 +63,9 @@ class StoreMachine(RuleBasedStateMachine):
     def _rows(self) -> dict[int, tuple[str, int]]:
         with self.store.engine.connect() as conn:
             exp = self.store._exp(conn)
-            rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, t_job.c.lease)
-                                .where(t_job.c.experiment_id == exp)).all()
+            rows = conn.execute(
+                sa.select(t_job.c.id, t_job.c.status, t_job.c.lease).where(t_job.c.experiment_id == exp)
+            ).all()
         return {r.id: (r.status, r.lease) for r in rows}
 
     def _ids(self) -> list[int]:
@@ -82,8 +83,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.counter += 1
             specs.append(JobSpec(0, "fn", "pkg.mod:fn", {"n": self.counter}, None))
             for phase in range(1, depth + 1):
-                specs.append(JobSpec(phase, "fn", "pkg.mod:fn", {"n": self.counter, "phase": phase},
-                                     len(specs) - 1))
+                specs.append(JobSpec(phase, "fn", "pkg.mod:fn", {"n": self.counter, "phase": phase}, len(specs) - 1))
         after = self._ids()[-2:] if fan_in else []
         if after:  # fan-in: the new roots depend on the last jobs already there
             specs = [s for s in specs if s.phase == 0]
@@ -98,8 +98,11 @@ class StoreMachine(RuleBasedStateMachine):
             self.claims.append((claimed.job.id, claimed.lease))
 
     @precondition(lambda self: self.claims)
-    @rule(data=st.data(), outcome=st.sampled_from(["DONE", "FAILED", "INCOMPLETE", "REQUEUE", "CRASHED"]),
-          relaunch=st.booleans())
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(["DONE", "FAILED", "INCOMPLETE", "REQUEUE", "CRASHED"]),
+        relaunch=st.booleans(),
+    )
     def finish(self, data, outcome: str, relaunch: bool) -> None:
         job_id, lease = data.draw(st.sampled_from(self.claims))
         owned = self._owned(job_id, lease)
@@ -140,8 +143,9 @@ class StoreMachine(RuleBasedStateMachine):
     def crash_many(self, data, relaunch: bool, limit: int | None) -> None:
         chosen = data.draw(st.lists(st.sampled_from(self.claims), min_size=1, max_size=4, unique=True))
         owned = {job_id for job_id, lease in chosen if self._owned(job_id, lease)}
-        done = self.store.crash_many([(j, lease, "monitor: found dead") for j, lease in chosen],
-                                     relaunch=relaunch, max_attempts=limit)
+        done = self.store.crash_many(
+            [(j, lease, "monitor: found dead") for j, lease in chosen], relaunch=relaunch, max_attempts=limit
+        )
         assert set(done) == owned
         rows = self._rows()
         assert {j: rows[j][0] for j in done} == {j: s.value for j, s in done.items()}, "the answer is not the truth"
@@ -188,17 +192,21 @@ class StoreMachine(RuleBasedStateMachine):
         with self.store.engine.connect() as conn:
             exp = self.store._exp(conn)
             p = t_job.alias("p")
-            rows = conn.execute(sa.select(t_job.c.id, t_job.c.status, p.c.id, p.c.status)
-                                .join(t_dep, t_dep.c.job_id == t_job.c.id).join(p, p.c.id == t_dep.c.depends_on)
-                                .where(t_job.c.experiment_id == exp)).all()
+            rows = conn.execute(
+                sa.select(t_job.c.id, t_job.c.status, p.c.id, p.c.status)
+                .join(t_dep, t_dep.c.job_id == t_job.c.id)
+                .join(p, p.c.id == t_dep.c.depends_on)
+                .where(t_job.c.experiment_id == exp)
+            ).all()
         open_parents: dict[int, int] = {}
         for child, status, parent, parent_status in rows:
             open_parents[child] = open_parents.get(child, 0) + (parent_status != S.DONE.value)
             if status == S.QUEUED.value:
                 assert parent_status == S.DONE.value, f"job {child} is QUEUED; its parent {parent} is {parent_status}"
             if status in (S.WAITING.value, S.QUEUED.value):
-                assert parent_status not in BLOCKING_VALUES, \
+                assert parent_status not in BLOCKING_VALUES, (
                     f"job {child} is {status} under parent {parent}, which is {parent_status}"
+                )
         for job_id, (status, _lease) in self._rows().items():
             if status == S.WAITING.value:  # waiting for nothing would be waiting forever
                 assert open_parents.get(job_id, 0) > 0, f"job {job_id} is WAITING with every parent DONE"
@@ -220,9 +228,15 @@ class StoreMachine(RuleBasedStateMachine):
             return
         rows = self._rows()
         with self.store.engine.connect() as conn:
-            events = conn.execute(sa.select(t_event.c.job_id, t_event.c.from_status, t_event.c.to_status)
-                                  .where(t_event.c.job_id.in_(list(rows)), t_event.c.to_status.is_not(None))
-                                  .order_by(t_event.c.id)).all() if rows else []
+            events = (
+                conn.execute(
+                    sa.select(t_event.c.job_id, t_event.c.from_status, t_event.c.to_status)
+                    .where(t_event.c.job_id.in_(list(rows)), t_event.c.to_status.is_not(None))
+                    .order_by(t_event.c.id)
+                ).all()
+                if rows
+                else []
+            )
         last: dict[int, str] = {}
         for job_id, before, after in events:
             if job_id in last:
@@ -235,8 +249,12 @@ class StoreMachine(RuleBasedStateMachine):
                 assert status in (S.QUEUED.value, S.WAITING.value), f"job {job_id} is {status} with no event"
 
 
-FAST = settings(max_examples=40, stateful_step_count=25, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+FAST = settings(
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 
 def test_status_machine_on_sqlite(tmp_path):

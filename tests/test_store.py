@@ -31,8 +31,11 @@ def statuses(store: Store) -> dict[int, Status]:
 
 
 def by_params(store: Store, **params) -> int:
-    [job_id] = [j.id for j in store.jobs() if all(j.params.get(k) == v for k, v in params.items())
-                and len(j.params) == len(params)]
+    [job_id] = [
+        j.id
+        for j in store.jobs()
+        if all(j.params.get(k) == v for k, v in params.items()) and len(j.params) == len(params)
+    ]
     return job_id
 
 
@@ -83,6 +86,7 @@ def commits_during(store: Store, fn):
 
 # -- schedule ----------------------------------------------------------------------------------
 
+
 def test_schedule_is_idempotent(store):
     specs = sweep("lr={{0.1,0.01}}", "n={{1,2,3}}", "--", "e={{5,6}}")
     first = store.schedule(specs)
@@ -111,8 +115,16 @@ def test_schedule_makes_roots_queued_and_children_waiting_with_their_dependency(
         assert roots[parent].params["n"] == c.params["n"]
 
 
-@pytest.mark.parametrize("how", ["unstorable parameter", "parent after its child", "a parent of its own",
-                                 "number too large", "unknown --after job"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "unstorable parameter",
+        "parent after its child",
+        "a parent of its own",
+        "number too large",
+        "unknown --after job",
+    ],
+)
 def test_a_failed_schedule_leaves_nothing(store, how):
     store.schedule(sweep("seed=1"))
     before = dump(store)
@@ -150,6 +162,7 @@ def test_a_failed_first_schedule_does_not_create_the_experiment(db_url):
 
 # -- phases and claiming ------------------------------------------------------------------------
 
+
 def test_done_promotes_children_in_the_same_commit(store):
     store.schedule(sweep("n={{1,2}}", "--", "lr={{0.1,0.2}}"))
     c = store.claim(W)
@@ -163,8 +176,13 @@ def test_done_promotes_children_in_the_same_commit(store):
     assert all(j.status is S.WAITING for j in other)
     if store.engine.dialect.name == "postgresql":  # one transaction wrote both rows
         with store.engine.connect() as conn:
-            xmins = conn.execute(sa.text("SELECT DISTINCT xmin::text FROM job WHERE id = ANY(:ids)"),
-                                 {"ids": [c.job.id, *kids]}).scalars().all()
+            xmins = (
+                conn.execute(
+                    sa.text("SELECT DISTINCT xmin::text FROM job WHERE id = ANY(:ids)"), {"ids": [c.job.id, *kids]}
+                )
+                .scalars()
+                .all()
+            )
         assert len(xmins) == 1
     for k in kids:
         [e] = [e for e in store.events(k) if e.to_status == "QUEUED"]
@@ -179,7 +197,8 @@ def test_finish_and_claim_records_then_claims_in_one_commit(store):
     [kid] = store.schedule(sweep("n=1", "--", "lr=0.1")).job_ids[1:]
     c = store.claim(W)
     (status, nxt), commits = commits_during(
-        store, lambda: store.finish_and_claim(root, c.lease, "DONE", W, "/runs", results={"w": 3}))
+        store, lambda: store.finish_and_claim(root, c.lease, "DONE", W, "/runs", results={"w": 3})
+    )
     assert status is S.DONE and commits == 1
     assert nxt.job.id == kid and nxt.job.depends_on == [root] and nxt.job.workdir == f"/runs/{kid}"
     assert statuses(store) == {root: S.DONE, kid: S.RUNNING}
@@ -192,8 +211,9 @@ def test_finish_and_claim_records_then_claims_in_one_commit(store):
 def test_a_claimed_job_is_the_row_the_claim_left(store):
     """A claim returns only the columns it did not set: the job handed over, filled from the claiming
     worker, equals the stored row, for a first run, a dependent, and a resumed job with a checkpoint."""
-    slurm = WorkerInfo(host="node7", pid=99, pid_started_at=12.5, backend="slurm", backend_id="4711",
-                       log_path="/logs/4711.out")
+    slurm = WorkerInfo(
+        host="node7", pid=99, pid_started_at=12.5, backend="slurm", backend_id="4711", log_path="/logs/4711.out"
+    )
     [root] = store.schedule(sweep("n=1")).job_ids
     [kid] = store.schedule(sweep("n=1", "--", "lr=0.1")).job_ids[1:]
     first = store.claim(slurm, "/runs")
@@ -250,11 +270,19 @@ def test_priority_beats_first_in_line(store):
 
 def test_claim_records_the_worker_and_returns_none_when_nothing_is_ready(store):
     store.schedule(sweep("n=1", "--", "m=2"))
-    c = store.claim(WorkerInfo(host="nodeA", pid=77, pid_started_at=5.0, backend="slurm", backend_id="12_3"),
-                    workdir_root="/scratch/runs")
+    c = store.claim(
+        WorkerInfo(host="nodeA", pid=77, pid_started_at=5.0, backend="slurm", backend_id="12_3"),
+        workdir_root="/scratch/runs",
+    )
     j = store.job(c.job.id)
-    assert (j.status, j.host, j.pid, j.pid_started_at, j.backend, j.backend_id) == (S.RUNNING, "nodeA", 77, 5.0,
-                                                                                      "slurm", "12_3")
+    assert (j.status, j.host, j.pid, j.pid_started_at, j.backend, j.backend_id) == (
+        S.RUNNING,
+        "nodeA",
+        77,
+        5.0,
+        "slurm",
+        "12_3",
+    )
     assert j.attempt == 1 and j.lease == 1 and j.workdir == f"/scratch/runs/{j.id}"
     assert j.started_at and j.heartbeat_at
     assert store.claim(W) is None  # the child waits for its running parent
@@ -264,6 +292,7 @@ def test_claim_records_the_worker_and_returns_none_when_nothing_is_ready(store):
 
 # -- lease fencing --------------------------------------------------------------------------------
 
+
 def test_stale_leases_are_refused_and_logged(store):
     [jid] = store.schedule(sweep("a=1")).job_ids
     old = store.claim(W)
@@ -271,10 +300,12 @@ def test_stale_leases_are_refused_and_logged(store):
     store.reset([jid], force_running=True)
     new = store.claim(W)
     assert new.job.id == jid and new.lease == old.lease + 1
-    for call in (lambda: store.heartbeat(jid, old.lease),
-                 lambda: store.save(jid, old.lease, {"stale": True}),
-                 lambda: store.log_metrics(jid, old.lease, [(1, "loss", 0.5)]),
-                 lambda: store.finish(jid, old.lease, "DONE", results={"stale": True})):
+    for call in (
+        lambda: store.heartbeat(jid, old.lease),
+        lambda: store.save(jid, old.lease, {"stale": True}),
+        lambda: store.log_metrics(jid, old.lease, [(1, "loss", 0.5)]),
+        lambda: store.finish(jid, old.lease, "DONE", results={"stale": True}),
+    ):
         with pytest.raises(LeaseLost, match=f"job {jid}"):
             call()
     j = store.job(jid)
@@ -323,6 +354,7 @@ def test_cancel_running_is_a_stop_request_seen_by_heartbeat(store):
 
 # -- failures and crashes ----------------------------------------------------------------------------
 
+
 def test_failed_blocks_descendants_transitively(store):
     store.schedule(sweep("n={{1,2}}", "--", "m={{1,2}}", "--", "k=1"))
     c = store.claim(W)
@@ -349,8 +381,13 @@ def test_crashed_relaunches_within_max_attempts_then_stays_crashed(store):
     assert statuses(store) == {jid: S.CRASHED, child: S.BLOCKED}
     assert store.claim(W) is None
     moves = [(e.from_status, e.to_status, e.attempt) for e in store.events(jid)]
-    assert moves == [("QUEUED", "RUNNING", 1), ("RUNNING", "CRASHED", 1), ("CRASHED", "QUEUED", 1),
-                     ("QUEUED", "RUNNING", 2), ("RUNNING", "CRASHED", 2)]
+    assert moves == [
+        ("QUEUED", "RUNNING", 1),
+        ("RUNNING", "CRASHED", 1),
+        ("CRASHED", "QUEUED", 1),
+        ("QUEUED", "RUNNING", 2),
+        ("RUNNING", "CRASHED", 2),
+    ]
     assert any("killed by signal 9" in e.why for e in store.events(jid))
     # relaunch() respects the budget unless told otherwise.
     assert store.relaunch([jid], "monitor") == []
@@ -367,16 +404,24 @@ def test_a_crash_reported_by_its_worker_and_one_found_by_the_monitor_are_one_mov
     assert store.finish(by_worker, first.lease, "CRASHED", error=reason, why=reason) is S.QUEUED
     assert store.crash_many([(by_monitor, second.lease, "killed by SIGKILL")]) == {by_monitor: S.QUEUED}
     whys = [[(e.from_status, e.to_status, e.why) for e in store.events(j)][1:] for j in (by_worker, by_monitor)]
-    assert whys[0] == whys[1] == [("RUNNING", "CRASHED", "killed by SIGKILL"),
-                                  ("CRASHED", "QUEUED", "relaunch after crash (killed by SIGKILL), attempt 1 of 2")]
+    assert (
+        whys[0]
+        == whys[1]
+        == [
+            ("RUNNING", "CRASHED", "killed by SIGKILL"),
+            ("CRASHED", "QUEUED", "relaunch after crash (killed by SIGKILL), attempt 1 of 2"),
+        ]
+    )
     jobs = {j.id: j for j in store.jobs()}
-    assert {(j.status, j.error, j.finished_at, j.resume) for j in jobs.values()} == {(S.QUEUED, "killed by SIGKILL",
-                                                                                      None, False)}
+    assert {(j.status, j.error, j.finished_at, j.resume) for j in jobs.values()} == {
+        (S.QUEUED, "killed by SIGKILL", None, False)
+    }
     with pytest.raises(ValueError, match="unknown outcome"):
         store.finish(by_worker, first.lease, "EXPLODED")
 
 
 # -- repairs -----------------------------------------------------------------------------------------
+
 
 def test_reset_cascades_and_keeps_old_results_in_the_event_log(store):
     [root, mid, leaf] = store.schedule(sweep("a=1", "--", "b=2", "--", "c=3")).job_ids
@@ -496,6 +541,7 @@ def test_results_round_trip_and_oversized_state_is_refused(store):
     c = store.claim(W)
     from jobman.jobdb.errors import StateTooLarge
     from jobman.jobdb.store import MAX_STATE_BYTES
+
     with pytest.raises(StateTooLarge):
         store.save(jid, c.lease, {"w": "x" * (MAX_STATE_BYTES + 1)})
     store.save(jid, c.lease, {"nested": {"list": [1, 2.5, None, "é"]}})
@@ -525,6 +571,7 @@ def test_experiments_are_separate(db_url):
 
 def test_event_data_is_json_and_sources_name_this_process(store):
     import os
+
     store.schedule(sweep("a=1"))
     c = store.claim(W)
     store.finish(c.job.id, c.lease, "DONE")
@@ -559,20 +606,40 @@ def test_a_wider_sweep_attaches_new_children_to_finished_parents(store):
     assert_events_explain_statuses(store)
 
 
-@pytest.mark.parametrize("value", [
-    {"b": 1, "a": [1.5, None, True, "é ü \u2603 \"quoted\" \\back"], "c": {"z": {}, "y": []}},
-    {"lr": 0.1, "n": 10**20, "name": "x", "flag": False, "nested": {"k": [{"b": 2, "a": 1}]}},
-    {}, [3, {"b": 1, "a": 2}], "text", 7,
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1, "a": [1.5, None, True, 'é ü \u2603 "quoted" \\back'], "c": {"z": {}, "y": []}},
+        {"lr": 0.1, "n": 10**20, "name": "x", "flag": False, "nested": {"k": [{"b": 2, "a": 1}]}},
+        {},
+        [3, {"b": 1, "a": 2}],
+        "text",
+        7,
+    ],
+)
 def test_canonical_json_is_json_dumps_with_sorted_keys(value):
     """The fast encoder of a sweep's parameters gives what json.dumps(sort_keys=True) gives."""
     assert dump_json(value) == json.dumps(value, sort_keys=True)
 
 
-@pytest.mark.parametrize("text", [
-    '{"b": 1, "a": [1.5, null, true, "\\u00e9 \\"q\\""]}', "{}", "[3, {}]", '"text"', "7", "null",
-    ' {"a": 1} ', '{"a": NaN}', "", "{", '{"a": 1} extra', "nan", "[1,]",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"b": 1, "a": [1.5, null, true, "\\u00e9 \\"q\\""]}',
+        "{}",
+        "[3, {}]",
+        '"text"',
+        "7",
+        "null",
+        ' {"a": 1} ',
+        '{"a": NaN}',
+        "",
+        "{",
+        '{"a": 1} extra',
+        "nan",
+        "[1,]",
+    ],
+)
 def test_stored_json_is_read_back_as_json_loads_reads_it(text):
     """The decoder of claimed jobs gives what json.loads gives, and refuses what it refuses, alike."""
     try:

@@ -44,29 +44,88 @@ def params_of(tokens, **kw):
 
 # -- typing of values ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("3", 3), ("-12", -12), ("+7", 7), ("0", 0),
-    ("0.1", 0.1), ("1e-3", 0.001), ("-2.5E2", -250.0), (".5", 0.5), ("3.", 3.0),
-    ("True", True), ("true", True), ("False", False), ("false", False),
-    ("None", None), ("null", None),
-    ("relu", "relu"), ("adam_v2", "adam_v2"), ("a b", "a b"), ("", ""),
-    ('"3"', "3"), ('"True"', "True"), ("'None'", "None"), ('"a,b"', "a,b"), ('"x\\"y"', 'x"y'),
-    ("[]", []), ("[1,2,3]", [1, 2, 3]), ("[0.1,relu,True,None]", [0.1, "relu", True, None]),
-    ("[[1,2],[3]]", [[1, 2], [3]]), ('["a,b",c]', ["a,b", "c"]), ("[ 1 , 2 ]", [1, 2]),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3", 3),
+        ("-12", -12),
+        ("+7", 7),
+        ("0", 0),
+        ("0.1", 0.1),
+        ("1e-3", 0.001),
+        ("-2.5E2", -250.0),
+        (".5", 0.5),
+        ("3.", 3.0),
+        ("True", True),
+        ("true", True),
+        ("False", False),
+        ("false", False),
+        ("None", None),
+        ("null", None),
+        ("relu", "relu"),
+        ("adam_v2", "adam_v2"),
+        ("a b", "a b"),
+        ("", ""),
+        ('"3"', "3"),
+        ('"True"', "True"),
+        ("'None'", "None"),
+        ('"a,b"', "a,b"),
+        ('"x\\"y"', 'x"y'),
+        ("[]", []),
+        ("[1,2,3]", [1, 2, 3]),
+        ("[0.1,relu,True,None]", [0.1, "relu", True, None]),
+        ("[[1,2],[3]]", [[1, 2], [3]]),
+        ('["a,b",c]', ["a,b", "c"]),
+        ("[ 1 , 2 ]", [1, 2]),
+    ],
+)
 def test_values_are_typed_as_jobman_did(text, expected):
     assert same(parse_value(text), expected)
     assert same(params_of(["pkg.mod:fn", f"k={text}"]), [{"k": expected}])
 
 
 def test_grid_values_are_typed_one_by_one():
-    assert same(params_of(["f", 'k={{1,2.5,True,None,relu,"7",[1,2]}}']),
-                [{"k": 1}, {"k": 2.5}, {"k": True}, {"k": None}, {"k": "relu"}, {"k": "7"}, {"k": [1, 2]}])
+    assert same(
+        params_of(["f", 'k={{1,2.5,True,None,relu,"7",[1,2]}}']),
+        [{"k": 1}, {"k": 2.5}, {"k": True}, {"k": None}, {"k": "relu"}, {"k": "7"}, {"k": [1, 2]}],
+    )
 
 
-@pytest.mark.parametrize("value", [0, -3, 10**20, 0.1, -1e-300, 1e300, True, False, None, "", "x", "a b", "1",
-                                   "True", "none", "{{", "}}", "a,b", "[x", 'q"uote', "it's", "back\\", "\\",
-                                   " pad ", "--", "é", [], [1, "two", [3.5, None]], ["}}", "{{", "\\"]])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -3,
+        10**20,
+        0.1,
+        -1e-300,
+        1e300,
+        True,
+        False,
+        None,
+        "",
+        "x",
+        "a b",
+        "1",
+        "True",
+        "none",
+        "{{",
+        "}}",
+        "a,b",
+        "[x",
+        'q"uote',
+        "it's",
+        "back\\",
+        "\\",
+        " pad ",
+        "--",
+        "é",
+        [],
+        [1, "two", [3.5, None]],
+        ["}}", "{{", "\\"],
+    ],
+)
 def test_format_value_parses_back(value):
     assert same(parse_value(format_value(value)), value)
     sweep = parse_sweep(["f", f"k={format_value(value)}", f"g={{{{{format_value(value)},0}}}}"])
@@ -74,6 +133,7 @@ def test_format_value_parses_back(value):
 
 
 # -- grids, products, phases ---------------------------------------------------------------
+
 
 def test_a_plain_assignment_makes_one_job():
     sweep = parse_sweep(["pkg.train:main", "lr=0.1", "nhid=64"])
@@ -115,14 +175,18 @@ def test_a_phase_may_name_its_own_target():
 def test_a_phase_of_only_a_target_makes_one_child_per_parent():
     jobs = expand(parse_sweep(["a.b:c", "x={{1,2}}", "--", "a.b:d"]))
     assert [(j.phase, j.target, j.parent, j.params) for j in jobs[2:]] == [
-        (1, "a.b:d", 0, {"x": 1}), (1, "a.b:d", 1, {"x": 2})]
+        (1, "a.b:d", 0, {"x": 1}),
+        (1, "a.b:d", 1, {"x": 2}),
+    ]
 
 
 def test_command_sweeps():
     sweep = parse_sweep(["lr={{1,2}}"], command="python train.py")
     assert sweep.kind == "cmd"
     assert [(j.kind, j.target, j.params) for j in expand(sweep)] == [
-        ("cmd", "python train.py", {"lr": 1}), ("cmd", "python train.py", {"lr": 2})]
+        ("cmd", "python train.py", {"lr": 1}),
+        ("cmd", "python train.py", {"lr": 2}),
+    ]
 
 
 def test_shell_brace_expanded_grids_are_joined_back():
@@ -140,31 +204,35 @@ def test_brace_expanded_and_written_grids_number_arguments_as_typed():
 
 # -- refusals ------------------------------------------------------------------------------
 
+
 def refused(tokens, **kw) -> str:
     with pytest.raises(SweepError) as info:
         parse_sweep(tokens, **kw)
     return str(info.value)
 
 
-@pytest.mark.parametrize("tokens, arg, char, words", [
-    (["f", "lr={{0.1,0.2"], 2, 4, "never closed"),
-    (["f", "lr={{0.1,0.2}"], 2, 4, "never closed"),
-    (["f", "lr=0.1}}"], 2, 7, "without"),
-    (["f", "lr={{}}"], 2, 4, "empty"),
-    (["f", "lr={{ }}"], 2, 4, "empty"),
-    (["f", "lr={{0.1,}}"], 2, 10, "empty value"),
-    (["f", "lr={{,0.1}}"], 2, 6, "empty value"),
-    (["f", "a=1", "lr={{1,{{2}}}}"], 3, 8, "nested"),
-    (["f", "1lr=3"], 2, 1, "not a valid parameter name"),
-    (["f", "l$r=3"], 2, 1, "not a valid parameter name"),
-    (["f", "=3"], 2, 1, "not a valid parameter name"),
-    (["f", "k=[1,2"], 2, 3, "'['"),
-    (["f", "k=1]"], 2, 4, "unexpected"),
-    (["f", 'k="abc'], 2, 3, "quote"),
-    (["f", 'k={{"abc,d}}'], 2, 5, "never closed"),
-    (["f", "k=[1,[2]"], 2, 6, "never closed"),
-    (["f", 'k="\\q"'], 2, 3, "malformed quoted string"),
-])
+@pytest.mark.parametrize(
+    "tokens, arg, char, words",
+    [
+        (["f", "lr={{0.1,0.2"], 2, 4, "never closed"),
+        (["f", "lr={{0.1,0.2}"], 2, 4, "never closed"),
+        (["f", "lr=0.1}}"], 2, 7, "without"),
+        (["f", "lr={{}}"], 2, 4, "empty"),
+        (["f", "lr={{ }}"], 2, 4, "empty"),
+        (["f", "lr={{0.1,}}"], 2, 10, "empty value"),
+        (["f", "lr={{,0.1}}"], 2, 6, "empty value"),
+        (["f", "a=1", "lr={{1,{{2}}}}"], 3, 8, "nested"),
+        (["f", "1lr=3"], 2, 1, "not a valid parameter name"),
+        (["f", "l$r=3"], 2, 1, "not a valid parameter name"),
+        (["f", "=3"], 2, 1, "not a valid parameter name"),
+        (["f", "k=[1,2"], 2, 3, "'['"),
+        (["f", "k=1]"], 2, 4, "unexpected"),
+        (["f", 'k="abc'], 2, 3, "quote"),
+        (["f", 'k={{"abc,d}}'], 2, 5, "never closed"),
+        (["f", "k=[1,[2]"], 2, 6, "never closed"),
+        (["f", 'k="\\q"'], 2, 3, "malformed quoted string"),
+    ],
+)
 def test_malformed_assignments_name_argument_and_character(tokens, arg, char, words):
     message = refused(tokens)
     assert f"argument {arg} " in message
@@ -173,16 +241,19 @@ def test_malformed_assignments_name_argument_and_character(tokens, arg, char, wo
     assert repr(tokens[arg - 1]) in message
 
 
-@pytest.mark.parametrize("tokens, arg, words", [
-    (["f", "lr"], 2, "'=' is missing"),
-    (["f", "a=1", "a=2"], 3, "already set in this phase"),
-    (["f", "a={{1,2}}", "--", "b=1", "a=3"], 5, "already set in phase 0"),
-    (["f", "a=1", "--"], 3, "must be followed by a phase"),
-    (["f", "a=1", "--", "--", "b=1"], 4, "empty"),
-    (["--", "a=1"], 1, "empty"),
-    (["not a target!", "a=1"], 1, "neither key=value nor a target"),
-    (["f", "a=1", "--", "9bad", "b=1"], 4, "neither key=value nor a target"),
-])
+@pytest.mark.parametrize(
+    "tokens, arg, words",
+    [
+        (["f", "lr"], 2, "'=' is missing"),
+        (["f", "a=1", "a=2"], 3, "already set in this phase"),
+        (["f", "a={{1,2}}", "--", "b=1", "a=3"], 5, "already set in phase 0"),
+        (["f", "a=1", "--"], 3, "must be followed by a phase"),
+        (["f", "a=1", "--", "--", "b=1"], 4, "empty"),
+        (["--", "a=1"], 1, "empty"),
+        (["not a target!", "a=1"], 1, "neither key=value nor a target"),
+        (["f", "a=1", "--", "9bad", "b=1"], 4, "neither key=value nor a target"),
+    ],
+)
 def test_malformed_sweeps_name_the_argument(tokens, arg, words):
     message = refused(tokens)
     assert re.search(rf"\bargument {arg}\b", message), message
@@ -199,8 +270,14 @@ def test_empty_and_targetless_sweeps_are_refused():
 _keys = st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]{0,6}\Z")
 _targets = st.from_regex(r"\A[a-z_][a-z0-9_]{0,5}(\.[a-z_][a-z0-9_]{0,5}){0,2}:[a-z_][a-z0-9_]{0,5}\Z")
 _text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)
-_scalars = st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
-                     st.none(), _text, st.sampled_from(["}}", "{{", "a,b", "[", "]", "'", '"', "\\", "1", "None"]))
+_scalars = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+    _text,
+    st.sampled_from(["}}", "{{", "a,b", "[", "]", "'", '"', "\\", "1", "None"]),
+)
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
 
 
@@ -212,7 +289,7 @@ def sweeps(draw) -> Sweep:
     phases, taken = [], 0
     for number in range(n_phases):
         n = draw(st.integers(0, len(keys) - taken))
-        mine = keys[taken:taken + n]
+        mine = keys[taken : taken + n]
         taken += n
         assignments = []
         for key in mine:
@@ -286,7 +363,7 @@ def mutated(draw) -> list[str]:
         how = draw(st.integers(0, 4))
         if how == 0 and tok:
             j = draw(st.integers(0, len(tok) - 1))
-            tokens[i] = tok[:j] + tok[j + 1:]
+            tokens[i] = tok[:j] + tok[j + 1 :]
         elif how == 1:
             j = draw(st.integers(0, len(tok)))
             tokens[i] = tok[:j] + draw(_noise) + tok[j:]

@@ -33,8 +33,9 @@ def filled(store, db_url):
     return store, db_url, roles
 
 
-def client(db_url: str, *, token: str | None = TOKEN, allow_actions: bool = False, authorized: bool = True,
-           **kwargs) -> TestClient:
+def client(
+    db_url: str, *, token: str | None = TOKEN, allow_actions: bool = False, authorized: bool = True, **kwargs
+) -> TestClient:
     app = create_app(db_url, token=token, allow_actions=allow_actions, **kwargs)
     headers = {"Authorization": f"token {token}"} if token and authorized else {}
     return TestClient(app, base_url=BASE, headers=headers, follow_redirects=False)
@@ -94,8 +95,9 @@ def test_the_job_table_pages_sorts_and_filters(filled):
     assert ids("sort=-id") == sorted(roles["all"], reverse=True)
     assert ids("status=DONE") == sorted(roles["done"])
     assert ids("status=FAILED,RUNNING&phase=0") == sorted(roles["failed"] + roles["running"])
-    assert ids("where=lr%3D%3D0.01,nhid%3E%3D64&phase=0") == [j.id for j in store.jobs(phase=0)
-                                                               if j.params["lr"] == 0.01 and j.params["nhid"] == 64]
+    assert ids("where=lr%3D%3D0.01,nhid%3E%3D64&phase=0") == [
+        j.id for j in store.jobs(phase=0) if j.params["lr"] == 0.01 and j.params["nhid"] == 64
+    ]
     assert ids("sort=-finished_at&status=DONE")[0] == roles["done"][-1]
     total = c.get(f"/e/{name}?part=jobs&status=DONE").text
     assert '<span id="job-total">10</span>' in total
@@ -136,9 +138,16 @@ def test_a_hostile_value_shows_as_text_on_every_page(filled):
     c = client(db_url)
     name = store.experiment
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
-    for url in ("/", "/?part=list", f"/e/{name}", f"/e/{name}?part=jobs", f"/e/{name}?part=report",
-                f"/e/{name}/job/{roles['hostile']}", f"/e/{name}/job/{roles['hostile']}?part=history",
-                f"/e/{name}?where=note%3D%3D{HOSTILE}"):
+    for url in (
+        "/",
+        "/?part=list",
+        f"/e/{name}",
+        f"/e/{name}?part=jobs",
+        f"/e/{name}?part=report",
+        f"/e/{name}/job/{roles['hostile']}",
+        f"/e/{name}/job/{roles['hostile']}?part=history",
+        f"/e/{name}?where=note%3D%3D{HOSTILE}",
+    ):
         text = c.get(url).text
         assert HOSTILE not in text and "<script>alert" not in text, url
     assert escaped in c.get(f"/e/{name}/job/{roles['hostile']}").text
@@ -148,14 +157,16 @@ def test_a_hostile_value_shows_as_text_on_every_page(filled):
 def test_bad_input_on_a_page_is_one_sentence(filled):
     store, db_url, roles = filled
     c = client(db_url)
-    for url, code, words in ((f"/e/{store.experiment}?sort=size", 400, "cannot sort jobs by"),
-                             (f"/e/{store.experiment}?status=SLEEPING", 400, "unknown status"),
-                             (f"/e/{store.experiment}?where=lr", 400, "KEY OP VALUE"),
-                             (f"/e/{store.experiment}?page=-1", 400, "0 or more"),
-                             (f"/e/{store.experiment}?part=report&mode=median", 400, "min or max"),
-                             (f"/e/{store.experiment}?part=report&metric=speed", 400, "speed"),
-                             ("/e/no-such-experiment", 404, "no experiment"),
-                             (f"/e/{store.experiment}/job/999999", 404, "no job 999999")):
+    for url, code, words in (
+        (f"/e/{store.experiment}?sort=size", 400, "cannot sort jobs by"),
+        (f"/e/{store.experiment}?status=SLEEPING", 400, "unknown status"),
+        (f"/e/{store.experiment}?where=lr", 400, "KEY OP VALUE"),
+        (f"/e/{store.experiment}?page=-1", 400, "0 or more"),
+        (f"/e/{store.experiment}?part=report&mode=median", 400, "min or max"),
+        (f"/e/{store.experiment}?part=report&metric=speed", 400, "speed"),
+        ("/e/no-such-experiment", 404, "no experiment"),
+        (f"/e/{store.experiment}/job/999999", 404, "no job 999999"),
+    ):
         page = c.get(url)
         assert page.status_code == code, url
         assert words in re.search(r'id="error">(.*?)</p>', page.text).group(1), url
@@ -164,8 +175,13 @@ def test_bad_input_on_a_page_is_one_sentence(filled):
 def test_every_request_needs_the_token(filled):
     store, db_url, roles = filled
     c = client(db_url, authorized=False)
-    for url in ("/", f"/e/{store.experiment}", "/api/experiments", "/static/style.css",
-                f"/e/{store.experiment}/job/{roles['done'][0]}"):
+    for url in (
+        "/",
+        f"/e/{store.experiment}",
+        "/api/experiments",
+        "/static/style.css",
+        f"/e/{store.experiment}/job/{roles['done'][0]}",
+    ):
         assert c.get(url).status_code == 403, url
         assert c.get(url, headers={"Authorization": "token wrong-token-000"}).status_code == 403, url
     assert "wrong token" in c.get("/?token=nope").text
@@ -230,8 +246,7 @@ def test_actions_are_refused_without_allow_actions_from_another_site_or_without_
 
 
 def _act(c: TestClient, name: str, job_id: int, **form) -> str:
-    r = c.post(f"/e/{name}/job/{job_id}/action", data={"csrf": TOKEN, **form},
-               headers={"Origin": BASE})
+    r = c.post(f"/e/{name}/job/{job_id}/action", data={"csrf": TOKEN, **form}, headers={"Origin": BASE})
     assert r.status_code == 303, r.text
     return c.get(r.headers["location"]).text
 
@@ -285,11 +300,14 @@ def test_no_page_shows_the_database_password(pg_database):
 
 # -- the command ------------------------------------------------------------------------
 
+
 def test_serve_refuses_what_it_must_in_one_sentence(jobman, tmp_path):
     db = f"sqlite:///{tmp_path / 'none.db'}"
-    for args, words in ((["--host", "0.0.0.0", "--no-token"], "without a token would open the database"),
-                        (["--token", "short"], "at least 8 characters"),
-                        ([], "no jobman database")):
+    for args, words in (
+        (["--host", "0.0.0.0", "--no-token"], "without a token would open the database"),
+        (["--token", "short"], "at least 8 characters"),
+        ([], "no jobman database"),
+    ):
         r = jobman("serve", db, "--port", "0", *args, timeout=60)
         assert r.code != 0 and "Traceback" not in r.err, r.err
         assert words in r.err and len(r.err.strip().splitlines()) == 1, r.err
@@ -297,8 +315,10 @@ def test_serve_refuses_what_it_must_in_one_sentence(jobman, tmp_path):
 
 
 def test_serve_says_how_to_install_the_extra_when_it_is_missing(tmp_path):
-    code = ("import sys; sys.modules['uvicorn'] = None; sys.modules['starlette'] = None\n"
-            "from jobman.cli.main import main; sys.exit(main(['serve', 'sqlite:///x.db']))")
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; sys.modules['starlette'] = None\n"
+        "from jobman.cli.main import main; sys.exit(main(['serve', 'sqlite:///x.db']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert proc.returncode != 0
     assert proc.stderr.strip() == "jobman: jobman serve needs the web extra: pip install 'jobman-sql[web]'"
@@ -310,8 +330,12 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
     db_url = f"sqlite:///{tmp_path / 'served.db'}?table=served"
     store = Store.open(db_url)
     fill(store)
-    proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         link = re.search(r"(http://127\.0\.0\.1:(\d+)/e/[^?]+\?token=(\S+))", line)
@@ -321,16 +345,21 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         with browser.open(link.group(1), timeout=10) as r:  # the redirect sets the cookie that lets it in
             assert r.status == 200 and r.url.endswith(f"/e/{store.experiment}")
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/e/{store.experiment}",
-                                     headers={"Authorization": f"token {link.group(3)}"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/e/{store.experiment}", headers={"Authorization": f"token {link.group(3)}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200 and b"valid_error" in r.read()
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
         assert refused.value.code == 403
         # A second server on the same port: one sentence.
-        taken = subprocess.run([sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", str(port)],
-                               capture_output=True, text=True, timeout=60)
+        taken = subprocess.run(
+            [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert taken.returncode != 0 and f"port {port} on 127.0.0.1 is taken" in taken.stderr
     finally:
         proc.terminate()
@@ -341,9 +370,11 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
 def test_charts_escape_every_label_and_category():
     from jobman.web import charts
 
-    drawn = [charts.scatter([(HOSTILE, 0.1, HOSTILE), ("b", 0.2, "b")], HOSTILE, HOSTILE, best=HOSTILE),
-             charts.lines([(HOSTILE, [(0, 1.0), (1, 0.5)])], HOSTILE, HOSTILE),
-             charts.parallel([HOSTILE], [([HOSTILE], 0.1, HOSTILE), (["x"], 0.3, "x")], HOSTILE)]
+    drawn = [
+        charts.scatter([(HOSTILE, 0.1, HOSTILE), ("b", 0.2, "b")], HOSTILE, HOSTILE, best=HOSTILE),
+        charts.lines([(HOSTILE, [(0, 1.0), (1, 0.5)])], HOSTILE, HOSTILE),
+        charts.parallel([HOSTILE], [([HOSTILE], 0.1, HOSTILE), (["x"], 0.3, "x")], HOSTILE),
+    ]
     for svg in drawn:
         assert "<script" not in svg and "&lt;script&gt;" in svg
     assert drawn[0].count('class="pt') == 2 and drawn[0].count('class="pt best"') == 1

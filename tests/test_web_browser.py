@@ -53,13 +53,15 @@ def click(driver, selector: str) -> None:
             return True
         except StaleElementReferenceException:
             return False
+
     wait(driver, attempt)
 
 
 def text_of(driver, selector: str) -> str:
     """The element's text, read in one step (a live update may replace it at any time)."""
-    return driver.execute_script("var e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
-                                 selector)
+    return driver.execute_script(
+        "var e = document.querySelector(arguments[0]); return e ? e.textContent : '';", selector
+    )
 
 
 def by_css(driver, selector: str):
@@ -71,8 +73,7 @@ def by_css(driver, selector: str):
 def test_the_experiments_page_lists_the_experiments(site):
     driver, root, store, roles = site
     driver.get(root + "/")
-    names = driver.execute_script("return Array.from(document.querySelectorAll('tr.experiment'), "
-                                  "r => r.dataset.name);")
+    names = driver.execute_script("return Array.from(document.querySelectorAll('tr.experiment'), r => r.dataset.name);")
     assert names == ["dbn", "mlp"]
     best = "tr.experiment[data-name=mlp] td.best"  # arrives with the first live update
     wait(driver, lambda d: "valid_error 0.1005" in text_of(d, best))
@@ -84,9 +85,11 @@ def test_a_chart_draws_one_point_per_configuration(site):
     wait(driver, lambda d: by_css(d, "figure[data-param=nhid]"))  # the report arrives after the first paint
     for param in ("lr", "nhid"):
         # Drawn, not only present: each point has a size on the screen.
-        drawn = driver.execute_script("return Array.from(document.querySelectorAll(arguments[0]))"
-                                      ".filter(c => c.getBoundingClientRect().width > 0).length;",
-                                      f"figure[data-param={param}] svg circle.pt")
+        drawn = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]))"
+            ".filter(c => c.getBoundingClientRect().width > 0).length;",
+            f"figure[data-param={param}] svg circle.pt",
+        )
         assert drawn == 5  # the five configurations with a mean valid_error
     assert driver.execute_script("return document.querySelectorAll('figure.parallel svg polyline.pc').length;") == 5
 
@@ -97,7 +100,7 @@ def test_the_live_page_shows_a_job_turning_done_without_a_reload(site):
     driver.get(root + "/e/mlp?status=RUNNING,DONE")
     settled(driver)
     row = f"tr.job[data-id='{job_id}']"
-    status = f"var row = document.querySelector(\"{row}\"); return row && row.dataset.status;"
+    status = f'var row = document.querySelector("{row}"); return row && row.dataset.status;'
     assert driver.execute_script(status) == "RUNNING"
     driver.execute_script("window.notReloaded = true;")
     job = store.job(job_id)

@@ -204,8 +204,11 @@ def exp(tmp_path: Path, jobs_per_process: int):
     trace.touch()
     pythonpath = os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": pythonpath, "JM_TRACE": str(trace), "JOBMAN_JOBS_PER_PROCESS": str(jobs_per_process)}
-    return type("Exp", (), {"dir": moddir, "trace": trace, "env": env, "runs": tmp_path / "runs",
-                            "jobs_per_process": jobs_per_process})
+    return type(
+        "Exp",
+        (),
+        {"dir": moddir, "trace": trace, "env": env, "runs": tmp_path / "runs", "jobs_per_process": jobs_per_process},
+    )
 
 
 def fn(name: str) -> str:
@@ -223,8 +226,9 @@ def traced(exp) -> list[tuple[int, int]]:
 
 
 def run_worker(jobman, url: str, exp, *extra: str, env: dict | None = None):
-    result = jobman("worker", url, "--exproot", str(exp.runs), *FAST, *extra, env={**exp.env, **(env or {})},
-                    timeout=120)
+    result = jobman(
+        "worker", url, "--exproot", str(exp.runs), *FAST, *extra, env={**exp.env, **(env or {})}, timeout=120
+    )
     assert result.code == 0, result.err
     return result
 
@@ -240,10 +244,12 @@ def assert_nothing_running(store: Store) -> None:
 
 # -- sweeps and the experiment API -------------------------------------------------------------
 
+
 @pytest.mark.pgbouncer
 def test_two_phase_sweep_children_read_their_parents_results_and_workdirs(jobman, db_url, store, exp):
-    r = jobman("sqlschedule", db_url, fn("pretrain"), "lr={{0.1,0.2}}", "--", fn("finetune"), "epochs={{1,2}}",
-               env=exp.env)
+    r = jobman(
+        "sqlschedule", db_url, fn("pretrain"), "lr={{0.1,0.2}}", "--", fn("finetune"), "epochs={{1,2}}", env=exp.env
+    )
     assert r.code == 0, r.err
     worker = run_worker(jobman, db_url, exp)
     assert "ran 6 job(s)" in worker.err
@@ -267,18 +273,23 @@ def test_two_phase_sweep_children_read_their_parents_results_and_workdirs(jobman
     pids = [jobs[job_id].results["pid"] for job_id, _attempt in traced(exp)]
     k = exp.jobs_per_process
     assert len(set(pids)) == -(-6 // k)
-    assert all(len(set(pids[i:i + k])) == 1 for i in range(0, 6, k))
+    assert all(len(set(pids[i : i + k])) == 1 for i in range(0, 6, k))
     # the learning curves are in job_metric
     curves = store.metrics([p.id for p in parents])
-    assert sorted((job_id, step) for job_id, step, name, _v in curves if name == "loss") == \
-        sorted((p.id, s) for p in parents for s in range(3))
+    assert sorted((job_id, step) for job_id, step, name, _v in curves if name == "loss") == sorted(
+        (p.id, s) for p in parents for s in range(3)
+    )
     for job_id, step, _name, value in curves:
         assert value == pytest.approx(jobs[job_id].params["lr"] / (step + 1))
 
 
 def test_state_channel_and_keyword_functions(jobman, db_url, store, exp):
-    a, b, c = schedule(store, ("keywords", {"x": 1}), ("keywords", {"x": 5, "y": 10, "unused": "z"}),
-                       ("keywords_and_channel", {"x": 21}))
+    a, b, c = schedule(
+        store,
+        ("keywords", {"x": 1}),
+        ("keywords", {"x": 5, "y": 10, "unused": "z"}),
+        ("keywords_and_channel", {"x": 21}),
+    )
     run_worker(jobman, db_url, exp)
     jobs = {j.id: j for j in store.jobs()}
     assert jobs[a].status is Status.DONE and jobs[a].results == {"total": 3}
@@ -289,8 +300,7 @@ def test_state_channel_and_keyword_functions(jobman, db_url, store, exp):
 
 
 def test_failures_stay_in_their_job_and_the_worker_goes_on(jobman, db_url, store, exp):
-    raising, exiting, bad, fine = schedule(store, ("boom", {"n": 7}), ("exit3", {}), ("bad_return", {}),
-                                           ("ok", {}))
+    raising, exiting, bad, fine = schedule(store, ("boom", {"n": 7}), ("exit3", {}), ("bad_return", {}), ("ok", {}))
     worker = run_worker(jobman, db_url, exp)
     assert "ran 4 job(s)" in worker.err
     jobs = {j.id: j for j in store.jobs()}
@@ -350,9 +360,11 @@ def test_a_stop_that_comes_as_the_job_starts_still_reaches_should_stop(store, ex
     monkeypatch.setenv("JM_TRACE", str(exp.trace))
     [job_id] = schedule(store, ("until_stopped", {}))
     claimed = store.claim(WorkerInfo.here(), str(exp.runs))
-    runner = Runner(store, RunLimits(timeout=None, heartbeat_interval=0.001, grace=20.0,
-                              jobs_per_process=exp.jobs_per_process),
-                    stopping=lambda: True)
+    runner = Runner(
+        store,
+        RunLimits(timeout=None, heartbeat_interval=0.001, grace=20.0, jobs_per_process=exp.jobs_per_process),
+        stopping=lambda: True,
+    )
     started = time.time()
     assert runner.run(claimed) == "QUEUED"
     assert time.time() - started < 15  # not the grace period: the job stopped when asked
@@ -369,8 +381,9 @@ def test_the_worker_sleeps_while_a_job_past_its_time_limit_is_given_its_grace(st
     monkeypatch.setenv("JM_TRACE", str(exp.trace))
     [job_id] = schedule(store, ("ignores_stop", {}))
     claimed = store.claim(WorkerInfo.here(), str(exp.runs))
-    runner = Runner(store, RunLimits(timeout=0.2, heartbeat_interval=0.2, grace=2.0,
-                                     jobs_per_process=exp.jobs_per_process))
+    runner = Runner(
+        store, RunLimits(timeout=0.2, heartbeat_interval=0.2, grace=2.0, jobs_per_process=exp.jobs_per_process)
+    )
     cpu, wall = time.process_time(), time.time()
     assert runner.run(claimed) == "FAILED"
     cpu, wall = time.process_time() - cpu, time.time() - wall
@@ -406,8 +419,7 @@ def test_a_job_killed_by_a_signal_is_crashed_and_relaunched_within_max_attempts(
     assert_nothing_running(store)
 
 
-def test_a_job_whose_fork_server_dies_is_crashed_and_the_worker_goes_on_with_a_new_server(
-        jobman, db_url, store, exp):
+def test_a_job_whose_fork_server_dies_is_crashed_and_the_worker_goes_on_with_a_new_server(jobman, db_url, store, exp):
     victim, after = schedule(store, ("kills_its_fork_server", {}), ("ok", {}))
     result = run_worker(jobman, db_url, exp)
     jobs = {j.id: j for j in store.jobs()}
@@ -457,8 +469,9 @@ def test_sigterm_puts_the_running_job_back_and_the_worker_exits_cleanly(db_url, 
     [job_id] = schedule(store, ("until_stopped", {"resumable": True}))
     marker = tmp_path / "started"
     env = {**os.environ, **exp.env, "JM_STARTED": str(marker)}
-    code, err = signal_once_started([sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot",
-                                     str(exp.runs), *FAST], env, marker)
+    code, err = signal_once_started(
+        [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(exp.runs), *FAST], env, marker
+    )
     assert code == 0, err
     job = store.job(job_id)
     assert job.status is Status.QUEUED
@@ -471,16 +484,20 @@ def test_sigterm_puts_the_running_job_back_and_the_worker_exits_cleanly(db_url, 
     job_pid = int(marker.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(job_pid, 0)
-    r = subprocess.run([sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(exp.runs),
-                        *FAST], env={**os.environ, **exp.env}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(exp.runs), *FAST],
+        env={**os.environ, **exp.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     job = store.job(job_id)
     assert job.status is Status.DONE and job.attempt == 1 and job.results["resumed"] is True
     assert traced(exp) == [(job_id, 1), (job_id, 1)]
 
 
-def test_a_job_claimed_by_the_record_of_the_last_one_is_put_back_when_the_worker_stops(
-        jobman, db_url, store, exp):
+def test_a_job_claimed_by_the_record_of_the_last_one_is_put_back_when_the_worker_stops(jobman, db_url, store, exp):
     """The transaction that records a job claims the next; a worker stopped meanwhile must not keep it."""
     first, second = schedule(store, ("stops_its_worker", {}), ("ok", {}))
     run_worker(jobman, db_url, exp)
@@ -514,8 +531,9 @@ def test_cmdline_runs_in_a_directory_and_resumes(jobman, exp, tmp_path):
     assert json.loads(first.out)["status"] == "INCOMPLETE"
     assert json.loads((workdir / "state.json").read_text())["runs"] == 1
 
-    second = jobman("cmdline", fn("resume_here"), "lr=0.5", "name=abc", "--workdir", str(workdir), "--resume",
-                    env=exp.env)
+    second = jobman(
+        "cmdline", fn("resume_here"), "lr=0.5", "name=abc", "--workdir", str(workdir), "--resume", env=exp.env
+    )
     assert second.code == 0, second.err
     report = json.loads(second.out)
     assert report["status"] == "DONE"
@@ -541,8 +559,11 @@ def test_cmdline_starts_afresh_unless_asked_and_never_resumes_another_run(jobman
     first = jobman("cmdline", fn("resume_here"), "lr=0.1", "--workdir", str(workdir), env=exp.env)
     assert first.code == 75, first.err
     before = (workdir / "state.json").read_text()
-    cases = [(["lr=0.1"], "add --resume"), (["lr=0.5", "--resume"], "lr was 0.1, now 0.5"),
-             (["lr=0.1", "extra=1", "--resume"], "extra was unset, now 1")]
+    cases = [
+        (["lr=0.1"], "add --resume"),
+        (["lr=0.5", "--resume"], "lr was 0.1, now 0.5"),
+        (["lr=0.1", "extra=1", "--resume"], "extra was unset, now 1"),
+    ]
     for extra, words in cases:
         r = jobman("cmdline", fn("resume_here"), *extra, "--workdir", str(workdir), env=exp.env)
         lines = [line for line in r.err.splitlines() if line.startswith("jobman: ")]

@@ -26,13 +26,21 @@ def fill(store: Store, *, running: int = 1, failed: int = 1) -> dict[str, Any]:
         for nhid in (32, 64):
             for fold in (0, 1):
                 specs.append(JobSpec(0, "fn", "pkg.train:fit", {"lr": lr, "nhid": nhid, "id_cross_fold": fold}, None))
-                specs.append(JobSpec(1, "fn", "pkg.train:tune", {"lr": lr, "nhid": nhid, "id_cross_fold": fold},
-                                     len(specs) - 1))
+                specs.append(
+                    JobSpec(1, "fn", "pkg.train:tune", {"lr": lr, "nhid": nhid, "id_cross_fold": fold}, len(specs) - 1)
+                )
     specs.append(JobSpec(0, "fn", "pkg.train:fit", {"lr": 0.5, "nhid": 8, "id_cross_fold": 0, "note": HOSTILE}, None))
     ids = store.schedule(specs).job_ids
     first = ids[0:-1:2]  # the phase-0 jobs, in sweep order
-    roles: dict[str, Any] = {"all": ids, "done": [], "failed": [], "running": [], "hostile": ids[-1],
-                             "phase0": first, "phase1": ids[1:-1:2]}
+    roles: dict[str, Any] = {
+        "all": ids,
+        "done": [],
+        "failed": [],
+        "running": [],
+        "hostile": ids[-1],
+        "phase0": first,
+        "phase1": ids[1:-1:2],
+    }
     for n, job_id in enumerate(first + [ids[-1]]):
         claimed = store.claim_job(job_id, WORKER)
         assert claimed is not None, job_id

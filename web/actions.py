@@ -61,8 +61,9 @@ async def handle(request: Request, settings: Settings) -> Response:
         return PlainTextResponse("an action is a small form post", status_code=400)
     form = {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
     if not hmac.compare_digest(form.get("csrf", "").encode(), settings.form_secret.encode()):
-        return PlainTextResponse("this action's form does not carry this server's token: reload the page",
-                                 status_code=403)
+        return PlainTextResponse(
+            "this action's form does not carry this server's token: reload the page", status_code=403
+        )
     name, job_id = request.path_params["name"], request.path_params["job_id"]
     verb = form.get("action", "")
 
@@ -79,11 +80,11 @@ async def handle(request: Request, settings: Settings) -> Response:
 
 def _refusal(request: Request, settings: Settings) -> Response | None:
     if not settings.allow_actions:
-        return PlainTextResponse("actions are off: start `jobman serve` with --allow-actions to use them",
-                                 status_code=403)
+        return PlainTextResponse(
+            "actions are off: start `jobman serve` with --allow-actions to use them", status_code=403
+        )
     origin = request.headers.get("origin")
     own = f"{request.url.scheme}://{request.headers.get('host', '')}"
     if origin not in (None, own) or request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
-        return PlainTextResponse("an action must come from the dashboard's own page, not another site",
-                                 status_code=403)
+        return PlainTextResponse("an action must come from the dashboard's own page, not another site", status_code=403)
     return None

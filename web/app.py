@@ -40,8 +40,9 @@ HERE = Path(__file__).parent
 class Settings:
     """What one server was started with."""
 
-    def __init__(self, url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",
-                 port: int = 8787) -> None:
+    def __init__(
+        self, url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1", port: int = 8787
+    ) -> None:
         self.db = pages.Database.open(url)
         self.token = token
         # Without a token (only allowed on a loopback address) a form still needs a secret of this server.
@@ -60,13 +61,24 @@ class Settings:
         return self._action_stores[experiment]
 
 
-def create_app(url: str, *, token: str | None, allow_actions: bool = False, host: str = "127.0.0.1",  # noqa: C901
-               port: int = 8787) -> Starlette:
+def create_app(  # noqa: C901
+    url: str,
+    *,
+    token: str | None,
+    allow_actions: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 8787,
+) -> Starlette:
     settings = Settings(url, token=token, allow_actions=allow_actions, host=host, port=port)
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
     env.filters.update(FILTERS)
-    env.globals.update(urlencode=urlencode, allow_actions=allow_actions, form_secret=settings.form_secret,
-                       database=mask_password(settings.db.target.display), status_order=names_of(DISPLAY_ORDER))
+    env.globals.update(
+        urlencode=urlencode,
+        allow_actions=allow_actions,
+        form_secret=settings.form_secret,
+        database=mask_password(settings.db.target.display),
+        status_order=names_of(DISPLAY_ORDER),
+    )
     # shared by whole pages and the parts a live update asks for; a template's macros are attributes made at run time
     macros: Any = env.get_template("_macros.html").module
     env.globals.update(bar=macros.bar, status=macros.status)
@@ -85,14 +97,17 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
 
     def page(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
         """An endpoint whose user errors become a page with one sentence."""
+
         def endpoint(request: Request) -> Response:
             try:
                 return fn(request)
             except (NoSuchExperiment, NoSuchJob) as exc:
                 return render("error", request, 404, message=mask_password(str(exc)))
             except JobmanError as exc:
-                return render("error", request, 400 if isinstance(exc, UsageError) else 500,
-                              message=mask_password(str(exc)))
+                return render(
+                    "error", request, 400 if isinstance(exc, UsageError) else 500, message=mask_password(str(exc))
+                )
+
         return endpoint
 
     @page
@@ -106,15 +121,18 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
         q = dict(request.query_params)
         part = q.get("part")
         listing = pages.Listing.from_query(q)
-        chosen = [pages.whole_number(v, "job id") for value in request.query_params.getlist("curves")
-                  for v in value.split(",") if v.strip()]
+        chosen = [
+            pages.whole_number(v, "job id")
+            for value in request.query_params.getlist("curves")
+            for v in value.split(",")
+            if v.strip()
+        ]
         ctx: dict[str, Any] = {"name": store.experiment, "q": q, "curve_ids": chosen}
         if part in (None, "jobs"):
             ctx.update(pages.job_table(store, listing))
         if part in (None, "progress", "report"):
             counts = store.counts()  # read once per request
-            choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"),
-                                  counts=counts)
+            choice = pages.choose(store, q.get("metric") or None, q.get("mode") or None, q.get("rphase"), counts=counts)
             ctx.update(choice=choice, phases=sorted({p for p, _ in counts}), report_pending=part != "report")
             if part in (None, "progress"):
                 ctx.update(pages.progress(store, counts))
@@ -127,16 +145,31 @@ def create_app(url: str, *, token: str | None, allow_actions: bool = False, host
     @page
     def job(request: Request) -> Response:
         store = settings.db.store(request.path_params["name"])
-        return render("job", request, name=store.experiment, message=request.query_params.get("message"),
-                      **pages.job_view(store, request.path_params["job_id"]))
+        return render(
+            "job",
+            request,
+            name=store.experiment,
+            message=request.query_params.get("message"),
+            **pages.job_view(store, request.path_params["job_id"]),
+        )
 
     async def act(request: Request) -> Response:
         return await actions.handle(request, settings)
 
     def api_experiments(request: Request) -> Response:
         rows = pages.experiments(settings.db, settings.reports)["experiments"]
-        return JSONResponse([{"name": r["s"].name, "counts": r["s"].counts, "rate": r["s"].rate, "eta": r["s"].eta,
-                              "best": r["best"]} for r in rows])
+        return JSONResponse(
+            [
+                {
+                    "name": r["s"].name,
+                    "counts": r["s"].counts,
+                    "rate": r["s"].rate,
+                    "eta": r["s"].eta,
+                    "best": r["best"],
+                }
+                for r in rows
+            ]
+        )
 
     routes = [
         Route("/", home),
@@ -180,15 +213,22 @@ class Guard:
         s = self.settings
         header = request.headers.get("host", "")
         if not host_allowed(header, s.host):
-            return PlainTextResponse(f"this server answers to {s.host} (or a loopback address) only, "
-                                     f"not to {host_name(header)[:100] or 'no host'}", status_code=403)
+            return PlainTextResponse(
+                f"this server answers to {s.host} (or a loopback address) only, "
+                f"not to {host_name(header)[:100] or 'no host'}",
+                status_code=403,
+            )
         if s.token is None:
             return None
-        offered = (request.query_params.get("token") or request.cookies.get(s.cookie)
-                   or _header_token(request.headers.get("authorization", "")))
+        offered = (
+            request.query_params.get("token")
+            or request.cookies.get(s.cookie)
+            or _header_token(request.headers.get("authorization", ""))
+        )
         if not offered:
-            return PlainTextResponse("this page needs the token printed by `jobman serve`: open the link it printed",
-                                     status_code=403)
+            return PlainTextResponse(
+                "this page needs the token printed by `jobman serve`: open the link it printed", status_code=403
+            )
         if not hmac.compare_digest(offered.encode(), s.token.encode()):
             return PlainTextResponse("wrong token: open the link `jobman serve` printed", status_code=403)
         return None

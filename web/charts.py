@@ -56,12 +56,13 @@ class Axis:
         out = []
         for i in range(3):
             v = self.lo + (self.hi - self.lo) * i / 2
-            out.append((self.lo_px + (self.hi_px - self.lo_px) * i / 2, _label(10 ** v if self.log else v)))
+            out.append((self.lo_px + (self.hi_px - self.lo_px) * i / 2, _label(10**v if self.log else v)))
         return out
 
 
-def scatter(points: Sequence[tuple[Any, float | None, str]], xlabel: str, ylabel: str, *,
-            best: str | None = None) -> Markup:
+def scatter(
+    points: Sequence[tuple[Any, float | None, str]], xlabel: str, ylabel: str, *, best: str | None = None
+) -> Markup:
     """One point per (x, y, title); the point titled ``best`` is ringed, a point without a y is left out."""
     pts = [p for p in points if is_number(p[1])]
     if not pts:
@@ -71,8 +72,10 @@ def scatter(points: Sequence[tuple[Any, float | None, str]], xlabel: str, ylabel
     body = [_frame(x, y, xlabel, ylabel)]
     for px, py, title in pts:
         cls = "pt best" if best is not None and title == best else "pt"
-        body.append(f'<circle class="{cls}" cx="{x(px):.1f}" cy="{y(py):.1f}" r="{5 if "best" in cls else 3.2}">'
-                    f"<title>{escape(title)}</title></circle>")
+        body.append(
+            f'<circle class="{cls}" cx="{x(px):.1f}" cy="{y(py):.1f}" r="{5 if "best" in cls else 3.2}">'
+            f"<title>{escape(title)}</title></circle>"
+        )
     return _svg(body, f"{ylabel} against {xlabel}")
 
 
@@ -90,13 +93,17 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: s
     for i, (name, pts) in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in pts)
-        body.append(f'<polyline class="curve" fill="none" stroke="{colour}" stroke-width="1.6" points="{coords}">'
-                    f"<title>{escape(name)}</title></polyline>")
+        body.append(
+            f'<polyline class="curve" fill="none" stroke="{colour}" stroke-width="1.6" points="{coords}">'
+            f"<title>{escape(name)}</title></polyline>"
+        )
         if len(pts) <= 3:  # too short to read as a line
             body.extend(f'<circle class="mark" cx="{x(a):.1f}" cy="{y(b):.1f}" r="3" fill="{colour}"/>' for a, b in pts)
         if i < 8:
-            body.append(f'<text class="legend" x="{W - RIGHT - 4}" y="{TOP + 10 + 12 * i}" text-anchor="end" '
-                        f'fill="{colour}">{escape(name)}</text>')
+            body.append(
+                f'<text class="legend" x="{W - RIGHT - 4}" y="{TOP + 10 + 12 * i}" text-anchor="end" '
+                f'fill="{colour}">{escape(name)}</text>'
+            )
     return _svg(body, f"{ylabel} against {xlabel}")
 
 
@@ -125,31 +132,42 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
     for values, value, title in rows:
         shade = m(value) if m.categories is None else 0.5
         coords = " ".join(f"{40 + step * i:.1f},{scales[i](v):.1f}" for i, v in enumerate(list(values) + [value]))
-        body.append(f'<polyline class="pc" fill="none" stroke="{_shade(shade)}" stroke-width="1.3" '
-                    f'points="{coords}"><title>{escape(title)}</title></polyline>')
+        body.append(
+            f'<polyline class="pc" fill="none" stroke="{_shade(shade)}" stroke-width="1.3" '
+            f'points="{coords}"><title>{escape(title)}</title></polyline>'
+        )
     return _svg(body, f"parallel coordinates of {metric}", width=width)
 
 
 def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str) -> str:
-    parts = [f'<line class="axis" x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}"/>',
-             f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}"/>']
+    parts = [
+        f'<line class="axis" x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}"/>',
+        f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{H - BOTTOM}"/>',
+    ]
     for pos, label in x.ticks():
-        parts.append(f'<text class="tick" x="{pos:.1f}" y="{H - BOTTOM + 13}" '
-                     f'text-anchor="middle">{escape(label)}</text>')
+        parts.append(
+            f'<text class="tick" x="{pos:.1f}" y="{H - BOTTOM + 13}" text-anchor="middle">{escape(label)}</text>'
+        )
     for pos, label in y.ticks():
         parts.append(f'<text class="tick" x="{LEFT - 4}" y="{pos + 3:.1f}" text-anchor="end">{escape(label)}</text>')
     log_x = " (log)" if x.log else ""
     log_y = " (log)" if y.log else ""
-    parts.append(f'<text class="label" x="{(LEFT + W - RIGHT) / 2}" y="{H - 6}" text-anchor="middle">'
-                 f"{escape(xlabel)}{log_x}</text>")
-    parts.append(f'<text class="label" transform="translate(12,{(TOP + H - BOTTOM) / 2}) rotate(-90)" '
-                 f'text-anchor="middle">{escape(ylabel)}{log_y}</text>')
+    parts.append(
+        f'<text class="label" x="{(LEFT + W - RIGHT) / 2}" y="{H - 6}" text-anchor="middle">'
+        f"{escape(xlabel)}{log_x}</text>"
+    )
+    parts.append(
+        f'<text class="label" transform="translate(12,{(TOP + H - BOTTOM) / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(ylabel)}{log_y}</text>'
+    )
     return "".join(parts)
 
 
 def _svg(body: list[str], title: str, width: int = W) -> Markup:
-    return Markup(f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H}" '
-                  f'viewBox="0 0 {width} {H}" role="img"><title>{escape(title)}</title>{"".join(body)}</svg>')
+    return Markup(
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H}" '
+        f'viewBox="0 0 {width} {H}" role="img"><title>{escape(title)}</title>{"".join(body)}</svg>'
+    )
 
 
 def _shade(frac: float) -> str:

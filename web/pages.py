@@ -105,8 +105,16 @@ class ReportCache:
             return found[2]
         assert choice.metric is not None
         # The configurations shown and a spread of them for the charts; the rest stays in the database.
-        with report.open_report(store, choice.metric, choice.mode, phase=choice.phase, allow_incomplete=True,
-                                keep=REPORT_ROWS, sample=CHART_POINTS, parallel=True) as built:
+        with report.open_report(
+            store,
+            choice.metric,
+            choice.mode,
+            phase=choice.phase,
+            allow_incomplete=True,
+            keep=REPORT_ROWS,
+            sample=CHART_POINTS,
+            parallel=True,
+        ) as built:
             pass
         with self._lock:
             self._built[key] = (version, now, built)
@@ -122,8 +130,14 @@ class Choice:
     phase: int | None
 
 
-def choose(store: Store, metric: str | None = None, mode: str | None = None, phase: str | None = None, *,
-           counts: dict[tuple[int, str], int] | None = None) -> Choice:
+def choose(
+    store: Store,
+    metric: str | None = None,
+    mode: str | None = None,
+    phase: str | None = None,
+    *,
+    counts: dict[tuple[int, str], int] | None = None,
+) -> Choice:
     """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
     jobs that carry a result, ranked by its validation error if it has one."""
     if mode not in (None, "min", "max"):
@@ -134,10 +148,11 @@ def choose(store: Store, metric: str | None = None, mode: str | None = None, pha
         if status == Status.DONE.value:
             done[p] = n
     chosen: int | None = None
-    for p in ([asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p))):
+    for p in [asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p)):
         # The newest DONE job of the phase by id: read from the end of an index, not sorted.
-        sample = dashboard.job_page(store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1,
-                                 count=False)
+        sample = dashboard.job_page(
+            store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1, count=False
+        )
         results = sample.jobs[0].results if sample.jobs else None
         found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
         if found:
@@ -156,8 +171,14 @@ def best_of(rep: report.Report | None) -> dict[str, Any] | None:
     winner = rep.best or next(iter(rep.best_by_outer.values()), None)
     if not winner or winner.mean is None:
         return None
-    return {"metric": rep.metric, "mode": rep.mode, "value": winner.mean, "std": winner.std,
-            "label": rep.label(winner), "job_id": winner.first_id}
+    return {
+        "metric": rep.metric,
+        "mode": rep.mode,
+        "value": winner.mean,
+        "std": winner.std,
+        "label": rep.label(winner),
+        "job_id": winner.first_id,
+    }
 
 
 def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> dict[str, Any]:
@@ -206,27 +227,45 @@ class Listing:
 
     def query(self, **change: Any) -> dict[str, str]:
         """The URL query of this listing with some of it changed (for links: next page, sort by)."""
-        values = {"status": ",".join(s.value for s in self.status),
-                  "phase": "" if self.phase is None else str(self.phase),
-                  "where": ",".join(str(c) for c in self.where),
-                  "sort": ("-" if self.descending else "") + self.sort, "page": str(self.page)}
+        values = {
+            "status": ",".join(s.value for s in self.status),
+            "phase": "" if self.phase is None else str(self.phase),
+            "where": ",".join(str(c) for c in self.where),
+            "sort": ("-" if self.descending else "") + self.sort,
+            "page": str(self.page),
+        }
         values.update({k: str(v) for k, v in change.items()})
         return {k: v for k, v in values.items() if v not in ("", "0") or k == "phase" and v == "0"}
 
 
 def job_table(store: Store, listing: Listing) -> dict[str, Any]:
-    found = dashboard.job_page(store, status=listing.status, phase=listing.phase, where=listing.where,
-                            sort=listing.sort, descending=listing.descending,
-                            offset=listing.page * PAGE_SIZE, limit=PAGE_SIZE)
+    found = dashboard.job_page(
+        store,
+        status=listing.status,
+        phase=listing.phase,
+        where=listing.where,
+        sort=listing.sort,
+        descending=listing.descending,
+        offset=listing.page * PAGE_SIZE,
+        limit=PAGE_SIZE,
+    )
     keys: list[str] = []
     for j in found.jobs:
         keys.extend(k for k in j.params if k not in keys)
     result_keys: list[str] = []
     for j in found.jobs:
-        result_keys.extend(k for k, v in (j.results or {}).items()
-                           if k not in result_keys and isinstance(v, (int, float)) and not isinstance(v, bool))
-    return {"page": found, "listing": listing, "param_keys": keys[:8], "result_keys": result_keys[:4],
-            "pages": max((found.total + PAGE_SIZE - 1) // PAGE_SIZE, 1)}
+        result_keys.extend(
+            k
+            for k, v in (j.results or {}).items()
+            if k not in result_keys and isinstance(v, (int, float)) and not isinstance(v, bool)
+        )
+    return {
+        "page": found,
+        "listing": listing,
+        "param_keys": keys[:8],
+        "result_keys": result_keys[:4],
+        "pages": max((found.total + PAGE_SIZE - 1) // PAGE_SIZE, 1),
+    }
 
 
 def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]:
@@ -238,16 +277,20 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
 
 
-def report_view(store: Store, reports: ReportCache, choice: Choice,
-                counts: dict[tuple[int, str], int]) -> dict[str, Any]:
+def report_view(
+    store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]
+) -> dict[str, Any]:
     if choice.metric is None:
         return {"report": None, "why": "no job has a numeric result yet"}
     totals: dict[str, int] = {}
     for (_, status), n in counts.items():
         totals[status] = totals.get(status, 0) + n
     rep = reports.get(store, choice, totals)
-    return {"report": rep, "rows": rep.rows[:REPORT_ROWS],
-            "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep))}
+    return {
+        "report": rep,
+        "rows": rep.rows[:REPORT_ROWS],
+        "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep)),
+    }
 
 
 def _charts(rep: report.Report) -> dict[str, Any]:
@@ -261,8 +304,13 @@ def _charts(rep: report.Report) -> dict[str, Any]:
         pts = [(r.params[key], r.mean, label) for r, label in zip(rows, labels)]
         scatters.append((key, charts.scatter(pts, key, rep.metric, best=rep.label(best) if best else None)))
     lines = rows[:PARALLEL_LINES]
-    par = charts.parallel(keys, [([r.params.get(k) for k in keys], r.mean, label) for r, label in zip(lines, labels)],
-                          rep.metric) if keys else None
+    par = (
+        charts.parallel(
+            keys, [([r.params.get(k) for k in keys], r.mean, label) for r, label in zip(lines, labels)], rep.metric
+        )
+        if keys
+        else None
+    )
     return {"scatters": scatters, "parallel": par, "points": len(rows)}
 
 
@@ -271,9 +319,13 @@ def curves(store: Store, job_ids: list[int]) -> dict[str, Any]:
     by_name: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for job_id, step, name, value in store.metrics(job_ids):
         by_name.setdefault(name, {}).setdefault(job_id, []).append((step, value))
-    return {"curve_ids": job_ids,
-            "curve_charts": [(name, charts.lines([(f"job {j}", pts) for j, pts in sorted(per_job.items())],
-                                                 "step", name)) for name, per_job in sorted(by_name.items())]}
+    return {
+        "curve_ids": job_ids,
+        "curve_charts": [
+            (name, charts.lines([(f"job {j}", pts) for j, pts in sorted(per_job.items())], "step", name))
+            for name, per_job in sorted(by_name.items())
+        ],
+    }
 
 
 def default_curve_ids(store: Store) -> list[int]:
@@ -289,9 +341,15 @@ def default_curve_ids(store: Store) -> list[int]:
 def job_view(store: Store, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
     workdir = own_workdir(job.workdir, job_id, store.experiment)
-    return {"job": job, "events": store.events(job_id), "parents": store.parents(job_id),
-            "children": store.children(job_id), "files": workdir_files(workdir),
-            "tails": tails(workdir, job.log_path), **curves(store, [job_id])}
+    return {
+        "job": job,
+        "events": store.events(job_id),
+        "parents": store.parents(job_id),
+        "children": store.children(job_id),
+        "files": workdir_files(workdir),
+        "tails": tails(workdir, job.log_path),
+        **curves(store, [job_id]),
+    }
 
 
 def own_workdir(workdir: str | None, job_id: int, experiment: str) -> Path | None:

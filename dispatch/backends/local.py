@@ -56,15 +56,26 @@ class LocalBackend:
         for _ in range(count):
             index = len(self.procs)
             log_path = self.log_dir / f"worker-{os.getpid()}-{index}.log"
-            env = {**os.environ, **self.environment, "JOBMAN_WORKER_LOG": str(log_path),
-                   DIE_WITH_VARIABLE: str(os.getpid())}
+            env = {
+                **os.environ,
+                **self.environment,
+                "JOBMAN_WORKER_LOG": str(log_path),
+                DIE_WITH_VARIABLE: str(os.getpid()),
+            }
             try:
                 proc: subprocess.Popen | Forked = self.zygote.start_worker(
-                    {"url": spec.db_url, "settings": spec.settings.to_message()}, str(log_path), env)
+                    {"url": spec.db_url, "settings": spec.settings.to_message()}, str(log_path), env
+                )
             except (OSError, AttributeError):  # no zygote (or no pidfd here): a fresh interpreter, as always
                 with open(log_path, "ab") as log:
-                    proc = subprocess.Popen(worker_command(spec), stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                    proc = subprocess.Popen(
+                        worker_command(spec),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        env=env,
+                    )
             self.procs.append(proc)
             self.logs[proc.pid] = log_path
             ids.append(str(proc.pid))
@@ -130,6 +141,7 @@ class LocalBackend:
                 alive = psutil.Process(int(bid)).status() != psutil.STATUS_ZOMBIE
             except (psutil.NoSuchProcess, ValueError):
                 alive = False
-            out[bid] = AllocationState(bid, alive, "RUNNING" if alive else "GONE",
-                                       "" if alive else f"worker process {bid} is gone")
+            out[bid] = AllocationState(
+                bid, alive, "RUNNING" if alive else "GONE", "" if alive else f"worker process {bid} is gone"
+            )
         return out

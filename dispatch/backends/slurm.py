@@ -36,8 +36,20 @@ from jobman.dispatch.backends.base import AllocationState, BackendError, WorkerS
 
 #: States in which a job still holds, or waits for, its allocation.
 ALIVE_STATES = frozenset(
-    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-     "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
 )
 WORKER_COMMAND = (sys.executable, "-m", "jobman.cli.main", "worker")
 JOB_ID = re.compile(r"\d+(_\d+)?")
@@ -168,9 +180,11 @@ class SlurmBackend:
         task = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if array else "${SLURM_JOB_ID}"
         log = shlex.quote(f"{self.log_dir}/") + f'"{task}.out"'
         exports = "".join(f"{name}={shlex.quote(value)}\nexport {name}\n" for name, value in self.environment.items())
-        return ("#!/bin/sh\n# Submitted by jobman.\n"
-                f"JOBMAN_WORKER_LOG={log}\nexport JOBMAN_WORKER_LOG\n{exports}"
-                "exec " + shlex.join(argv) + "\n")
+        return (
+            "#!/bin/sh\n# Submitted by jobman.\n"
+            f"JOBMAN_WORKER_LOG={log}\nexport JOBMAN_WORKER_LOG\n{exports}"
+            "exec " + shlex.join(argv) + "\n"
+        )
 
     def _submit(self, argv: list[str], call_options: Sequence[str], owned_options: list[str]) -> str:
         """Write the script, run sbatch once, keep the script as ``<job id>.sh``; return the id."""
@@ -180,9 +194,14 @@ class SlurmBackend:
         with os.fdopen(fd, "w") as handle:
             handle.write(self._script(argv, any(o.startswith("--array=") for o in owned_options)))
         command = [
-            "sbatch", "--parsable", f"--job-name={self.job_name}",
+            "sbatch",
+            "--parsable",
+            f"--job-name={self.job_name}",
             f"--signal=B:TERM@{self.signal_grace}",
-            *self.sbatch_options, *call_options, *owned_options, str(script),
+            *self.sbatch_options,
+            *call_options,
+            *owned_options,
+            str(script),
         ]
         try:
             proc = _run(command)
@@ -281,9 +300,7 @@ def _int(text: str) -> int | None:
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a Slurm command; a missing binary or a hang is a BackendError."""
     try:
-        return subprocess.run(
-            argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL
-        )
+        return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise BackendError(f"{argv[0]} was not found on PATH: is Slurm installed on this host?") from None
     except subprocess.TimeoutExpired:
@@ -297,4 +314,4 @@ def _message(proc: subprocess.CompletedProcess[str]) -> str:
     last = lines[-1] if lines else f"exit status {proc.returncode}"
     last = last.split("error: ", 1)[-1]
     command = proc.args[0] if isinstance(proc.args, list) and proc.args else ""
-    return last[len(command) + 2:] if command and last.startswith(f"{command}: ") else last
+    return last[len(command) + 2 :] if command and last.startswith(f"{command}: ") else last

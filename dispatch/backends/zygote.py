@@ -221,9 +221,12 @@ class Zygote:
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
         try:  # run as a module, as a worker is: the current directory first on sys.path
-            self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
-                                         pass_fds=(theirs.fileno(),),
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             theirs.close()
         self.ctrl = mine

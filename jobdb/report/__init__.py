@@ -32,6 +32,26 @@ from .indatabase import from_store, open_report
 from .inpython import best, build_report, from_store_in_python, spread, summarize
 from .model import AUTO, STD_DDOF, ConfigRow, NothingEligible, Overview, Report, Stat, UnknownMetric
 
-__all__ = ["best", "summarize", "build_report", "from_store", "from_store_in_python", "open_report", "spread",
-           "parse_where", "default_group_keys", "default_outer_key", "ConfigRow", "Report", "Stat", "Overview",
-           "Condition", "NothingEligible", "UnknownMetric", "STD_DDOF", "AUTO", "format_number", "format_param"]
+__all__ = [
+    "best",
+    "summarize",
+    "build_report",
+    "from_store",
+    "from_store_in_python",
+    "open_report",
+    "spread",
+    "parse_where",
+    "default_group_keys",
+    "default_outer_key",
+    "ConfigRow",
+    "Report",
+    "Stat",
+    "Overview",
+    "Condition",
+    "NothingEligible",
+    "UnknownMetric",
+    "STD_DDOF",
+    "AUTO",
+    "format_number",
+    "format_param",
+]

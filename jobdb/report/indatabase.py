@@ -31,21 +31,40 @@ if TYPE_CHECKING:  # pragma: no cover
 Scope = tuple[Any, Any]  # (phase, target)
 
 
-def from_store(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
-               phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
-               where: Sequence[str | Condition] = ()) -> Report:
+def from_store(
+    store: Store,
+    metric: str,
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    *,
+    phase: int | None = None,
+    outer: str | None = AUTO,
+    allow_incomplete: bool = False,
+    where: Sequence[str | Condition] = (),
+) -> Report:
     """The report of a store's experiment, optionally of one phase, ranked by the database (every
     configuration held: see :func:`open_report` for a report too large for that)."""
-    with open_report(store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete,
-                     where=where) as rep:
+    with open_report(
+        store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete, where=where
+    ) as rep:
         return rep
 
 
 @contextlib.contextmanager
-def open_report(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None, *,
-                phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
-                where: Sequence[str | Condition] = (), keep: int | None = None,
-                sample: int = 0, parallel: bool = False) -> Iterator[Report]:
+def open_report(
+    store: Store,
+    metric: str,
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    *,
+    phase: int | None = None,
+    outer: str | None = AUTO,
+    allow_incomplete: bool = False,
+    where: Sequence[str | Condition] = (),
+    keep: int | None = None,
+    sample: int = 0,
+    parallel: bool = False,
+) -> Iterator[Report]:
     """The report of a store's experiment, grouped and ranked by the database, open for reading.
 
     With ``keep``, the report holds only the first ``keep`` configurations of each outer fold (and
@@ -71,16 +90,19 @@ def open_report(store: Store, metric: str, mode: str = "min", group_over: Sequen
             finally:
                 rep._stream = rep._stream_json = _closed
             return
-    rep = from_store_in_python(store, metric, mode, group_over, phase=phase, outer=outer,
-                               allow_incomplete=allow_incomplete, where=conditions)
+    rep = from_store_in_python(
+        store, metric, mode, group_over, phase=phase, outer=outer, allow_incomplete=allow_incomplete, where=conditions
+    )
     if sample:
         rep.sample = spread(iter(rep.rows), sum(1 for r in rep.rows if r.n), sample)
     yield rep
 
 
 def _closed() -> Iterator[Any]:
-    raise UsageError("the report's rows beyond the first ones are read while it is open (report.open_report); "
-                     "report.from_store holds them all")
+    raise UsageError(
+        "the report's rows beyond the first ones are read while it is open (report.open_report); "
+        "report.from_store holds them all"
+    )
 
 
 @dataclass(frozen=True)
@@ -163,8 +185,11 @@ class InDatabase:
         sql = queries.Sql(self.dialect)
         base = sql.experiment_jobs(self.exp, ask.phase)
         base_binds = dict(sql.binds)
-        named = [*(ask.group_over or ()), *([ask.outer] if ask.outer not in (None, AUTO) else []),
-                 *(c.key for c in ask.conditions)]
+        named = [
+            *(ask.group_over or ()),
+            *([ask.outer] if ask.outer not in (None, AUTO) else []),
+            *(c.key for c in ask.conditions),
+        ]
         sampled = exact_keys is None
         if sampled:
             keys_all = queries.sampled_keys(conn, base, sql.binds)
@@ -184,8 +209,10 @@ class InDatabase:
         if results is not None and not (results.get(ask.metric) and queries.sql_able([], results, self.dialect)):
             results = None
         if results is not None:
-            columns = [ask.metric, *sorted(k for k, number in results.items()
-                                           if number and k != ask.metric and not k.startswith("_"))]
+            columns = [
+                ask.metric,
+                *sorted(k for k, number in results.items() if number and k != ask.metric and not k.startswith("_")),
+            ]
             grouping = _Grouping(sql, base, selected, sampled, keys_all, outer_key, groups, columns, results)
             guarded, unseen = set(columns), queries.unseen_results(sql, results)
         else:
@@ -194,15 +221,17 @@ class InDatabase:
             unseen = None
         if (ask.conditions or grouping.dropped) and not sampled:  # constant within the selection
             grouping.keys = queries.param_keys(conn, grouping.selected, sql.binds)
-        queries.group(conn, sql, grouping.selected, groups, grouping.columns, guarded, unseen,
-                      parallel=ask.parallel, scope=base)
+        queries.group(
+            conn, sql, grouping.selected, groups, grouping.columns, guarded, unseen, parallel=ask.parallel, scope=base
+        )
         if sampled:
             seen, same = queries.constant_candidates(conn, sql, grouping.selected, groups)
             grouping.keys = {k: queries.KeyStats(-1, k in same) for k in seen}
             if set(grouping.keys) <= all_keys:
                 grouping.differ = queries.keys_differ(sql, list(grouping.keys), same)
-        grouping.survey = queries.survey(conn, sql, outer_key, grouping.columns, unseen=results is not None,
-                                         differ=grouping.differ)
+        grouping.survey = queries.survey(
+            conn, sql, outer_key, grouping.columns, unseen=results is not None, differ=grouping.differ
+        )
         return grouping
 
     def _filtered(self, sql: queries.Sql, base: str, all_keys: set[str]) -> str:
@@ -232,16 +261,20 @@ class InDatabase:
         if not with_metric:
             if any(done for _, _, _, done in scopes):
                 names = sorted({k for _, _, k, kind in found if kind in numeric and not k.startswith("_")})
-                raise UnknownMetric(f"no finished job reports {metric!r} "
-                                    f"(numeric results: {', '.join(names) if names else 'none'})")
+                raise UnknownMetric(
+                    f"no finished job reports {metric!r} (numeric results: {', '.join(names) if names else 'none'})"
+                )
         else:
-            dropped = sorted(((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
-                             key=lambda d: (sort_key(d[0]), str(d[1])))
+            dropped = sorted(
+                ((p, t, n) for p, t, n, _ in scopes if (p, t) not in with_metric),
+                key=lambda d: (sort_key(d[0]), str(d[1])),
+            )
         kept = {(p, t) for p, t, _, _ in scopes} - {(p, t) for p, t, _ in dropped}
         if dropped:
             grouping.selected += " AND " + sql.in_scopes(sorted(kept, key=str))
-        others = sorted({k for p, t, k, kind in found
-                         if (p, t) in kept and kind in numeric and not k.startswith("_")} - {metric})
+        others = sorted(
+            {k for p, t, k, kind in found if (p, t) in kept and kind in numeric and not k.startswith("_")} - {metric}
+        )
         grouping.dropped, grouping.kept, grouping.has_metric = dropped, kept, bool(with_metric)
         grouping.columns = [metric, *others]
         return {k for _, _, k, kind in found if kind not in numeric}
@@ -257,8 +290,17 @@ class InDatabase:
                 # A scope without the metric, or a job with a result the two sampled lack: the result keys
                 # of every job say whether the grouping stands (the result is never a number) or is made again.
                 columns = grouping.columns
-                exact = _Grouping(grouping.sql, grouping.base, grouping.selected, grouping.sampled, grouping.keys,
-                                  grouping.outer_key, grouping.groups, [], None)
+                exact = _Grouping(
+                    grouping.sql,
+                    grouping.base,
+                    grouping.selected,
+                    grouping.sampled,
+                    grouping.keys,
+                    grouping.outer_key,
+                    grouping.groups,
+                    [],
+                    None,
+                )
                 self._exact_results(exact)
                 if exact.dropped or exact.columns != columns:
                     raise _Again(None, exact_results=True)
@@ -284,8 +326,12 @@ class InDatabase:
             if ask.keep is None or section.configurations <= ask.keep:
                 rows = list(self._section_rows(g, section, shown))
             else:
-                rows = [self._row(raw, rank, shown, g.outer_key) for rank, raw in enumerate(
-                    queries.first_ranked(conn, sql, section, g.columns, ask.mode, ask.allow_incomplete, ask.keep), 1)]
+                rows = [
+                    self._row(raw, rank, shown, g.outer_key)
+                    for rank, raw in enumerate(
+                        queries.first_ranked(conn, sql, section, g.columns, ask.mode, ask.allow_incomplete, ask.keep), 1
+                    )
+                ]
             if rows and rows[0].best:
                 winners[rows[0].outer] = rows[0]
             held.extend(rows)
@@ -304,15 +350,33 @@ class InDatabase:
                     rank += len(batch)
 
         constant, varying = self._constant(g, held, survey.configurations, survey.jobs)
-        summary = Overview(outer_values=[s.value for s in survey.sections], scopes=g.kept,
-                           constant_results=survey.constant_results,
-                           with_metric={(frozen(s.value) if g.outer_key is not None else None):
-                                        (s.configurations, s.with_metric) for s in survey.sections})
-        report = Report(metric=ask.metric, mode=ask.mode, group_over=g.groups, outer=g.outer_key,
-                        allow_incomplete=ask.allow_incomplete, rows=held, constant=constant, varying=varying,
-                        columns=shown, jobs=survey.jobs, dropped=g.dropped, best_by_outer=winners,
-                        configurations=survey.configurations, summary=summary, _stream=stream,
-                        _stream_json=stream_json)
+        summary = Overview(
+            outer_values=[s.value for s in survey.sections],
+            scopes=g.kept,
+            constant_results=survey.constant_results,
+            with_metric={
+                (frozen(s.value) if g.outer_key is not None else None): (s.configurations, s.with_metric)
+                for s in survey.sections
+            },
+        )
+        report = Report(
+            metric=ask.metric,
+            mode=ask.mode,
+            group_over=g.groups,
+            outer=g.outer_key,
+            allow_incomplete=ask.allow_incomplete,
+            rows=held,
+            constant=constant,
+            varying=varying,
+            columns=shown,
+            jobs=survey.jobs,
+            dropped=g.dropped,
+            best_by_outer=winners,
+            configurations=survey.configurations,
+            summary=summary,
+            _stream=stream,
+            _stream_json=stream_json,
+        )
         if g.outer_key is not None:
             report.overall = over_winners(list(winners.values()), shown)
         if ask.sample:
@@ -324,16 +388,20 @@ class InDatabase:
         for rank, raw in enumerate(queries.in_python_order(rows, len(g.columns)), 1):
             yield self._row(raw, rank, shown, g.outer_key)
 
-    def _constant(self, g: _Grouping, held: list[ConfigRow], configs: int,
-                  jobs: int) -> tuple[dict[str, Any], list[str]]:
+    def _constant(
+        self, g: _Grouping, held: list[ConfigRow], configs: int, jobs: int
+    ) -> tuple[dict[str, Any], list[str]]:
         """The parameters every configuration shares, and those that vary (first row's order first)."""
         if not held:
             return {}, []
         grouped = set(g.groups)
         first = held[0].params
         order = list(dict.fromkeys([*first, *sorted(k for k in g.keys if k not in grouped)]))
-        constant = {k: first[k] for k in order if configs > 1 and k in first and g.keys[k].one_value
-                    and (g.sampled or g.keys[k].jobs == jobs)}
+        constant = {
+            k: first[k]
+            for k in order
+            if configs > 1 and k in first and g.keys[k].one_value and (g.sampled or g.keys[k].jobs == jobs)
+        }
         return constant, [k for k in order if k not in constant]
 
     def _sample(self, g: _Grouping, report: Report, shown: list[str]) -> list[ConfigRow]:
@@ -346,8 +414,11 @@ class InDatabase:
         step = with_metric // self.ask.sample + 1
         out = []
         for section in sections:  # only the ones drawn are read
-            for i, raw in enumerate(queries.ranked(self.conn, g.sql, section, g.columns, self.ask.mode,
-                                                   self.ask.allow_incomplete, every=step)):
+            for i, raw in enumerate(
+                queries.ranked(
+                    self.conn, g.sql, section, g.columns, self.ask.mode, self.ask.allow_incomplete, every=step
+                )
+            ):
                 out.append(self._row(raw, 1 + i * step, shown, g.outer_key))
         return out
 
@@ -360,7 +431,7 @@ class InDatabase:
             params = dict(sorted(params.items()))
         stats = {}
         for i, name in enumerate(columns):
-            n, s, q, lo, hi = raw[8 + 5 * i: 13 + 5 * i]
+            n, s, q, lo, hi = raw[8 + 5 * i : 13 + 5 * i]
             if n:
                 mean, std = queries.stat_of(n, s, q, lo, hi)
                 stats[name] = Stat(n, mean, std, lo, hi)
@@ -371,9 +442,20 @@ class InDatabase:
         expected, cls = raw[-4], raw[-3]
         n = stats[metric].n if metric in stats else 0
         eligible = cls == 0
-        return ConfigRow(params=params, phase=phase, target=target,
-                         outer=params.get(outer_key) if outer_key is not None else None, metric=metric,
-                         stats=stats, job_ids=sorted(map(int, metric_ids.split(","))) if metric_ids else [],
-                         all_job_ids=sorted(map(int, ids.split(","))), status=dict(sorted(status.items())),
-                         expected=expected, complete=n == jobs == expected, eligible=eligible, first_id=first_id,
-                         rank=rank, best=rank == 1 and eligible)
+        return ConfigRow(
+            params=params,
+            phase=phase,
+            target=target,
+            outer=params.get(outer_key) if outer_key is not None else None,
+            metric=metric,
+            stats=stats,
+            job_ids=sorted(map(int, metric_ids.split(","))) if metric_ids else [],
+            all_job_ids=sorted(map(int, ids.split(","))),
+            status=dict(sorted(status.items())),
+            expected=expected,
+            complete=n == jobs == expected,
+            eligible=eligible,
+            first_id=first_id,
+            rank=rank,
+            best=rank == 1 and eligible,
+        )

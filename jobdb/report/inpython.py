@@ -43,9 +43,16 @@ def check_mode(mode: str) -> None:
         raise UsageError(f"mode {mode!r}: use 'min' (errors, losses) or 'max' (accuracies)")
 
 
-def build_report(records: Iterable[Any], metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
-                 *, outer: str | None = AUTO, allow_incomplete: bool = False,
-                 where: Sequence[str | Condition] = ()) -> Report:
+def build_report(
+    records: Iterable[Any],
+    metric: str,
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    *,
+    outer: str | None = AUTO,
+    allow_incomplete: bool = False,
+    where: Sequence[str | Condition] = (),
+) -> Report:
     """Group ``records`` into configurations and rank them by ``metric`` (``mode`` min or max).
 
     ``records`` are mappings (or objects) with ``params``, ``results`` and ``status``
@@ -56,16 +63,29 @@ def build_report(records: Iterable[Any], metric: str, mode: str = "min", group_o
     return _build(_Records.from_records(records), metric, mode, group_over, outer, allow_incomplete, where)
 
 
-def summarize(records: Iterable[Any], metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
-              *, outer: str | None = AUTO, allow_incomplete: bool = False,
-              where: Sequence[str | Condition] = ()) -> list[ConfigRow]:
+def summarize(
+    records: Iterable[Any],
+    metric: str,
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    *,
+    outer: str | None = AUTO,
+    allow_incomplete: bool = False,
+    where: Sequence[str | Condition] = (),
+) -> list[ConfigRow]:
     """The configurations of ``records``, best first (per outer fold): see :func:`build_report`."""
-    return build_report(records, metric, mode, group_over, outer=outer, allow_incomplete=allow_incomplete,
-                        where=where).rows
+    return build_report(
+        records, metric, mode, group_over, outer=outer, allow_incomplete=allow_incomplete, where=where
+    ).rows
 
 
-def best(records: Iterable[Any], metric: str = "valid_error", mode: str = "min",
-         group_over: Sequence[str] | None = None, allow_incomplete: bool = False) -> ConfigRow:
+def best(
+    records: Iterable[Any],
+    metric: str = "valid_error",
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    allow_incomplete: bool = False,
+) -> ConfigRow:
     """The best configuration of ``records`` by ``metric``: what a fan-in job retrains.
 
     The result has ``.params`` (without the group keys), ``.mean``, ``.std``, ``.n`` and
@@ -80,14 +100,22 @@ def best(records: Iterable[Any], metric: str = "valid_error", mode: str = "min",
     return winner
 
 
-def from_store_in_python(store: Store, metric: str, mode: str = "min", group_over: Sequence[str] | None = None,
-                         *, phase: int | None = None, outer: str | None = AUTO, allow_incomplete: bool = False,
-                         where: Sequence[str | Condition] = ()) -> Report:
+def from_store_in_python(
+    store: Store,
+    metric: str,
+    mode: str = "min",
+    group_over: Sequence[str] | None = None,
+    *,
+    phase: int | None = None,
+    outer: str | None = AUTO,
+    allow_incomplete: bool = False,
+    where: Sequence[str | Condition] = (),
+) -> Report:
     """The same report from every job read into Python (one query): what the database path must agree
     with, and the path for filters SQL cannot say the same way (a value that is a list)."""
-    return _build(_Records.from_rows(store.report_rows(phase)), metric, mode, group_over, outer,
-                  allow_incomplete, where)
-
+    return _build(
+        _Records.from_rows(store.report_rows(phase)), metric, mode, group_over, outer, allow_incomplete, where
+    )
 
 
 def spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[ConfigRow]:
@@ -104,8 +132,9 @@ def spread(rows: Iterator[ConfigRow], with_metric: int, count: int) -> list[Conf
     return out
 
 
-def outer_and_groups(all_keys: set[str], outer: str | None, group_over: Sequence[str] | None,
-                      any_jobs: bool) -> tuple[str | None, list[str]]:
+def outer_and_groups(
+    all_keys: set[str], outer: str | None, group_over: Sequence[str] | None, any_jobs: bool
+) -> tuple[str | None, list[str]]:
     """The outer-fold key and the keys to group over, checked against the parameters jobs have."""
     outer_key = default_outer_key(all_keys) if outer == AUTO else outer
     if outer_key is not None and outer_key not in all_keys:
@@ -122,6 +151,7 @@ def outer_and_groups(all_keys: set[str], outer: str | None, group_over: Sequence
 
 
 # -- the work ----------------------------------------------------------------------------
+
 
 class _Records:
     """Records as parallel lists: decoded once, filtered cheaply."""
@@ -178,8 +208,15 @@ class _Records:
         return len(self.ids)
 
 
-def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | None, outer: str | None,  # noqa: C901
-           allow_incomplete: bool, where: Sequence[str | Condition]) -> Report:
+def _build(  # noqa: C901
+    recs: _Records,
+    metric: str,
+    mode: str,
+    group_over: Sequence[str] | None,
+    outer: str | None,
+    allow_incomplete: bool,
+    where: Sequence[str | Condition],
+) -> Report:
     check_mode(mode)
     conditions = [c if isinstance(c, Condition) else parse_where(c) for c in where]
     all_keys: set[str] = set()
@@ -200,9 +237,18 @@ def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | N
 
     # Configurations: one index per (phase, target, parameters but the group keys).
     plain = _PLAIN_TYPES.issuperset
-    config_keys = [(phase, target, tuple(sorted(kv for kv in p.items() if kv[0] not in grouped)
-                                         if plain(map(type, p.values())) else frozen_items(p, grouped)))
-                   for phase, target, p in zip(recs.phases, recs.targets, recs.params)]
+    config_keys = [
+        (
+            phase,
+            target,
+            tuple(
+                sorted(kv for kv in p.items() if kv[0] not in grouped)
+                if plain(map(type, p.values()))
+                else frozen_items(p, grouped)
+            ),
+        )
+        for phase, target, p in zip(recs.phases, recs.targets, recs.params)
+    ]
     index: dict[tuple, int] = {}
     cfg_of = [index.setdefault(key, len(index)) for key in config_keys]
     keys = list(index)
@@ -237,9 +283,15 @@ def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | N
     import numpy as np  # here, not at the top: a report without rows needs none
 
     columns = [metric] * (metric in values) + sorted(k for k in values if k != metric)
-    stats = {name: [a.tolist() for a in _aggregate(np.asarray(values[name][0], dtype=np.int64),
-                                                   np.asarray(values[name][1], dtype=np.float64), n_cfg)]
-             for name in columns}
+    stats = {
+        name: [
+            a.tolist()
+            for a in _aggregate(
+                np.asarray(values[name][0], dtype=np.int64), np.asarray(values[name][1], dtype=np.float64), n_cfg
+            )
+        ]
+        for name in columns
+    }
 
     rows: list[ConfigRow] = []
     for c in range(n_cfg):
@@ -252,17 +304,40 @@ def _build(recs: _Records, metric: str, mode: str, group_over: Sequence[str] | N
             if n:
                 row_stats[name] = Stat(n, mean[c], None if n < 2 else std[c], lo[c], hi[c])
         ids = all_ids[c]
-        rows.append(ConfigRow(
-            params=params, phase=recs.phases[i], target=recs.targets[i],
-            outer=params.get(outer_key) if outer_key is not None else None, metric=metric, stats=row_stats,
-            job_ids=metric_ids[c], all_job_ids=ids, status=dict(sorted(status_counts[c].items())),
-            expected=0, complete=False, eligible=False, first_id=_first(ids)))
+        rows.append(
+            ConfigRow(
+                params=params,
+                phase=recs.phases[i],
+                target=recs.targets[i],
+                outer=params.get(outer_key) if outer_key is not None else None,
+                metric=metric,
+                stats=row_stats,
+                job_ids=metric_ids[c],
+                all_job_ids=ids,
+                status=dict(sorted(status_counts[c].items())),
+                expected=0,
+                complete=False,
+                eligible=False,
+                first_id=_first(ids),
+            )
+        )
 
     _judge(rows, allow_incomplete)
     rows, winners = _rank(rows, mode)
-    report = Report(metric=metric, mode=mode, group_over=groups, outer=outer_key, allow_incomplete=allow_incomplete,
-                    rows=rows, constant={}, varying=[], columns=columns, jobs=len(recs), dropped=dropped,
-                    best_by_outer=winners)
+    report = Report(
+        metric=metric,
+        mode=mode,
+        group_over=groups,
+        outer=outer_key,
+        allow_incomplete=allow_incomplete,
+        rows=rows,
+        constant={},
+        varying=[],
+        columns=columns,
+        jobs=len(recs),
+        dropped=dropped,
+        best_by_outer=winners,
+    )
     report.constant, report.varying = _split_constant([k[2] for k in keys], [r.params for r in rows])
     if outer_key is not None:
         report.overall = over_winners(list(winners.values()), columns)
@@ -276,8 +351,9 @@ def _drop_scopes_without(recs: _Records, metric: str) -> tuple[_Records, list[tu
     with_metric = {scopes[i] for i in done if is_number((recs.results[i] or {}).get(metric))}
     if not with_metric:
         if done:
-            found = sorted({k for i in done for k, v in (recs.results[i] or {}).items()
-                            if is_number(v) and not k.startswith("_")})
+            found = sorted(
+                {k for i in done for k, v in (recs.results[i] or {}).items() if is_number(v) and not k.startswith("_")}
+            )
             listing = ", ".join(found) if found else "none"
             raise UnknownMetric(f"no finished job reports {metric!r} (numeric results: {listing})")
         return recs, []
@@ -379,13 +455,13 @@ def _split_constant(keys: list[tuple], params: list[dict[str, Any]]) -> tuple[di
         present.update(k for k, _ in items)
     order = list(dict.fromkeys(k for p in params[:1] for k in p)) + sorted(seen)
     order = list(dict.fromkeys(order))
-    constant = {k: params[0][k] for k in order
-                if len(seen[k]) == 1 and present[k] == len(keys) and len(keys) > 1}
+    constant = {k: params[0][k] for k in order if len(seen[k]) == 1 and present[k] == len(keys) and len(keys) > 1}
     varying = [k for k in order if k not in constant]
     return constant, varying
 
 
 # -- small helpers ----------------------------------------------------------------------
+
 
 def _first(ids: list[Any]) -> Any:
     """The id of the job scheduled first (the lowest)."""

@@ -63,12 +63,16 @@ class RowJson:
                     if ok and expected == 1 and rank > 1:  # most rows of such a sweep
                         head = f'{{"rank": {rank}, "best": false, "eligible": true, "complete": true, '
                     else:
-                        head = (f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
-                                f'"complete": {_TRUTH[expected == 1]}, ')
-                    append(f'{head}"phase": {phase}, "target": {t}, "outer": {o}, '
-                           f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
-                           f'"mean": {m0}, "std": null, "job_ids": [{mids}], "results": {{{k0}: {{"n": 1, '
-                           f'"mean": {m0}, "std": null, "min": {m0}, "max": {m0}}}{rest}}}}}')
+                        head = (
+                            f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
+                            f'"complete": {_TRUTH[expected == 1]}, '
+                        )
+                    append(
+                        f'{head}"phase": {phase}, "target": {t}, "outer": {o}, '
+                        f'"params": {cfg}, "n": 1, "expected": {expected}, "status": {{"DONE": 1}}, '
+                        f'"mean": {m0}, "std": null, "job_ids": [{mids}], "results": {{{k0}: {{"n": 1, '
+                        f'"mean": {m0}, "std": null, "min": {m0}, "max": {m0}}}{rest}}}}}'
+                    )
                     rank += 1
                     continue
             if shown:
@@ -81,17 +85,19 @@ class RowJson:
                 nm, m0, sd0, results = 0, "null", "null", ""
             status = _statuses(others, jobs) if others else f'{{"{_DONE}": {jobs}}}'
             ids = "[]" if not mids else _job_ids(mids) if "," in mids else "[" + mids + "]"
-            append(f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
-                   f'"complete": {_TRUTH[nm == jobs == expected]}, "phase": {phase}, "target": {t}, '
-                   f'"outer": {o}, "params": {cfg}, "n": {nm}, "expected": {expected}, '
-                   f'"status": {status}, "mean": {m0}, "std": {sd0}, "job_ids": {ids}, '
-                   f'"results": {{{results}}}}}')
+            append(
+                f'{{"rank": {rank}, "best": {_TRUTH[rank == 1 and ok]}, "eligible": {_TRUTH[ok]}, '
+                f'"complete": {_TRUTH[nm == jobs == expected]}, "phase": {phase}, "target": {t}, '
+                f'"outer": {o}, "params": {cfg}, "n": {nm}, "expected": {expected}, '
+                f'"status": {status}, "mean": {m0}, "std": {sd0}, "job_ids": {ids}, '
+                f'"results": {{{results}}}}}'
+            )
             rank += 1
         return out
 
     def _results(self, more: list[Any]) -> str:
         """The results after the metric of any row, each that is there after ", "."""
-        texts = [_result(key, *more[at:at + 5])[0] for key, at in zip(self.more_keys, range(0, len(more), 5))]
+        texts = [_result(key, *more[at : at + 5])[0] for key, at in zip(self.more_keys, range(0, len(more), 5))]
         return "".join([", " + text for text in texts if text])
 
     def _target(self, target: Any) -> str:

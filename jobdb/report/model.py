@@ -33,6 +33,7 @@ class UnknownMetric(UsageError):
 
 # -- what a report holds ----------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class Stat:
     """One numeric result over a configuration's DONE jobs. ``std`` is None when n is 1."""
@@ -101,10 +102,21 @@ class ConfigRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rank": self.rank, "best": self.best, "eligible": self.eligible, "complete": self.complete,
-            "phase": self.phase, "target": self.target, "outer": self.outer, "params": self.params,
-            "n": self.n, "expected": self.expected, "status": self.status, "mean": self.mean, "std": self.std,
-            "job_ids": self.job_ids, "results": {k: s.to_dict() for k, s in self.stats.items()},
+            "rank": self.rank,
+            "best": self.best,
+            "eligible": self.eligible,
+            "complete": self.complete,
+            "phase": self.phase,
+            "target": self.target,
+            "outer": self.outer,
+            "params": self.params,
+            "n": self.n,
+            "expected": self.expected,
+            "status": self.status,
+            "mean": self.mean,
+            "std": self.std,
+            "job_ids": self.job_ids,
+            "results": {k: s.to_dict() for k, s in self.stats.items()},
         }
 
 
@@ -250,8 +262,10 @@ class Report:
                     spread = f" ± {format_number(stat.std, 2)}" if stat.std is not None else ""
                     parts.append(f"{name} {format_number(stat.mean)}{spread}")
             n = self.overall[self.metric].n
-            lines.append(f"overall: {', '.join(parts)} over {n} outer fold{'s' if n != 1 else ''} "
-                         "(each outer fold's best configuration)")
+            lines.append(
+                f"overall: {', '.join(parts)} over {n} outer fold{'s' if n != 1 else ''} "
+                "(each outer fold's best configuration)"
+            )
         return lines
 
     def why_none(self, outer: Any = None) -> str:
@@ -260,15 +274,23 @@ class Report:
             return "no configuration to report on"
         if not with_metric:
             return f"no configuration has a {self.metric} yet"
-        return (f"no configuration is eligible for best: all {with_metric} with a {self.metric} are missing "
-                "runs or have failed ones (--allow-incomplete accepts them)")
+        return (
+            f"no configuration is eligible for best: all {with_metric} with a {self.metric} are missing "
+            "runs or have failed ones (--allow-incomplete accepts them)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "metric": self.metric, "mode": self.mode, "group_over": self.group_over, "outer": self.outer,
+            "metric": self.metric,
+            "mode": self.mode,
+            "group_over": self.group_over,
+            "outer": self.outer,
             "std": f"sample standard deviation (ddof={STD_DDOF}); null when n is 1",
-            "allow_incomplete": self.allow_incomplete, "jobs": self.jobs, "constant": self.constant,
-            "varying": self.varying, "columns": self.columns,
+            "allow_incomplete": self.allow_incomplete,
+            "jobs": self.jobs,
+            "constant": self.constant,
+            "varying": self.varying,
+            "columns": self.columns,
             "dropped": [{"phase": p, "target": t, "jobs": n} for p, t, n in self.dropped],
             "rows": [r.to_dict() for r in self.rows],
         }

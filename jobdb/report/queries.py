@@ -111,8 +111,7 @@ def _sorting(conn: Connection) -> Iterator[None]:
 def sql_able(conditions: Sequence[Condition], keys: Iterable[str], dialect: str) -> bool:
     """Whether every filter and key can be said in SQL the way the Python path tests it."""
     plain = (int, float, str, bool, type(None))
-    return (all(isinstance(c.value, plain) for c in conditions)
-            and all(found_by_json_path(k, dialect) for k in keys))
+    return all(isinstance(c.value, plain) for c in conditions) and all(found_by_json_path(k, dialect) for k in keys)
 
 
 class Sql:
@@ -130,8 +129,9 @@ class Sql:
 
     def in_scopes(self, scopes: Sequence[tuple[Any, Any]]) -> str:
         """The jobs of these (phase, target) scopes."""
-        return "(" + " OR ".join(f"(job.phase = {self.bind(p)} AND job.target = {self.bind(t)})"
-                                 for p, t in scopes) + ")"
+        return (
+            "(" + " OR ".join(f"(job.phase = {self.bind(p)} AND job.target = {self.bind(t)})" for p, t in scopes) + ")"
+        )
 
     def bind(self, value: Any) -> str:
         name = f"b{len(self.binds)}"
@@ -205,12 +205,16 @@ class KeyStats:
 
 def param_keys(conn: Connection, where: str, binds: dict[str, Any]) -> dict[str, KeyStats]:
     if conn.dialect.name == "postgresql":
-        sql = ("SELECT e.key, count(*), min(jsonb_typeof(e.value)) = max(jsonb_typeof(e.value)) "
-               "AND min(e.value::text) = max(e.value::text) FROM job, jsonb_each(job.params) AS e "
-               f"WHERE {where} GROUP BY e.key")
+        sql = (
+            "SELECT e.key, count(*), min(jsonb_typeof(e.value)) = max(jsonb_typeof(e.value)) "
+            "AND min(e.value::text) = max(e.value::text) FROM job, jsonb_each(job.params) AS e "
+            f"WHERE {where} GROUP BY e.key"
+        )
     else:
-        sql = ("SELECT e.key, count(*), min(e.type) = max(e.type) AND min(e.value) IS max(e.value) "
-               f"FROM job, json_each(job.params) AS e WHERE {where} GROUP BY e.key")
+        sql = (
+            "SELECT e.key, count(*), min(e.type) = max(e.type) AND min(e.value) IS max(e.value) "
+            f"FROM job, json_each(job.params) AS e WHERE {where} GROUP BY e.key"
+        )
     return {k: KeyStats(n, bool(same)) for k, n, same in conn.execute(sa.text(sql), binds)}
 
 
@@ -228,12 +232,17 @@ def _first_and_last(conn: Connection, column: str, where: str, binds: dict[str, 
     by min() and max(), which read an index of the experiment's jobs alone: with ORDER BY id LIMIT 1,
     PostgreSQL's planner may walk the primary key from its far end, through every job of the
     experiments after this one (a million: 0.3 s)."""
-    return [conn.execute(sa.text(f"SELECT {column} FROM job WHERE job.id = (SELECT {way}(job.id) FROM job "
-                                 f"WHERE {where})"), binds).scalar() for way in ("min", "max")]
+    return [
+        conn.execute(
+            sa.text(f"SELECT {column} FROM job WHERE job.id = (SELECT {way}(job.id) FROM job WHERE {where})"), binds
+        ).scalar()
+        for way in ("min", "max")
+    ]
 
 
-def constant_candidates(conn: Connection, sql: Sql, where: str,
-                        groups: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+def constant_candidates(
+    conn: Connection, sql: Sql, where: str, groups: Sequence[str]
+) -> tuple[list[str], dict[str, Any]]:
     """The parameters of the configurations of the first and the last job of the selection (found by
     index), and those that hold one value in both: the candidates for constant, with their values,
     checked on every configuration by :func:`survey`."""
@@ -246,9 +255,17 @@ def constant_candidates(conn: Connection, sql: Sql, where: str,
 
 
 def _json_equal(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and frozen(a) == frozen(b) or (
-        not isinstance(a, bool) and not isinstance(b, bool) and isinstance(a, (int, float))
-        and isinstance(b, (int, float)) and a == b)
+    return (
+        type(a) is type(b)
+        and frozen(a) == frozen(b)
+        or (
+            not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and a == b
+        )
+    )
 
 
 def keys_differ(sql: Sql, keys: Sequence[str], constant: dict[str, Any]) -> str:
@@ -265,8 +282,10 @@ def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tup
     """(phase, target, key, JSON type) of the results of DONE jobs."""
     postgres = conn.dialect.name == "postgresql"
     each, kind = ("jsonb_each", "jsonb_typeof(e.value)") if postgres else ("json_each", "e.type")
-    sql = (f"SELECT job.phase, job.target, e.key, {kind} FROM job, {each}(job.results) AS e "
-           f"WHERE {where} AND job.status = 'DONE' GROUP BY 1, 2, 3, 4")
+    sql = (
+        f"SELECT job.phase, job.target, e.key, {kind} FROM job, {each}(job.results) AS e "
+        f"WHERE {where} AND job.status = 'DONE' GROUP BY 1, 2, 3, 4"
+    )
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
 
 
@@ -292,24 +311,41 @@ def unseen_results(sql: Sql, sample: dict[str, bool]) -> str:
     sample held none in (a result the report would then list): the grouping read from the sample
     would then not be the report's."""
     if sql.pg:
-        rest = (f"CASE WHEN jsonb_typeof(job.results) = 'object' THEN "
-                f"(job.results - CAST({sql.bind(list(sample))} AS text[])) <> '{{}}'::jsonb ELSE true END")
+        rest = (
+            f"CASE WHEN jsonb_typeof(job.results) = 'object' THEN "
+            f"(job.results - CAST({sql.bind(list(sample))} AS text[])) <> '{{}}'::jsonb ELSE true END"
+        )
     else:
         rest = "json_remove(job.results" + "".join(", " + sql.path(k) for k in sample) + ") <> '{}'"
-    tests = [rest] + [f"{sql.type_of('job.results', k)} IN ({', '.join(repr(t) for t in sql.numeric)})"
-                      for k, number in sample.items() if not number and not k.startswith("_")]
+    tests = [rest] + [
+        f"{sql.type_of('job.results', k)} IN ({', '.join(repr(t) for t in sql.numeric)})"
+        for k, number in sample.items()
+        if not number and not k.startswith("_")
+    ]
     return "job.results IS NOT NULL AND (" + " OR ".join(tests) + ")"
 
 
 def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, int, int]]:
     """(phase, target, jobs, DONE jobs) of the selection."""
-    sql = ("SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = 'DONE' THEN 1 ELSE 0 END) "
-           f"FROM job WHERE {where} GROUP BY job.phase, job.target")
+    sql = (
+        "SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = 'DONE' THEN 1 ELSE 0 END) "
+        f"FROM job WHERE {where} GROUP BY job.phase, job.target"
+    )
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
 
 
-def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns: Sequence[str],
-          guarded: set[str], unseen: str | None = None, *, parallel: bool = False, scope: str | None = None) -> None:
+def group(
+    conn: Connection,
+    sql: Sql,
+    where: str,
+    groups: Sequence[str],
+    columns: Sequence[str],
+    guarded: set[str],
+    unseen: str | None = None,
+    *,
+    parallel: bool = False,
+    scope: str | None = None,
+) -> None:
     """The configurations of the selection into the temporary table: per (phase, target, parameters but
     the group keys), the jobs' count, first id, ids, the statuses that are not DONE, and for each
     result its count, sum, sum of squares, min and max over the DONE jobs that report it as a number.
@@ -324,13 +360,21 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
         values.append(f"CASE WHEN job.status = 'DONE' THEN {number} END AS v{i}")
     if unseen is not None:
         values.append(f"CASE WHEN job.status = 'DONE' AND ({unseen}) THEN 1 ELSE 0 END AS u")
-    stats = [f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
-             for i in range(len(columns))]
+    stats = [
+        f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
+        for i in range(len(columns))
+    ]
     ids = "string_agg(id::text, ',')" if sql.pg else "group_concat(id)"
-    metric_ids = "string_agg(CASE WHEN v0 IS NOT NULL THEN id::text END, ',')" if sql.pg else \
-        "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
-    others = "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')" if sql.pg else \
-        "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
+    metric_ids = (
+        "string_agg(CASE WHEN v0 IS NOT NULL THEN id::text END, ',')"
+        if sql.pg
+        else "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
+    )
+    others = (
+        "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')"
+        if sql.pg
+        else "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
+    )
 
     def body(where: str) -> str:
         cfg = sql.without(groups)
@@ -340,20 +384,30 @@ def group(conn: Connection, sql: Sql, where: str, groups: Sequence[str], columns
             # the grouping's time), and last by id, so that each configuration's sums add its jobs in one
             # order whoever reads them: parallel workers may read and sort the jobs (their sorted runs are
             # merged), and the report is the same bit for bit.
-            inner = (f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg, "
-                     f"jsonb_hash_extended({cfg}, 0) AS h" + "".join(", " + v for v in values)
-                     + f" FROM job WHERE {where} ORDER BY h, job.phase, job.target, cfg, job.id")
+            inner = (
+                f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg, "
+                f"jsonb_hash_extended({cfg}, 0) AS h"
+                + "".join(", " + v for v in values)
+                + f" FROM job WHERE {where} ORDER BY h, job.phase, job.target, cfg, job.id"
+            )
             keys = "h, phase, target, cfg"
         else:
             # LIMIT keeps the subquery from being folded in (as the ORDER BY does on PostgreSQL): each
             # value is then read out of the JSON once, not once per aggregate. Grouped by the text of the
             # configuration before phase and target.
-            inner = (f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg"
-                     + "".join(", " + v for v in values) + f" FROM job WHERE {where} LIMIT -1")
+            inner = (
+                f"SELECT job.id, job.phase, job.target, job.status, {cfg} AS cfg"
+                + "".join(", " + v for v in values)
+                + f" FROM job WHERE {where} LIMIT -1"
+            )
             keys = "cfg, phase, target"
-        return (f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
-                f"{metric_ids} AS metric_ids" + "".join(", " + s for s in stats)
-                + (", max(u) AS unseen" if unseen is not None else "") + f" FROM ({inner}) AS j GROUP BY {keys}")
+        return (
+            f"SELECT phase, target, cfg, count(*) AS jobs, min(id) AS first_id, {others} AS others, {ids} AS ids, "
+            f"{metric_ids} AS metric_ids"
+            + "".join(", " + s for s in stats)
+            + (", max(u) AS unseen" if unseen is not None else "")
+            + f" FROM ({inner}) AS j GROUP BY {keys}"
+        )
 
     if sql.pg:
         # Grouping a million jobs hashes them in memory rather than in a score of batches on disk.
@@ -384,8 +438,10 @@ HALVES_FROM, HALVES_UP_TO = 10_000, 200_000
 def _middle_id(conn: Connection, scope: str, binds: dict[str, Any]) -> int | None:
     """The job id that parts the jobs of ``scope`` in two halves, when they are worth grouping apart.
     Their first and last ids are found by index; how many lie between bounds how many there are."""
-    lo, hi = conn.execute(sa.text(f"SELECT (SELECT min(job.id) FROM job WHERE {scope}), "
-                                  f"(SELECT max(job.id) FROM job WHERE {scope})"), binds).one()
+    lo, hi = conn.execute(
+        sa.text(f"SELECT (SELECT min(job.id) FROM job WHERE {scope}), (SELECT max(job.id) FROM job WHERE {scope})"),
+        binds,
+    ).one()
     if lo is None or not HALVES_FROM <= hi - lo + 1 <= HALVES_UP_TO:
         return None
     return (lo + hi + 1) // 2
@@ -422,8 +478,10 @@ def _group_in_halves(conn: Connection, lower: str, upper: str, binds: dict[str, 
     if len(found) == 1:
         raise found[0]
     names, rows = found
-    ours = {(phase, target, cfg): rowid for rowid, phase, target, cfg
-            in conn.exec_driver_sql(f"SELECT rowid, phase, target, cfg FROM temp.{TEMP}")}
+    ours = {
+        (phase, target, cfg): rowid
+        for rowid, phase, target, cfg in conn.exec_driver_sql(f"SELECT rowid, phase, target, cfg FROM temp.{TEMP}")
+    }
     both = {ours[r[:3]]: r for r in rows if r[:3] in ours}
     fresh = [r for r in rows if r[:3] not in ours]
     marks = ", ".join("?" * len(names))
@@ -432,7 +490,8 @@ def _group_in_halves(conn: Connection, lower: str, upper: str, binds: dict[str, 
     if both:
         merged = []
         for rowid, *mine in conn.exec_driver_sql(
-                f"SELECT rowid, * FROM temp.{TEMP} WHERE rowid IN ({', '.join(map(str, both))})"):
+            f"SELECT rowid, * FROM temp.{TEMP} WHERE rowid IN ({', '.join(map(str, both))})"
+        ):
             merged.append((*(_joined(n, a, b) for n, a, b in zip(names, mine, both[rowid])), rowid))
         assignments = ", ".join(f"{n} = ?" for n in names)
         conn.exec_driver_sql(f"UPDATE temp.{TEMP} SET {assignments} WHERE rowid = ?", merged)
@@ -497,8 +556,15 @@ class Survey:
     keys_hold: bool  # no configuration matched the ``differ`` test (true when none was given)
 
 
-def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str], *, unseen: bool = False,
-           differ: str | None = None) -> Survey:
+def survey(
+    conn: Connection,
+    sql: Sql,
+    outer: str | None,
+    columns: Sequence[str],
+    *,
+    unseen: bool = False,
+    differ: str | None = None,
+) -> Survey:
     """The outer folds with their counts, the totals, whether the results the grouping assumed hold
     (``unseen``: the table has that column) and whether no configuration is ``differ`` (SQL, from
     :func:`keys_differ`): one scan of the temporary table, grouped by outer value, phase and target."""
@@ -509,9 +575,17 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
         shown = [f"({expr})::text"]
     else:
         shown = [f"json_type(cfg, {sql.path(outer)})", expr]
-    parts = ["count(*)", "sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END)", "max(jobs)", "min(jobs)",
-             "sum(CASE WHEN n0 > 0 AND n0 = jobs THEN 1 ELSE 0 END)", "sum(jobs)", "max(n0)",
-             "max(unseen)" if unseen else "0", f"max(CASE WHEN {differ} THEN 1 ELSE 0 END)" if differ else "0"]
+    parts = [
+        "count(*)",
+        "sum(CASE WHEN n0 > 0 THEN 1 ELSE 0 END)",
+        "max(jobs)",
+        "min(jobs)",
+        "sum(CASE WHEN n0 > 0 AND n0 = jobs THEN 1 ELSE 0 END)",
+        "sum(jobs)",
+        "max(n0)",
+        "max(unseen)" if unseen else "0",
+        f"max(CASE WHEN {differ} THEN 1 ELSE 0 END)" if differ else "0",
+    ]
     for i in range(1, len(columns)):
         parts += [f"sum(CASE WHEN n{i} > 0 THEN 1 ELSE 0 END)", f"min(lo{i})", f"max(hi{i})"]
     keys = [*shown, "phase", "target"]
@@ -522,8 +596,7 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
         # With one group, its keys are read as bare columns of an aggregate without GROUP BY.
         if len(conn.execute(sa.text(f"SELECT DISTINCT {', '.join(keys)} FROM {TEMP} LIMIT 2"), sql.binds).all()) == 1:
             grouped = ""
-    rows = conn.execute(sa.text(f"SELECT {', '.join(keys)}, {', '.join(parts)} FROM {TEMP} {grouped}"),
-                        sql.binds).all()
+    rows = conn.execute(sa.text(f"SELECT {', '.join(keys)}, {', '.join(parts)} FROM {TEMP} {grouped}"), sql.binds).all()
     found: dict[tuple, Section] = {}
     with_metric_in: dict[tuple[Any, Any], bool] = {}  # per scope: whether a configuration has the metric
     configs = jobs = 0
@@ -531,8 +604,10 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
     # per result: configurations with it, min, max (the database's values, of the result's JSON type)
     results: list[list[Any]] = [[0, None, None] for _ in columns[1:]]
     for r in rows:
-        key, (phase, target, count, with_metric, largest, smallest, all_done, total, most, unseen_here, odd) = \
-            tuple(r[:len(shown)]), r[len(shown):len(shown) + 11]
+        key, (phase, target, count, with_metric, largest, smallest, all_done, total, most, unseen_here, odd) = (
+            tuple(r[: len(shown)]),
+            r[len(shown) : len(shown) + 11],
+        )
         if key not in found:
             if outer is None:
                 value, match = None, "1 = 1"
@@ -557,68 +632,102 @@ def survey(conn: Connection, sql: Sql, outer: str | None, columns: Sequence[str]
         with_metric_in[(phase, target)] = with_metric_in.get((phase, target), False) or bool(most)
         marked = marked or bool(unseen_here)
         differs = differs or bool(odd)
-        rest = r[len(shown) + 11:]  # per result after the metric: configurations with it, min, max
+        rest = r[len(shown) + 11 :]  # per result after the metric: configurations with it, min, max
         for res, having, lo, hi in zip(results, rest[0::3], rest[1::3], rest[2::3]):
             res[0] += having or 0
             res[1] = min((v for v in (res[1], lo) if v is not None), default=None)
             res[2] = max((v for v in (res[2], hi) if v is not None), default=None)
-    constant = {name: float(lo) for name, (having, lo, hi) in zip(columns[1:], results)
-                if configs and having == configs and lo == hi}
+    constant = {
+        name: float(lo)
+        for name, (having, lo, hi) in zip(columns[1:], results)
+        if configs and having == configs and lo == hi
+    }
     held = set(with_metric_in) if unseen and not marked and all(with_metric_in.values()) else None
-    return Survey(sorted(found.values(), key=lambda s: sort_key(s.value)), configs, jobs, constant, held,
-                  not differs)
+    return Survey(sorted(found.values(), key=lambda s: sort_key(s.value)), configs, jobs, constant, held, not differs)
 
 
-def ranked_query(sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool,
-                 limit: int | None = None, every: int = 0, ids: bool = True, cls: int | None = None) -> str:
+def ranked_query(
+    sql: Sql,
+    section: Section,
+    columns: Sequence[str],
+    mode: str,
+    allow_incomplete: bool,
+    limit: int | None = None,
+    every: int = 0,
+    ids: bool = True,
+    cls: int | None = None,
+) -> str:
     """The SQL of :func:`ranked`; with ``cls``, of the configurations of that class alone, the mean its
     first key (see :func:`ranked`). ``ids`` False: the rows as the json writes them, without the column
     of every job's id (NULL), nor the sum and sum of squares of a result with one value (NULL)."""
     if ids:
         stats = "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
     else:
-        stats = "".join(f", n{i}, CASE WHEN lo{i} = hi{i} THEN NULL ELSE s{i} END AS s{i}, "
-                        f"CASE WHEN lo{i} = hi{i} THEN NULL ELSE q{i} END AS q{i}, lo{i}, hi{i}"
-                        for i in range(len(columns)))
+        stats = "".join(
+            f", n{i}, CASE WHEN lo{i} = hi{i} THEN NULL ELSE s{i} END AS s{i}, "
+            f"CASE WHEN lo{i} = hi{i} THEN NULL ELSE q{i} END AS q{i}, lo{i}, hi{i}"
+            for i in range(len(columns))
+        )
     cfg = "cfg::text" if sql.pg else "cfg"
     allow = ("true" if sql.pg else "1") if allow_incomplete else ("false" if sql.pg else "0")
     scopes = list(section.expected.items())
     if len(scopes) == 1:
         expected = str(int(scopes[0][1]))
     else:  # a complete configuration has as many jobs as the largest of its phase and target
-        expected = "CASE" + "".join(f" WHEN phase = {sql.bind(p)} AND target = {sql.bind(t)} THEN {int(n)}"
-                                    for (p, t), n in scopes) + " END"
-    rank = (f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
-            "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
-            "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var")
-    select = (f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, {'ids' if ids else 'NULL'} AS ids, "
-              f"metric_ids{stats}, {expected} AS expected, {rank} FROM {TEMP} WHERE {section.match}")
+        expected = (
+            "CASE"
+            + "".join(f" WHEN phase = {sql.bind(p)} AND target = {sql.bind(t)} THEN {int(n)}" for (p, t), n in scopes)
+            + " END"
+        )
+    rank = (
+        f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) "
+        "THEN 0 ELSE 1 END AS cls, CASE WHEN lo0 = hi0 THEN lo0 ELSE s0 / n0 END AS m, "
+        "CASE WHEN n0 < 2 THEN NULL WHEN lo0 = hi0 THEN 0.0 ELSE (q0 - s0 * s0 / n0) / (n0 - 1) END AS var"
+    )
+    select = (
+        f"SELECT phase, target, {cfg} AS cfg, jobs, first_id, others, {'ids' if ids else 'NULL'} AS ids, "
+        f"metric_ids{stats}, {expected} AS expected, {rank} FROM {TEMP} WHERE {section.match}"
+    )
     order = f"cls, m {'ASC' if mode == 'min' else 'DESC'}, n0 DESC, var ASC NULLS LAST, first_id"
     if cls is not None:
-        level = (f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) THEN 0 ELSE 1 END "
-                 f"= {int(cls)}")
+        level = (
+            f"CASE WHEN n0 = 0 THEN 2 WHEN {allow} OR (n0 = jobs AND jobs = {expected}) THEN 0 ELSE 1 END = {int(cls)}"
+        )
         select += f" AND {level}"
         order = "first_id" if cls == 2 else order.removeprefix("cls, ")
     if every:  # one configuration with the metric in ``every``, by the database's order
         # Numbered on what orders them alone; only the rows picked are read whole.
-        picked = (f"SELECT first_id FROM (SELECT first_id, row_number() OVER (ORDER BY {order}) AS rn FROM "
-                  f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
-                  f"WHERE (rn - 1) % {int(every)} = 0")
+        picked = (
+            f"SELECT first_id FROM (SELECT first_id, row_number() OVER (ORDER BY {order}) AS rn FROM "
+            f"(SELECT first_id, n0, {rank} FROM {TEMP} WHERE {section.match} AND n0 > 0) AS r) AS s "
+            f"WHERE (rn - 1) % {int(every)} = 0"
+        )
         return f"{select} AND first_id IN ({picked}) ORDER BY {order}"
     if sql.pg and (limit is not None) == ids:  # the rows of a page, or every row the json writes
         # jsonb made text after the sort: for the rows kept only, or, when every row is read, as they
         # are sent, beside the client's work rather than before the first row (a million: 0.4 s sooner).
         # The outer ORDER BY is the inner one's, which PostgreSQL knows it need not sort again.
         top = select.replace("cfg::text AS cfg", "cfg", 1)
-        cols = ("phase, target, cfg::text AS cfg, jobs, first_id, others, ids, metric_ids"
-                + "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns))) + ", expected, cls, m, var")
+        cols = (
+            "phase, target, cfg::text AS cfg, jobs, first_id, others, ids, metric_ids"
+            + "".join(f", n{i}, s{i}, q{i}, lo{i}, hi{i}" for i in range(len(columns)))
+            + ", expected, cls, m, var"
+        )
         cut = f" LIMIT {int(limit)}" if limit is not None else ""
         return f"SELECT {cols} FROM ({top} ORDER BY {order}{cut}) AS top ORDER BY {order}"
     return f"{select} ORDER BY {order}" + ("" if limit is None else f" LIMIT {int(limit)}")
 
 
-def ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-           allow_incomplete: bool, limit: int | None = None, every: int = 0) -> Iterator[tuple]:
+def ranked(
+    conn: Connection,
+    sql: Sql,
+    section: Section,
+    columns: Sequence[str],
+    mode: str,
+    allow_incomplete: bool,
+    limit: int | None = None,
+    every: int = 0,
+) -> Iterator[tuple]:
     """A section's configurations in the database's order: eligible ones by mean (then more runs, the
     lower spread, the first scheduled), then ineligible ones, then those without the metric. The
     rows are (phase, target, cfg, jobs, first_id, others, ids, metric_ids, (n, s, q, lo, hi) per
@@ -654,8 +763,9 @@ def _rows(conn: Connection, sql: Sql, query: str) -> Iterator[tuple]:
 BATCH = 5000  # rows fetched at a time by :func:`ranked_batches`
 
 
-def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-                   allow_incomplete: bool) -> Iterator[list[tuple]]:
+def ranked_batches(
+    conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool
+) -> Iterator[list[tuple]]:
     """The rows of :func:`ranked` as the json writes them (``ranked_query(ids=False)``), in lists of plain
     tuples read straight from the driver's cursor: a million rows without a million result-row objects.
     On PostgreSQL the rows come in binary (no number written as text by the server and parsed back), in
@@ -669,8 +779,13 @@ def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequen
         params = compiled.construct_params(sql.binds)
         args = tuple(params[k] for k in compiled.positiontup) if compiled.positiontup else params
         chunked = sql.pg and _chunked_mode()
-        cursor = raw.cursor(binary=True) if chunked else raw.cursor(name=f"{TEMP}_rows", binary=True) if sql.pg \
+        cursor = (
+            raw.cursor(binary=True)
+            if chunked
+            else raw.cursor(name=f"{TEMP}_rows", binary=True)
+            if sql.pg
             else raw.cursor()
+        )
         rows = None
         fetch: Callable[[], list[tuple]]
         try:
@@ -692,8 +807,9 @@ def ranked_batches(conn: Connection, sql: Sql, section: Section, columns: Sequen
             cursor.close()
 
 
-def first_ranked(conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str,
-                 allow_incomplete: bool, count: int) -> list[tuple]:
+def first_ranked(
+    conn: Connection, sql: Sql, section: Section, columns: Sequence[str], mode: str, allow_incomplete: bool, count: int
+) -> list[tuple]:
     """The first ``count`` configurations of a section in the Python path's order, read with a LIMIT
     (the database keeps the best rows instead of sorting them all); more are read while the last run
     of equal means might go on past it."""

@@ -55,8 +55,7 @@ def upgrade() -> None:
         sa.Column("exit_code", sa.Integer),
         sa.UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
     )
-    op.create_index("ix_job_claim", "job",
-                    ["experiment_id", "status", sa.text("priority DESC"), "queue_order", "id"])
+    op.create_index("ix_job_claim", "job", ["experiment_id", "status", sa.text("priority DESC"), "queue_order", "id"])
     op.create_table(
         "job_dep",
         sa.Column("job_id", sa.Integer, sa.ForeignKey("job.id", ondelete="CASCADE"), primary_key=True),

@@ -17,8 +17,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "function_code",
-        sa.Column("experiment_id", sa.Integer, sa.ForeignKey("experiment.id", ondelete="CASCADE"),
-                  primary_key=True),
+        sa.Column("experiment_id", sa.Integer, sa.ForeignKey("experiment.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("target", sa.Text, primary_key=True),
         sa.Column("digest", sa.String(64), nullable=False),
         sa.Column("code", sa.LargeBinary, nullable=False),

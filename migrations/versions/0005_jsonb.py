@@ -41,10 +41,22 @@ def _retype(columns: list[tuple[str, sa.types.TypeEngine, str]], keep_views: boo
 
 
 def upgrade() -> None:
-    _retype([("params", postgresql.JSONB(), "params::jsonb"), ("results", postgresql.JSONB(), "results::jsonb"),
-             ("priority", sa.Float(), "priority::double precision")], keep_views=True)
+    _retype(
+        [
+            ("params", postgresql.JSONB(), "params::jsonb"),
+            ("results", postgresql.JSONB(), "results::jsonb"),
+            ("priority", sa.Float(), "priority::double precision"),
+        ],
+        keep_views=True,
+    )
 
 
 def downgrade() -> None:
-    _retype([("params", sa.Text(), "params::text"), ("results", sa.Text(), "results::text"),
-             ("priority", sa.Integer(), "round(priority)::integer")], keep_views=False)
+    _retype(
+        [
+            ("params", sa.Text(), "params::text"),
+            ("results", sa.Text(), "results::text"),
+            ("priority", sa.Integer(), "round(priority)::integer"),
+        ],
+        keep_views=False,
+    )
