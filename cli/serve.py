@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import socket
 import sys
+import threading
+import time
 from urllib.parse import quote
 
 import click
@@ -99,9 +102,31 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
     click.echo(f"jobman serve: {link}")
     click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))
     sys.stdout.flush()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+    # SIGTERM or Ctrl-C: requests under way get a few seconds, then the server stops whatever they do.
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=STOP_SECONDS
+    )
+    try:  # on SIGTERM the server ends the process as the signal would, once it has stopped
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        leave_stuck_requests()
     return 0
+
+
+STOP_SECONDS = 3
+
+
+def leave_stuck_requests() -> None:
+    """Exit now if a request's thread is still stuck once the server has stopped (a read of a database
+    that never answers, met by Ctrl-C): Python would wait for it at exit, and a stopped server must end."""
+    deadline = time.monotonic() + STOP_SECONDS
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130 if sys.exc_info()[0] is KeyboardInterrupt else 0)
 
 
 COMMANDS = [serve]

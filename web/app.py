@@ -1,13 +1,15 @@
 """The ASGI application of ``jobman serve``: routes, the token, and the guard on actions.
 
-Every request needs the token printed at start (a ``?token=`` link sets a same-site cookie,
-as Jupyter does); a request whose Host is not an address or name of this server (``web.hosts``)
-is refused, so a page elsewhere cannot reach the dashboard through a rebound name. Actions are POSTs that carry
+Every request needs the token printed at start (a ``?token=`` link sets a same-site cookie, as
+Jupyter does, holding a key of this server alone rather than the token); a request whose Host is
+not an address or name of this server (``web.hosts``) is refused, so a page elsewhere cannot reach
+the dashboard through a rebound name. Actions are POSTs that carry
 the token in the form, are refused from another origin, and exist only with ``allow_actions``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import threading
@@ -49,7 +51,17 @@ class Settings:
         self.form_secret = token or secrets.token_urlsafe(24)
         self.allow_actions = allow_actions
         self.host, self.port = host, port
-        self.cookie = f"jobman-token-{port}"
+        # The cookie a browser keeps after the token link: browsers send a host's cookies to each of its
+        # ports, so another service on this host may be sent it. Its value is therefore not the token
+        # but a key of this server alone, made at start from a random id its name also carries: it lets
+        # in nowhere else (another port, another server with the same token, this one restarted).
+        server_id = secrets.token_hex(8)
+        self.cookie = f"jobman-{port}-{server_id}"
+        self.session = (
+            hmac.new(token.encode(), f"jobman serve {server_id}".encode(), hashlib.sha256).hexdigest()
+            if token
+            else None
+        )
         self.reports = pages.ReportCache()
         self.action_lock = threading.Lock()
         self._action_stores: dict[str, Store] = {}
@@ -204,7 +216,8 @@ class Guard:
             # the path made relative to this server: "//elsewhere" would send the browser off-site
             target = "/" + request.url.path.lstrip("/\\") + ("?" + urlencode(rest) if rest else "")
             response = RedirectResponse(target, status_code=303)
-            response.set_cookie(self.settings.cookie, given, httponly=True, samesite="strict")
+            if self.settings.session is not None:
+                response.set_cookie(self.settings.cookie, self.settings.session, httponly=True, samesite="strict")
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -220,11 +233,10 @@ class Guard:
             )
         if s.token is None:
             return None
-        offered = (
-            request.query_params.get("token")
-            or request.cookies.get(s.cookie)
-            or _header_token(request.headers.get("authorization", ""))
-        )
+        kept = request.cookies.get(s.cookie)
+        if kept is not None and s.session is not None and hmac.compare_digest(kept.encode(), s.session.encode()):
+            return None
+        offered = request.query_params.get("token") or _header_token(request.headers.get("authorization", ""))
         if not offered:
             return PlainTextResponse(
                 "this page needs the token printed by `jobman serve`: open the link it printed", status_code=403

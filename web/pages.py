@@ -30,6 +30,8 @@ REPORT_ROWS = 50  # configurations listed in the report view (all of them feed i
 CHART_POINTS = 1000  # configurations drawn in a scatter; more are thinned evenly
 PARALLEL_LINES = 200
 CURVES = 8  # learning curves overlaid by default
+FILE_READ_SECONDS = 2.0  # a page waits this long at most for a job's files
+FILE_READERS = 4  # reads of job files under way at once, stuck ones included
 BEST_TTL = 10.0  # seconds a best result of the experiments page is kept while jobs keep finishing
 _PREFERRED = ("valid_error", "val_error", "valid_loss", "val_loss", "error", "loss", "test_error", "accuracy")
 _HIGHER_IS_BETTER = ("acc", "score", "auc", "f1", "r2", "reward", "precision", "recall")
@@ -341,15 +343,52 @@ def default_curve_ids(store: Store) -> list[int]:
 def job_view(store: Store, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
     workdir = own_workdir(job.workdir, job_id, store.experiment)
+    seen = off_thread(lambda: (workdir_files(workdir), tails(workdir, job.log_path)))
+    files, job_tails = seen if seen is not None else ([], [])
     return {
         "job": job,
         "events": store.events(job_id),
         "parents": store.parents(job_id),
         "children": store.children(job_id),
-        "files": workdir_files(workdir),
-        "tails": tails(workdir, job.log_path),
+        "files": files,
+        "tails": job_tails,
+        "files_unread": seen is None,
+        "file_seconds": f"{FILE_READ_SECONDS:g}",
         **curves(store, [job_id]),
     }
+
+
+_file_readers = threading.BoundedSemaphore(FILE_READERS)
+
+
+def off_thread(read: Callable[[], Any], seconds: float | None = None) -> Any | None:
+    """What ``read()`` gives, read on a thread of its own; None if that takes more than ``seconds``
+    (or ``FILE_READERS`` reads are already under way, stuck ones included). A job's files may lie on a
+    filesystem that hangs, or be a folder of a million files: a page then answers without them, on
+    time, and a read that never returns holds neither a request thread nor the server's exit (its
+    thread is a daemon). An error of the read is raised here. ``seconds``: FILE_READ_SECONDS."""
+    seconds = FILE_READ_SECONDS if seconds is None else seconds
+    deadline = time.monotonic() + seconds
+    if not _file_readers.acquire(timeout=seconds):
+        return None
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = read()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+            box["error"] = exc
+        finally:
+            _file_readers.release()
+            done.set()
+
+    threading.Thread(target=run, name="jobman-file-read", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        return None
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def own_workdir(workdir: str | None, job_id: int, experiment: str) -> Path | None:

@@ -1,0 +1,233 @@
+"""``jobman serve`` cannot be jammed by a job's files, and SIGTERM always stops it; its cookie lets in
+nowhere else.
+
+A real server process, a real FIFO as a job's ``stdout.txt``, many real requests at once, a real
+SIGTERM; on PostgreSQL also a table lock that really holds the pages' reads, to stop a server whose
+request threads are stuck.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from jobman.jobdb.records import WorkerInfo
+from jobman.jobdb.sweep import JobSpec
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient
+
+from jobman.web import pages
+from jobman.web.app import create_app
+
+TOKEN = "jam-token-0123456789"
+
+
+def job_with_fifo_stdout(store, tmp_path: Path) -> int:
+    """A RUNNING job whose workdir holds a FIFO as its stdout.txt (nobody ever writes to it)."""
+    [job_id] = store.schedule([JobSpec(phase=0, kind="fn", target="m:f", params={"x": 1}, parent=None)]).job_ids
+    claimed = store.claim(WorkerInfo.here(backend="local", backend_id="1"), str(tmp_path / "runs" / store.experiment))
+    assert claimed is not None and claimed.job.id == job_id
+    workdir = Path(claimed.job.workdir)
+    workdir.mkdir(parents=True)
+    os.mkfifo(workdir / "stdout.txt")
+    (workdir / "stderr.txt").write_text("the job's own words\n")
+    return job_id
+
+
+class Served:
+    """``jobman serve`` as a real process on a free port."""
+
+    def __init__(self, db_url: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0", "--token", TOKEN],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert found, (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
+        self.port = int(found.group(1))
+
+    def get(self, path: str, timeout: float = 10) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"token {TOKEN}"})
+            response = conn.getresponse()
+            return response.status, response.read().decode()
+        finally:
+            conn.close()
+
+    def stop(self) -> float:
+        """SIGTERM; the seconds it took to exit (it is killed after 30)."""
+        began = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return float("inf")
+        return time.monotonic() - began
+
+
+def test_a_fifo_job_page_jams_nothing_and_sigterm_stops_the_server(store, db_url, tmp_path):
+    job_id = job_with_fifo_stdout(store, tmp_path)
+    served = Served(db_url)
+    try:
+        page = f"/e/{store.experiment}/job/{job_id}"
+        began = time.monotonic()
+        # Twice the request threads a server has (40): each answers, none waits on the FIFO.
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            jammers = [pool.submit(served.get, page + ("?part=history" if i % 2 else ""), 30) for i in range(80)]
+            while not all(j.done() for j in jammers):  # meanwhile the rest of the dashboard answers at once
+                for path in ("/static/style.css", "/", f"/e/{store.experiment}"):
+                    t0 = time.monotonic()
+                    code, _ = served.get(path, timeout=10)
+                    assert code == 200 and time.monotonic() - t0 < 5, path
+            answers = [j.result() for j in jammers]
+        assert time.monotonic() - began < 60
+        assert {code for code, _ in answers} == {200}
+        assert all("the job&#39;s own words" in text for _, text in answers)  # stderr is shown, the FIFO is not
+        assert all("stdout.txt <small>" not in text for _, text in answers)
+    finally:
+        seconds = served.stop()
+    assert seconds < 10, f"SIGTERM took {seconds:.1f} s"
+    assert served.proc.returncode in (0, -signal.SIGTERM)  # it ends as SIGTERM would, once stopped
+    assert "Traceback" not in served.proc.stderr.read()
+
+
+def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(pg_database, tmp_path):
+    """Pages whose reads wait on a lock held elsewhere (PostgreSQL waits without end) do not keep a
+    stopped server alive; while they wait, /static still answers."""
+    import psycopg
+
+    from jobman.jobdb.store import Store
+
+    db_url = f"{pg_database}?table=stuck_{os.getpid()}"
+    store = Store.open(db_url)
+    job_id = job_with_fifo_stdout(store, tmp_path)
+    served = Served(db_url)
+    assert served.get(f"/e/{store.experiment}/job/{job_id}")[0] == 200
+    locker = psycopg.connect(pg_database)
+    try:
+        locker.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")  # held until rollback
+        stuck = [
+            threading.Thread(target=lambda: _ignore(served.get, f"/e/{store.experiment}/job/{job_id}", 60), daemon=True)
+            for _ in range(8)
+        ]
+        for t in stuck:
+            t.start()
+        time.sleep(1.0)
+        assert all(t.is_alive() for t in stuck), "the lock held no page"
+        code, _ = served.get("/static/style.css", timeout=10)
+        assert code == 200
+        seconds = served.stop()
+    finally:
+        locker.rollback()
+        locker.close()
+        if served.proc.poll() is None:
+            served.proc.kill()
+        store.dispose()
+    assert seconds < 15, f"SIGTERM took {seconds:.1f} s"
+    assert "Traceback" not in served.proc.stderr.read()
+
+
+def _ignore(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def test_a_read_that_never_returns_costs_its_page_the_files_only(tmp_path):
+    """A read that blocks for good (a FIFO opened for reading with no writer: a real blocked open)
+    gives None after the timeout; once every reader is stuck, the next read gives None on time too;
+    the stuck readers are daemon threads, so they hold no exit."""
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)
+
+    def blocking_read() -> bytes:
+        with open(fifo, "rb") as f:
+            return f.read()
+
+    try:
+        for _ in range(pages.FILE_READERS + 2):
+            t0 = time.monotonic()
+            assert pages.off_thread(blocking_read, seconds=0.3) is None
+            assert time.monotonic() - t0 < 2
+        stuck = [t for t in threading.enumerate() if t.name == "jobman-file-read"]
+        assert len(stuck) == pages.FILE_READERS and all(t.daemon for t in stuck)
+    finally:
+        for _ in range(pages.FILE_READERS):  # let the stuck readers go: each open meets a writer
+            fd = os.open(fifo, os.O_WRONLY)
+            os.close(fd)
+        for t in [t for t in threading.enumerate() if t.name == "jobman-file-read"]:
+            t.join(5)
+    assert pages.off_thread(lambda: 42, seconds=1) == 42
+    with pytest.raises(ZeroDivisionError):
+        pages.off_thread(lambda: 1 / 0, seconds=1)
+
+
+def test_a_job_page_whose_files_cannot_be_read_in_time_says_so(store, db_url, tmp_path, monkeypatch):
+    """A workdir listing stuck on a real blocked read: the page answers on time, saying so."""
+    job_id = job_with_fifo_stdout(store, tmp_path)
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    real_listing = pages.workdir_files
+
+    def stuck_listing(workdir):  # a filesystem that hangs, made of a FIFO no one writes
+        with open(gate, "rb") as f:
+            f.read()
+        return real_listing(workdir)
+
+    monkeypatch.setattr(pages, "workdir_files", stuck_listing)
+    monkeypatch.setattr(pages, "FILE_READ_SECONDS", 0.5)
+    c = TestClient(create_app(db_url, token=TOKEN), base_url="http://127.0.0.1:8787")
+    try:
+        t0 = time.monotonic()
+        page = c.get(f"/e/{store.experiment}/job/{job_id}", headers={"Authorization": f"token {TOKEN}"})
+        assert time.monotonic() - t0 < 5
+        assert page.status_code == 200
+        assert "could not be read within 0.5 s" in page.text
+    finally:
+        os.close(os.open(gate, os.O_WRONLY))
+
+
+def test_the_cookie_is_not_the_token_and_lets_in_on_its_own_server_only(store, db_url):
+    apps = {port: create_app(db_url, token=TOKEN, port=port) for port in (8787, 8788)}
+
+    def get(port: int, path: str = "/", cookie: str | None = None, app=None) -> object:
+        c = TestClient(app or apps[port], base_url=f"http://127.0.0.1:{port}", follow_redirects=False)
+        return c.get(path, headers={"Cookie": cookie} if cookie else {})
+
+    first = get(8787, f"/?token={TOKEN}")
+    assert first.status_code == 303
+    cookie = first.headers["set-cookie"]
+    kept = cookie.split(";", 1)[0]
+    name, value = kept.split("=", 1)
+    assert TOKEN not in cookie and value != TOKEN
+    assert name.startswith("jobman-8787-") and "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert get(8787, cookie=kept).status_code == 200
+    # Another service on this host may be sent it: it is not the token, and no other server takes it,
+    # not one on another port with the same token, nor this one started again.
+    other = get(8788, f"/?token={TOKEN}").headers["set-cookie"].split(";", 1)[0]
+    other_name = other.split("=", 1)[0]
+    assert other_name != name
+    assert get(8788, cookie=kept).status_code == 403
+    assert get(8788, cookie=f"{other_name}={value}").status_code == 403
+    assert get(8787, cookie=kept, app=create_app(db_url, token=TOKEN, port=8787)).status_code == 403
+    # the token itself in a cookie lets in nowhere: a cookie is never taken as the token
+    assert get(8787, cookie=f"{name}={TOKEN}").status_code == 403
+    assert get(8788, cookie=f"{other_name}={TOKEN}").status_code == 403
