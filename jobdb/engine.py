@@ -135,10 +135,14 @@ def _sqlite_engine(target: DbTarget) -> Engine:
     path = target.sqlite_path
     if path:
         refuse_network_filesystem(Path(path))
-    engine = sa.create_engine(
-        target.sqlalchemy_url,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-    )
+    read_only = _read_only_connector(path) if path else None
+    if read_only is not None:
+        engine = sa.create_engine(target.sqlalchemy_url, creator=read_only, poolclass=sa.pool.NullPool)
+    else:
+        engine = sa.create_engine(
+            target.sqlalchemy_url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
@@ -169,6 +173,30 @@ def _sqlite_engine(target: DbTarget) -> Engine:
                 begin_immediate(conn)
 
     return engine
+
+
+def _read_only_connector(path: str) -> Callable[[], Any] | None:
+    """How to open a SQLite database whose folder cannot be written (a read-only mount, a folder of
+    another user's), or None for any other. SQLite in WAL mode keeps its index in a file beside the
+    database, which it could not make there: so the file is opened read-only, beside a writer that
+    has one (its ``-shm`` file is there), else as it stands (``immutable``: no writer is at work; each
+    transaction opens anew, so one that starts later is seen). A read-only *file* in a writable
+    folder needs none of this: SQLite opens it read-only itself."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isfile(path) or os.access(folder, os.W_OK):
+        return None
+    import sqlite3
+    from urllib.parse import quote
+
+    where = quote(os.path.abspath(path))
+
+    def connect() -> sqlite3.Connection:
+        still = "" if os.path.exists(f"{path}-shm") else "&immutable=1"
+        return sqlite3.connect(
+            f"file:{where}?mode=ro{still}", uri=True, timeout=SQLITE_BUSY_TIMEOUT_S, check_same_thread=False
+        )
+
+    return connect
 
 
 def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
@@ -310,7 +338,13 @@ def current_revision(conn: Connection) -> str | None:
             raise SchemaError("this database has a 'job' table that jobman did not make; use another database")
         return None
     table = sa.table(VERSION_TABLE, sa.column("version_num"), schema=schema)
-    return conn.execute(sa.select(table.c.version_num)).scalar()
+    found = sorted(set(conn.execute(sa.select(table.c.version_num)).scalars()))
+    if len(found) > 1:  # alembic would fail on it, and no command can tell which one the tables are at
+        raise SchemaError(
+            f"the table {VERSION_TABLE} holds {len(found)} schema versions ({', '.join(found)}) where one "
+            f"belongs: delete the rows of the versions the tables are not at, then run `jobman db upgrade`"
+        )
+    return found[0] if found else None
 
 
 def check_search_path(conn: Connection) -> None:
@@ -342,9 +376,20 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
         before = current_revision(conn)
         if before is not None and before not in known_revisions():
             raise _newer_schema(before)
+        if before is not None:
+            _one_version_row(conn, before)
         command.upgrade(alembic_config(conn), "head")
         after = current_revision(conn)
     return before, after or head_revision()
+
+
+def _one_version_row(conn: Connection, revision: str) -> None:
+    """The same version twice (a version table made without its key) is one: alembic moves a version
+    on by updating its one row, and fails on two."""
+    table = sa.table(VERSION_TABLE, sa.column("version_num"))
+    if conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one() > 1:
+        conn.execute(sa.delete(table))
+        conn.execute(sa.insert(table).values(version_num=revision))
 
 
 def create_schema(engine: Engine) -> None:
