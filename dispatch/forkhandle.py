@@ -8,12 +8,32 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from jobman.jobdb.url import without_password
 
 from .experiment import TargetError
 from .lifetime import hang_up
 from .messages import MalformedMessage, recv_msg, send_msg
+
+# Set to 1 in a worker's environment, its jobs get the database password as the worker has it.
+PASS_DB_PASSWORD = "JOBMAN_JOBS_GET_DB_PASSWORD"
+DB_PASSWORD_VARIABLES = ("PGPASSWORD",)
+
+
+def job_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a job starts with: its worker's, without the database password (no PGPASSWORD,
+    and every URL in a variable, such as ``$JOBMAN_DB``, without its password), unless the worker's
+    environment sets ``JOBMAN_JOBS_GET_DB_PASSWORD=1``. A job never needs it: it speaks to its worker."""
+    if env.get(PASS_DB_PASSWORD) == "1":
+        return dict(env)
+    return {
+        name: without_password(value) if "://" in value else value
+        for name, value in env.items()
+        if name not in DB_PASSWORD_VARIABLES
+    }
 
 
 class ForkServerGone(Exception):
@@ -70,7 +90,10 @@ class ForkServer:
         )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL
+                [sys.executable, "-c", code],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=job_environment(os.environ),  # its jobs inherit it
             )
         finally:
             theirs.close()

@@ -38,7 +38,7 @@ from jobman.jobdb.status import LOST
 
 from .channel import Channel, DirectChannel, job_info, job_state
 from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
-from .forkhandle import ForkServer, ForkServerGone, JobProcess
+from .forkhandle import ForkServer, ForkServerGone, JobProcess, job_environment
 from .interrupted import mark_interrupted
 from .jobfiles import copy_tree, read_capped, read_tail
 from .leftovers import end_job_processes
@@ -646,7 +646,7 @@ class Runner:
         )
         results_path.unlink(missing_ok=True)
         env = {
-            **os.environ,
+            **job_environment(os.environ),
             **self.job_env,
             "JOBMAN_STATE": str(state_path),
             "JOBMAN_RESULTS": str(results_path),

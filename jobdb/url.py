@@ -29,6 +29,9 @@ class DbTarget:
     dialect: str  # "sqlite" or "postgresql"
     schema: str | None = None
 
+    def __post_init__(self) -> None:
+        check_experiment_name(self.experiment)
+
     @property
     def display(self) -> str:
         """The URL with any password masked, safe for logs and errors."""
@@ -51,6 +54,15 @@ class DbTarget:
         return f"{base}?{urlencode(query)}"
 
 
+def check_experiment_name(name: str) -> None:
+    """Refuse, in one sentence, a name that could not be a folder of the run folder: a job's workdir is
+    RUNS/EXPERIMENT/ID, so "." or ".." would put it beside or above the others."""
+    if not _NAME.match(name):
+        raise UsageError(f"experiment name {name!r} may only hold letters, digits, '_', '-' and '.'")
+    if not name.strip("."):
+        raise UsageError(f"experiment name {name!r} names a folder, not an experiment: use a letter or digit in it")
+
+
 # A URL's password: what follows "user:" up to the last "@" that a host and then the end of the
 # authority follow, so that a raw "@", "#", "?" or space in the password is masked with the rest of it.
 _USERINFO_PASSWORD = re.compile(
@@ -64,6 +76,14 @@ def mask_password(text: str) -> str:
     """Replace every database password in ``text`` by ``***``: the password of a URL (all of it up to
     the host, even with a raw ``@``, ``#`` or space in it) and a ``password=`` query parameter."""
     return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***\3", text))
+
+
+def without_password(text: str) -> str:
+    """``text`` with every database password taken out of it (``user:pw@host`` becomes ``user@host``,
+    ``password=pw`` becomes ``password=``): a URL that still names the database, for a process that
+    gets the password some other way, or not at all."""
+    text = _USERINFO_PASSWORD.sub(lambda m: m.group(1)[:-1] + m.group(3), text)
+    return _QUERY_PASSWORD.sub(r"\1", text)
 
 
 _DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
@@ -113,8 +133,7 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
     experiment = table or query.pop("table", None) or path_table or DEFAULT_TABLE
     query.pop("table", None)
     schema = query.pop("schema", None)
-    if not _NAME.match(experiment):
-        raise UsageError(f"experiment name {experiment!r} may only hold letters, digits, '_', '-' and '.'")
+    check_experiment_name(experiment)
     if schema is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", schema):
         raise UsageError(f"schema name {schema!r} is not a plain SQL identifier")
     clean = f"{dialect}://{path}" + (f"?{urlencode(query)}" if query else "")
