@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import os
 import secrets
 import socket
@@ -106,17 +108,30 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=STOP_SECONDS
     )
+    logging.getLogger("uvicorn.error").addFilter(_EndedRequests())
+    code = 130  # what is left if Ctrl-C ends the server
     try:  # on SIGTERM the server ends the process as the signal would, once it has stopped
         uvicorn.Server(config).run(sockets=[sock])
+        code = 0
     finally:
-        leave_stuck_requests()
+        leave_stuck_requests(code)
     return 0
 
 
 STOP_SECONDS = 3
 
 
-def leave_stuck_requests() -> None:
+class _EndedRequests(logging.Filter):
+    """A request the stopping server ended (its task cancelled past STOP_SECONDS) is one line, not a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            record.msg, record.args = "a request still under way was ended as the server stopped", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def leave_stuck_requests(code: int) -> None:
     """Exit now if a request's thread is still stuck once the server has stopped (a read of a database
     that never answers, met by Ctrl-C): Python would wait for it at exit, and a stopped server must end."""
     deadline = time.monotonic() + STOP_SECONDS
@@ -126,7 +141,7 @@ def leave_stuck_requests() -> None:
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130 if sys.exc_info()[0] is KeyboardInterrupt else 0)
+        os._exit(code)
 
 
 COMMANDS = [serve]

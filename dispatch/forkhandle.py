@@ -4,6 +4,7 @@ and the job processes that run several jobs in turn, as the worker sees them."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,16 +22,18 @@ from .messages import MalformedMessage, recv_msg, send_msg
 # Set to 1 in a worker's environment, its jobs get the database password as the worker has it.
 PASS_DB_PASSWORD = "JOBMAN_JOBS_GET_DB_PASSWORD"
 DB_PASSWORD_VARIABLES = ("PGPASSWORD",)
+# a database URL, whose password a job must not get (another URL's, a proxy's say, is the job's to use)
+_DATABASE_URL = re.compile(r"\bpostgres(?:ql)?(?:\+\w+)?://", re.I)
 
 
 def job_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a job starts with: its worker's, without the database password (no PGPASSWORD,
-    and every URL in a variable, such as ``$JOBMAN_DB``, without its password), unless the worker's
+    and every PostgreSQL URL in a variable, such as ``$JOBMAN_DB``, without its password), unless the worker's
     environment sets ``JOBMAN_JOBS_GET_DB_PASSWORD=1``. A job never needs it: it speaks to its worker."""
     if env.get(PASS_DB_PASSWORD) == "1":
         return dict(env)
     return {
-        name: without_password(value) if "://" in value else value
+        name: without_password(value) if _DATABASE_URL.search(value) else value
         for name, value in env.items()
         if name not in DB_PASSWORD_VARIABLES
     }

@@ -79,7 +79,8 @@ def test_jobs_do_not_inherit_the_database_password_unless_asked(store, db_url, t
         "PYTHONPATH": path,
         "PGPASSWORD": SECRET,
         "JOBMAN_DB": leaked_url,
-        "OTHER_URL": f"https://me:{SECRET}@example.org/x",
+        "OLD_URL": f"postgres://lab:{SECRET}@db.example/lab",
+        "HTTPS_PROXY": "http://me:proxypw@proxy.example:3128",  # not the database's: the job's to use
     }
 
     def run(**extra: str) -> list[dict]:
@@ -106,7 +107,8 @@ def test_jobs_do_not_inherit_the_database_password_unless_asked(store, db_url, t
         assert "PGPASSWORD" not in seen
         assert SECRET not in json.dumps(seen)
         assert seen["JOBMAN_DB"] == "postgresql://lab@db.example/lab?table=t&password="
-        assert seen["OTHER_URL"] == "https://me@example.org/x"
+        assert seen["OLD_URL"] == "postgres://lab@db.example/lab"
+        assert seen["HTTPS_PROXY"] == "http://me:proxypw@proxy.example:3128"
     for seen in run(JOBMAN_JOBS_GET_DB_PASSWORD="1"):  # asked for: as the worker has them
         assert seen["PGPASSWORD"] == SECRET and seen["JOBMAN_DB"] == leaked_url
 

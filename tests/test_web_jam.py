@@ -69,10 +69,10 @@ class Served:
         finally:
             conn.close()
 
-    def stop(self) -> float:
-        """SIGTERM; the seconds it took to exit (it is killed after 30)."""
+    def stop(self, sig: int = signal.SIGTERM) -> float:
+        """Send ``sig`` (SIGTERM); the seconds it took to exit (it is killed after 30)."""
         began = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -108,14 +108,15 @@ def test_a_fifo_job_page_jams_nothing_and_sigterm_stops_the_server(store, db_url
     assert "Traceback" not in served.proc.stderr.read()
 
 
-def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(pg_database, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(sig, pg_database, tmp_path):
     """Pages whose reads wait on a lock held elsewhere (PostgreSQL waits without end) do not keep a
     stopped server alive; while they wait, /static still answers."""
     import psycopg
 
     from jobman.jobdb.store import Store
 
-    db_url = f"{pg_database}?table=stuck_{os.getpid()}"
+    db_url = f"{pg_database}?table=stuck_{os.getpid()}_{sig}"
     store = Store.open(db_url)
     job_id = job_with_fifo_stdout(store, tmp_path)
     served = Served(db_url)
@@ -133,14 +134,15 @@ def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(pg_data
         assert all(t.is_alive() for t in stuck), "the lock held no page"
         code, _ = served.get("/static/style.css", timeout=10)
         assert code == 200
-        seconds = served.stop()
+        seconds = served.stop(sig)
     finally:
         locker.rollback()
         locker.close()
         if served.proc.poll() is None:
             served.proc.kill()
         store.dispose()
-    assert seconds < 15, f"SIGTERM took {seconds:.1f} s"
+    assert seconds < 15, f"{sig.name} took {seconds:.1f} s"
+    assert served.proc.returncode in (-sig, 130), served.proc.returncode
     assert "Traceback" not in served.proc.stderr.read()
 
 
