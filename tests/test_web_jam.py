@@ -222,6 +222,7 @@ def test_the_cookie_is_not_the_token_and_lets_in_on_its_own_server_only(store, d
     assert TOKEN not in cookie and value != TOKEN
     assert name.startswith("jobman-8787-") and "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert get(8787, cookie=kept).status_code == 200
+    assert get(8787, "/?token=wrong-token-000", cookie=kept).status_code == 403  # a token given is checked
     # Another service on this host may be sent it: it is not the token, and no other server takes it,
     # not one on another port with the same token, nor this one started again.
     other = get(8788, f"/?token={TOKEN}").headers["set-cookie"].split(";", 1)[0]

@@ -233,10 +233,12 @@ class Guard:
             )
         if s.token is None:
             return None
-        kept = request.cookies.get(s.cookie)
-        if kept is not None and s.session is not None and hmac.compare_digest(kept.encode(), s.session.encode()):
-            return None
         offered = request.query_params.get("token") or _header_token(request.headers.get("authorization", ""))
+        kept = request.cookies.get(s.cookie)
+        if not offered and kept is not None and s.session is not None:  # a token given is checked, cookie or not
+            if hmac.compare_digest(kept.encode(), s.session.encode()):
+                return None
+            return PlainTextResponse("wrong cookie: open the link `jobman serve` printed", status_code=403)
         if not offered:
             return PlainTextResponse(
                 "this page needs the token printed by `jobman serve`: open the link it printed", status_code=403
