@@ -199,6 +199,20 @@ def _read_only_connector(path: str) -> Callable[[], Any] | None:
     return connect
 
 
+def bound_lock_waits(engine: Engine, seconds: float) -> None:
+    """Make every transaction on ``engine`` stop waiting for a lock after ``seconds`` (PostgreSQL's
+    ``lock_timeout``, set for each transaction alone, so that a PgBouncer's pooling carries it to no
+    one else): a read a lock held elsewhere would hold without end fails with a sentence instead.
+    SQLite readers in WAL mode wait for no lock; 0 leaves waits unbounded."""
+    if engine.dialect.name != "postgresql" or seconds <= 0:
+        return
+    statement = f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}"
+
+    @event.listens_for(engine, "begin")
+    def _bounded(conn: Connection) -> None:
+        conn.connection.dbapi_connection.execute(statement)  # type: ignore[union-attr]  # None only once closed
+
+
 def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
     """``fn(conn)`` in one write transaction, begun and ended on the driver's connection.
 

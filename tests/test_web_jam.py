@@ -48,12 +48,13 @@ def job_with_fifo_stdout(store, tmp_path: Path) -> int:
 class Served:
     """``jobman serve`` as a real process on a free port."""
 
-    def __init__(self, db_url: str) -> None:
+    def __init__(self, db_url: str, **env: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", "0", "--token", TOKEN],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **env},
         )
         line = self.proc.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -119,7 +120,7 @@ def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(sig, pg
     db_url = f"{pg_database}?table=stuck_{os.getpid()}_{sig}"
     store = Store.open(db_url)
     job_id = job_with_fifo_stdout(store, tmp_path)
-    served = Served(db_url)
+    served = Served(db_url, JOBMAN_SERVE_LOCK_WAIT="0")  # pages wait for the lock without end
     assert served.get(f"/e/{store.experiment}/job/{job_id}")[0] == 200
     locker = psycopg.connect(pg_database)
     try:
@@ -143,6 +144,40 @@ def test_sigterm_stops_a_server_whose_requests_are_stuck_in_the_database(sig, pg
         store.dispose()
     assert seconds < 15, f"{sig.name} took {seconds:.1f} s"
     assert served.proc.returncode in (-sig, 130), served.proc.returncode
+    assert "Traceback" not in served.proc.stderr.read()
+
+
+def test_a_page_a_database_lock_would_hold_answers_an_error_on_time(pg_database, tmp_path):
+    """More requests than the server has threads, each for a page whose read a lock held elsewhere
+    would hold without end: each answers an error after the lock wait, and /static answers meanwhile."""
+    import psycopg
+
+    from jobman.jobdb.store import Store
+
+    db_url = f"{pg_database}?table=locked_{os.getpid()}"
+    store = Store.open(db_url)
+    job_id = job_with_fifo_stdout(store, tmp_path)
+    served = Served(db_url, JOBMAN_SERVE_LOCK_WAIT="2")
+    page = f"/e/{store.experiment}/job/{job_id}"
+    assert served.get(page)[0] == 200
+    locker = psycopg.connect(pg_database)
+    try:
+        locker.execute("LOCK TABLE job IN ACCESS EXCLUSIVE MODE")
+        began = time.monotonic()
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            answers = list(pool.map(lambda _: served.get(page, timeout=60), range(50)))
+        assert time.monotonic() - began < 30
+        assert {code for code, _ in answers} == {500}, {code for code, _ in answers}
+        assert all("lock timeout" in text for _, text in answers), answers[0][1][-500:]
+        assert served.get("/static/style.css", timeout=10)[0] == 200
+    finally:
+        locker.rollback()
+        locker.close()
+    try:
+        assert served.get(page)[0] == 200  # the lock gone, the page is back
+    finally:
+        served.stop()
+        store.dispose()
     assert "Traceback" not in served.proc.stderr.read()
 
 

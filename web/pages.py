@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from jobman.dispatch.jobfiles import read_tail
 from jobman.jobdb import dashboard, report, selection
+from jobman.jobdb.engine import bound_lock_waits
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
@@ -32,6 +33,7 @@ PARALLEL_LINES = 200
 CURVES = 8  # learning curves overlaid by default
 FILE_READ_SECONDS = 2.0  # a page waits this long at most for a job's files
 FILE_READERS = 4  # reads of job files under way at once, stuck ones included
+LOCK_WAIT_SECONDS = 5.0  # a page waits this long at most for a lock held elsewhere (PostgreSQL)
 BEST_TTL = 10.0  # seconds a best result of the experiments page is kept while jobs keep finishing
 _PREFERRED = ("valid_error", "val_error", "valid_loss", "val_loss", "error", "loss", "test_error", "accuracy")
 _HIGHER_IS_BETTER = ("acc", "score", "auc", "f1", "r2", "reward", "precision", "recall")
@@ -49,6 +51,7 @@ class Database:
     def open(cls, url: str) -> Database:
         target = parse_db(url)
         store = Store(target, create=False)  # refuses a missing database or an old schema, in one sentence
+        bound_lock_waits(store.engine, lock_wait())  # a page a lock would hold answers with an error instead
         return cls(url, target, store.engine)
 
     def store(self, experiment: str) -> Store:
@@ -56,6 +59,15 @@ class Database:
 
     def any_store(self) -> Store:
         return Store(self.target, engine=self.engine, check_schema=False)
+
+
+def lock_wait() -> float:
+    """Seconds a page waits for a lock held elsewhere (``JOBMAN_SERVE_LOCK_WAIT``; 0: no limit)."""
+    given = os.environ.get("JOBMAN_SERVE_LOCK_WAIT", "").strip()
+    try:
+        return float(given) if given else LOCK_WAIT_SECONDS
+    except ValueError:
+        raise UsageError(f"JOBMAN_SERVE_LOCK_WAIT must be a number of seconds, not {given!r}") from None
 
 
 def guess_metric(results: dict[str, Any] | None) -> str | None:
