@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import mimetypes
 import secrets
 import threading
 from collections.abc import Callable
@@ -23,8 +24,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobman.jobdb.errors import JobmanError, NoSuchExperiment, NoSuchJob, UsageError
@@ -189,9 +189,28 @@ def create_app(  # noqa: C901
         Route("/e/{name}", experiment),
         Route("/e/{name}/job/{job_id:int}", job),
         Route("/e/{name}/job/{job_id:int}/action", act, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        static_files(),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard, settings=settings)])
+
+
+def static_files() -> Route:
+    """The stylesheet and the script, read once and served from memory on the event loop: no request
+    thread serves them, so they answer even while every thread is held by a page."""
+    files = {
+        path.name: (path.read_bytes(), mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+        for path in (HERE / "static").iterdir()
+        if path.is_file()
+    }
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            return PlainTextResponse("no such file", status_code=404)
+        body, media_type = found
+        return Response(body, media_type=media_type, headers={"Cache-Control": "no-cache"})
+
+    return Route("/static/{name}", static)
 
 
 class Guard:
