@@ -376,9 +376,9 @@ _file_readers = threading.BoundedSemaphore(FILE_READERS)
 def off_thread(read: Callable[[], Any], seconds: float | None = None) -> Any | None:
     """What ``read()`` gives, read on a thread of its own; None if that takes more than ``seconds``
     (or ``FILE_READERS`` reads are already under way, stuck ones included). A job's files may lie on a
-    filesystem that hangs, or be a folder of a million files: a page then answers without them, on
-    time, and a read that never returns holds neither a request thread nor the server's exit (its
-    thread is a daemon). An error of the read is raised here. ``seconds``: FILE_READ_SECONDS."""
+    filesystem that hangs: a page then answers without them, on time, and a read that never returns
+    holds neither a request thread nor the server's exit (its thread is a daemon). An error of the
+    read is raised here. ``seconds``: FILE_READ_SECONDS."""
     seconds = FILE_READ_SECONDS if seconds is None else seconds
     deadline = time.monotonic() + seconds
     if not _file_readers.acquire(timeout=seconds):
