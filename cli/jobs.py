@@ -12,6 +12,7 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
+from jobman.dispatch.gang import rank_logs
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
@@ -199,6 +200,8 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     events = store.events(job.id)
     if fmt == "json":
         data = job_json(job)
+        if job.ranks > 1 and job.workdir:
+            data["rank_logs"] = rank_logs(job.workdir, job.ranks)
         data["children"] = children
         rung = store.rungs([job.id]).get(job.id)
         data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
@@ -228,6 +231,10 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
                 else ""
             )
         )
+    if job.ranks > 1:
+        lines.append(f"ranks     {job.ranks}, started together; rank 0's results are the job's")
+        if job.workdir:
+            lines += [f"  rank {r}  {log}" for r, log in enumerate(rank_logs(job.workdir, job.ranks))]
     if job.log_path:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":

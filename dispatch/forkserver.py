@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
-from .channel import Parent, WorkerChannel, job_state, to_jsonable
+from .channel import Parent, RankChannel, WorkerChannel, job_state, to_jsonable
 from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
+from .gang import Gang, RankFailed
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
 from .messages import recv_msg, send_msg
@@ -77,6 +78,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
         for p in request["parents"]
     ]
+    world_size = request.get("ranks", 1)
     channel = WorkerChannel(
         job["id"],
         job["phase"],
@@ -86,18 +88,59 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         parents,
         deadline=request["deadline"],
         save_every=request.get("save_every"),
+        world_size=world_size,
         sock=sock,
     )
+    gang = None
+    if world_size > 1:  # rank 0 forks the others before anything else runs here
+        gang = Gang(world_size, functools.partial(_report_for_gang, channel, sock))
+        gang.start(functools.partial(_other_rank, fn, request, parents, mask))
     channel.install_signal_handlers()
+    if gang is not None:
+        gang.pass_on_stops()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         outcome = call(fn, state, channel)
     except BaseException:  # noqa: BLE001 - SystemExit and friends from the job
         outcome = CallEnd("FAILED", {}, traceback.format_exc(limit=20))
+    status, error = outcome.status, outcome.error
+    if gang is not None:
+        status, error = gang.finish(status, error)
     sys.stdout.flush()
     sys.stderr.flush()
-    return {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results), "error": outcome.error}
+    return {"op": "report", "status": status, "results": to_jsonable(outcome.results), "error": error}
+
+
+def _other_rank(fn: Callable[..., Any], request: dict[str, Any], parents: list[Parent], mask: set, rank: int) -> None:
+    """Rank ``rank`` > 0 of a gang job: the same call, with a channel whose writes are ignored."""
+    job = request["job"]
+    channel = RankChannel(
+        job["id"],
+        job["phase"],
+        job["attempt"],
+        Path(request["workdir"]),
+        dict(job["params"]),
+        parents,
+        deadline=request["deadline"],
+        rank=rank,
+        world_size=request["ranks"],
+    )
+    channel.install_signal_handlers()
+    signal.signal(LAST_RITES, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    outcome = call(fn, job_state(job["params"], job["results"], job.get("jobman")), channel)
+    if outcome.status == "FAILED":
+        raise RankFailed(outcome.error or "failed")
+
+
+def _report_for_gang(channel: WorkerChannel, sock: socket.socket, status: str, error: str) -> None:
+    """The job's end when another rank ended it: sent between two of rank 0's requests, never inside one.
+    Its results are left out (None): the checkpoint rank 0 saved stays the job's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with channel.asking:
+        send_msg(sock, {"op": "report", "status": status, "results": None, "error": error})
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jobman.jobdb.errors import UsageError
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget
 
@@ -87,6 +88,7 @@ class Launch:
             # A local worker's end shows in its pid; a Slurm job's in its allocation's state (CANCELLED,
             # TIMEOUT, ...), which says more than a missing pid, even for a worker that ran on this host.
             self.watcher: Monitor = Monitor(store, MonitorOptions(relaunch=True), backends={"local": self.backend})
+            self._count_slots()
         else:
             from .backends.slurm import SlurmBackend
 
@@ -103,6 +105,23 @@ class Launch:
             self.watcher = Monitor(
                 store, MonitorOptions(relaunch=True, check_pids=False), backends={"slurm": self.backend}
             )
+
+    def _count_slots(self) -> None:
+        """Local: with a job of several ranks to run, the workers share the dispatch's slots (one per
+        worker), each job holding as many as it has ranks; a job wider than them all is refused here,
+        before any worker starts."""
+        gang = self.store.widest_gang()
+        if gang is None:
+            return
+        job_id, ranks = gang
+        if ranks > self.workers:
+            raise UsageError(
+                f"job {job_id} has {ranks} ranks, more than the {self.workers} slots of this dispatch: "
+                f"dispatch with -j {ranks} or more"
+            )
+        settings = self.spec.settings
+        processes = dataclasses.replace(settings.processes, slots=self.workers, slot_dir=str(self.log_dir / "slots"))
+        self.spec = dataclasses.replace(self.spec, settings=dataclasses.replace(settings, processes=processes))
 
     @property
     def workers(self) -> int:

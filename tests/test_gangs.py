@@ -1,0 +1,195 @@
+"""Jobs of many processes (``--ranks N``) run by a real worker on both engines: the rank variables read
+inside every rank, a rank really SIGKILLed (the job CRASHED, relaunched from its checkpoint, DONE, and
+nothing of it left running), a rank that raises (FAILED with its traceback), and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import experiment_module
+
+from jobman.jobdb.errors import NoSuchExperiment
+from jobman.jobdb.status import Status
+
+MODULE = "jm_gang_exp"
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+EXPERIMENTS = textwrap.dedent('''
+    """A gang job: each rank writes what it sees, then does what ``mode`` says."""
+    import json
+    import os
+    import signal
+    import time
+
+    VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+    def _wait_for(path, seconds=60):
+        end = time.time() + seconds
+        while not path.exists():
+            if time.time() > end:
+                raise RuntimeError(f"{path} never came")
+            time.sleep(0.02)
+
+
+    def gang(state, channel):
+        attempt, rank = channel.attempt, channel.rank
+        seen = {
+            "rank": rank,
+            "world_size": channel.world_size,
+            "pid": os.getpid(),
+            "progress": state.get("progress"),
+            "env": {k: os.environ.get(k) for k in VARS},
+        }
+        (channel.workdir / f"seen-{attempt}-{rank}.tmp").write_text(json.dumps(seen))
+        os.replace(channel.workdir / f"seen-{attempt}-{rank}.tmp", channel.workdir / f"seen-{attempt}-{rank}.json")
+        for other in range(channel.world_size):  # every rank is running before any goes on
+            _wait_for(channel.workdir / f"seen-{attempt}-{other}.json")
+        if state.mode == "kill" and attempt == 1:
+            if rank == 0:
+                state.progress = 42
+                channel.save()
+                (channel.workdir / "saved").write_text("")
+            if rank == state.victim:
+                _wait_for(channel.workdir / "saved")
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(120)  # the others: ended by the gang long before this
+            return {"outlived": rank}
+        if state.mode == "raise" and rank == state.victim:
+            raise ValueError(f"rank {rank} cannot go on")
+        if state.mode == "raise":
+            time.sleep(120)
+            return {"outlived": rank}
+        state.rank_seen = rank
+        state.resumed_from = state.get("progress")
+        if rank != 0:
+            state.rank_seen = -1  # what another rank writes is not the job's
+            channel.save()
+        return channel.COMPLETE
+''')
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": experiment_module(tmp_path, MODULE, EXPERIMENTS)}
+
+
+def seen(workdir: Path, attempt: int, ranks: int) -> list[dict]:
+    return [json.loads((workdir / f"seen-{attempt}-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    end = time.time() + 10
+    while not all(gone(p) for p in pids) and time.time() < end:
+        time.sleep(0.05)
+    assert [p for p in pids if not gone(p)] == [], "a rank outlived its job"
+
+
+def schedule(jobman, db_url: str, exp: dict, *args: str) -> None:
+    r = jobman("sqlschedule", db_url, f"{MODULE}:gang", *args, env=exp)
+    assert r.code == 0, r.out + r.err
+
+
+def work(jobman, db_url: str, exp: dict, tmp_path: Path, *args: str) -> None:
+    r = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), *args, env=exp, timeout=300)
+    assert r.code == 0, r.out + r.err
+
+
+def test_every_rank_reads_its_variables_and_rank_0s_results_are_the_jobs(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=plain", "--ranks", "3")
+    work(jobman, db_url, exp, tmp_path)
+    [job] = store.jobs()
+    assert job.status is Status.DONE and job.ranks == 3
+    assert job.results == {"rank_seen": 0, "resumed_from": None}  # rank 0's; the others' saves ignored
+    ranks = seen(Path(job.workdir), 1, 3)
+    port = ranks[0]["env"]["MASTER_PORT"]
+    assert port and int(port) > 0
+    for rank, s in enumerate(ranks):
+        assert s["rank"] == rank and s["world_size"] == 3
+        assert s["env"] == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+    assert len({s["pid"] for s in ranks}) == 3
+    assert (Path(job.workdir) / "rank-1.log").exists() and (Path(job.workdir) / "rank-2.log").exists()
+    assert_all_gone([s["pid"] for s in ranks])
+    shown = jobman("show", str(job.id), "--db", db_url, "--format", "json", env=exp)
+    assert shown.code == 0, shown.err
+    data = json.loads(shown.out)
+    assert data["ranks"] == 3
+    assert data["rank_logs"][1:] == [f"{job.workdir}/rank-1.log", f"{job.workdir}/rank-2.log"]
+
+
+def test_a_rank_killed_crashes_the_job_and_a_relaunch_runs_every_rank_from_the_checkpoint(
+    jobman, db_url, store, exp, tmp_path
+):
+    schedule(jobman, db_url, exp, "mode=kill", "victim=1", "--ranks", "3")
+    work(jobman, db_url, exp, tmp_path, "--max-jobs", "1")
+    [job] = store.jobs()
+    first = seen(Path(job.workdir), 1, 3)
+    assert_all_gone([s["pid"] for s in first])  # ranks 0 and 2 were sleeping: the gang ended them
+    assert job.status is Status.QUEUED and job.attempt == 1  # CRASHED, then relaunched
+    crash = [e for e in store.events(job.id) if e.to_status == "CRASHED"]
+    assert len(crash) == 1 and "rank 1 of 3 was killed by SIGKILL" in crash[0].why
+    assert job.results == {"progress": 42}  # rank 0's checkpoint kept
+
+    work(jobman, db_url, exp, tmp_path)
+    [job] = store.jobs()
+    assert job.status is Status.DONE and job.attempt == 2
+    again = seen(Path(job.workdir), 2, 3)
+    assert [s["progress"] for s in again] == [42, 42, 42]  # every rank started from the checkpoint
+    assert job.results == {"progress": 42, "rank_seen": 0, "resumed_from": 42}
+    assert_all_gone([s["pid"] for s in again])
+
+
+def test_a_rank_that_raises_fails_the_job_with_its_traceback(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=raise", "victim=2", "--ranks", "3")
+    work(jobman, db_url, exp, tmp_path)
+    [job] = store.jobs()
+    assert job.status is Status.FAILED
+    assert job.error.startswith("rank 2 of 3 raised:\nTraceback")
+    assert "ValueError: rank 2 cannot go on" in job.error
+    assert_all_gone([s["pid"] for s in seen(Path(job.workdir), 1, 3)])
+    assert "ValueError: rank 2 cannot go on" in (Path(job.workdir) / "rank-2.log").read_text()
+
+
+def test_rank_0_raising_ends_the_others(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=raise", "victim=0", "--ranks", "2")
+    work(jobman, db_url, exp, tmp_path)
+    [job] = store.jobs()
+    assert job.status is Status.FAILED and job.error.startswith("rank 0 of 2 raised:\n")
+    assert "ValueError: rank 0 cannot go on" in job.error
+    assert_all_gone([s["pid"] for s in seen(Path(job.workdir), 1, 2)])
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_refusals_are_one_sentence_and_write_nothing(jobman, db_url, store, exp, tmp_path):
+    for bad in ("0", "-2", "x"):
+        r = jobman("sqlschedule", db_url, f"{MODULE}:gang", "mode=plain", "--ranks", bad, env=exp)
+        assert r.code != 0 and "Traceback" not in r.err, r.err
+        assert len(r.err.strip().splitlines()) <= 3, r.err
+    with pytest.raises(NoSuchExperiment):  # not even the experiment was made
+        store.jobs()
+    schedule(jobman, db_url, exp, "mode=plain", "--ranks", "3")
+    r = jobman("dispatch", db_url, "-j", "2", "--exproot", str(tmp_path / "runs"), env=exp)
+    assert r.code != 0 and "Traceback" not in r.err
+    assert "has 3 ranks, more than the 2 slots of this dispatch" in r.err, r.err
+    [job] = store.jobs()
+    assert job.status is Status.QUEUED and job.attempt == 0  # nothing ran
