@@ -124,11 +124,13 @@ def list_jobs(
     rungs = store.rungs([j.id for j in jobs])  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
+    gangs = any(j.ranks > 1 for j in jobs)
     for col in (
         "id",
         "phase",
         *(("rung",) if rungs else ()),
         "status",
+        *(("ranks",) if gangs else ()),
         "try",
         "after",
         "params",
@@ -145,6 +147,7 @@ def list_jobs(
             str(j.phase),
             *rung,
             styled_status(j.status),
+            *((str(j.ranks),) if gangs else ()),
             f"{j.attempt}/{j.max_attempts}",
             ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
             fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),

@@ -74,10 +74,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         os.close(target)
     job = request["job"]
     state = job_state(job["params"], job["results"], job.get("jobman"))
-    parents = [
-        Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
-        for p in request["parents"]
-    ]
+    parents = parents_of(request)
     world_size = request.get("ranks", 1)
     channel = WorkerChannel(
         job["id"],
@@ -94,7 +91,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     gang = None
     if world_size > 1:  # rank 0 forks the others before anything else runs here
         gang = Gang(world_size, functools.partial(_report_for_gang, channel, sock))
-        gang.start(functools.partial(_other_rank, fn, request, parents, mask))
+        gang.start(functools.partial(run_other_rank, fn, request, parents, mask), request)
     channel.install_signal_handlers()
     if gang is not None:
         gang.pass_on_stops()
@@ -112,7 +109,17 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     return {"op": "report", "status": status, "results": to_jsonable(outcome.results), "error": error}
 
 
-def _other_rank(fn: Callable[..., Any], request: dict[str, Any], parents: list[Parent], mask: set, rank: int) -> None:
+def parents_of(request: dict[str, Any]) -> list[Parent]:
+    """What a job knows of the jobs it depends on, from its request."""
+    return [
+        Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
+        for p in request["parents"]
+    ]
+
+
+def run_other_rank(
+    fn: Callable[..., Any], request: dict[str, Any], parents: list[Parent], mask: set, rank: int
+) -> None:
     """Rank ``rank`` > 0 of a gang job: the same call, with a channel whose writes are ignored."""
     job = request["job"]
     channel = RankChannel(

@@ -21,19 +21,27 @@ time limit, Slurm's warning) reaching rank 0 are passed on to every rank.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import select
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .lifetime import die_with_parent
 
+RANK_ERROR = "rank-{rank}.error"  # under srun: the traceback of a rank that raised
+SRUN_REQUEST = "gang-request.json"  # under srun: what ranks 1..N-1 run, for ``jobman.dispatch.rank_main``
+SRUN_LOG = "gang-srun.log"  # under srun: srun's own words (which task was killed)
 RANK_LOG = "rank-{rank}.log"  # the output of rank R > 0, in the job's workdir (rank 0's: stdout.txt, stderr.txt)
 _ERROR_BYTES = 16_000  # of a rank's traceback, passed through a pipe that is read once the rank has ended
 
@@ -52,13 +60,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rank_env(rank: int, world_size: int, port: int, addr: str = "127.0.0.1") -> dict[str, str]:
-    """What torch.distributed's ``env://`` reads, for one rank of a gang on one host."""
+def slurm_tasks() -> int:
+    """The tasks of the Slurm allocation this process runs in (0 outside one, or without srun)."""
+    if not os.environ.get("SLURM_JOB_ID") or shutil.which("srun") is None:
+        return 0
+    try:
+        return int(os.environ.get("SLURM_NTASKS", "1"))
+    except ValueError:
+        return 0
+
+
+def rank_env(
+    rank: int, world_size: int, port: int, addr: str = "127.0.0.1", local: tuple[int, int] | None = None
+) -> dict[str, str]:
+    """What torch.distributed's ``env://`` reads, for one rank of a gang; ``local`` (its rank and the
+    ranks on its node) when they differ from the gang's, on a gang over several nodes."""
+    local_rank, local_size = local or (rank, world_size)
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
     }
@@ -66,6 +88,47 @@ def rank_env(rank: int, world_size: int, port: int, addr: str = "127.0.0.1") -> 
 
 class RankFailed(Exception):
     """A rank's call failed; the message is its traceback."""
+
+
+def rank_process(
+    rank: int,
+    world_size: int,
+    port: int,
+    addr: str,
+    errors: int,
+    run_rank: Callable[[int], None],
+    local: tuple[int, int] | None = None,
+) -> None:
+    """Inside rank ``rank`` > 0: its output to its log, its variables, the call; exits 0 if it returned,
+    else 1 with its traceback written to ``errors``. Never returns."""
+    code = 1
+    try:
+        die_with_parent()
+        log = os.open(RANK_LOG.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.update(rank_env(rank, world_size, port, addr, local))
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)  # until the rank's channel installs its own
+        run_rank(rank)
+        code = 0
+    except RankFailed as exc:  # the call's own traceback
+        _tell(errors, str(exc))
+    except BaseException:  # noqa: BLE001 - the rank's error, whatever it is, is the job's
+        _tell(errors, traceback.format_exc(limit=20))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _tell(errors: int, text: str) -> None:
+    sys.stderr.write(text)
+    try:
+        os.write(errors, text.encode(errors="replace")[-_ERROR_BYTES:])
+    except OSError:
+        pass
 
 
 class Gang:
@@ -80,9 +143,42 @@ class Gang:
         self._ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, read end of its error pipe)
         self._ending = threading.Lock()  # whoever takes it says how the job ended
         self._all_returned = threading.Event()
+        self.addr = "127.0.0.1"  # MASTER_ADDR: rank 0's host
+        self._srun: int | None = None  # under srun: the pid of the step that runs ranks 1..N-1
 
-    def start(self, run_rank: Callable[[int], None]) -> None:
-        """Fork ranks 1..N-1, each running ``run_rank(rank)`` with its variables set; rank 0's are set here."""
+    def start(self, run_rank: Callable[[int], None], request: dict[str, Any] | None = None) -> None:
+        """Start ranks 1..N-1, each running ``run_rank(rank)`` with its variables set; rank 0's are set here.
+        Inside a Slurm allocation of enough tasks they are srun's tasks (running ``request``), placed by
+        Slurm; elsewhere forks of this process."""
+        if request is not None and slurm_tasks() >= self.world_size:
+            self._start_srun(request)
+        else:
+            self._fork_ranks(run_rank)
+        os.environ.update(rank_env(0, self.world_size, self.port, self.addr))
+        threading.Thread(target=self._watch, name="jobman-gang", daemon=True).start()
+
+    def _start_srun(self, request: dict[str, Any]) -> None:
+        """Ranks 1..N-1 as one srun step: each task is ``python -m jobman.dispatch.rank_main``, its rank
+        its SLURM_PROCID + 1; srun kills the step when one task fails (``--kill-on-bad-exit``)."""
+        self.addr = socket.gethostname()
+        for rank in range(1, self.world_size):
+            Path(RANK_ERROR.format(rank=rank)).unlink(missing_ok=True)
+        Path(SRUN_REQUEST).write_text(json.dumps({**request, "port": self.port, "addr": self.addr}))
+        argv = [
+            shutil.which("srun") or "srun",
+            f"--ntasks={self.world_size - 1}",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            "-m",
+            "jobman.dispatch.rank_main",
+            os.path.abspath(SRUN_REQUEST),
+        ]
+        with open(SRUN_LOG, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        self._srun = proc.pid
+        self._ranks[proc.pid] = (0, -1)
+
+    def _fork_ranks(self, run_rank: Callable[[int], None]) -> None:
         for rank in range(1, self.world_size):
             errors_r, errors_w = os.pipe()
             sys.stdout.flush()
@@ -90,44 +186,9 @@ class Gang:
             pid = os.fork()
             if pid == 0:
                 os.close(errors_r)
-                self._rank_process(rank, errors_w, run_rank)
+                rank_process(rank, self.world_size, self.port, self.addr, errors_w, run_rank)
             os.close(errors_w)
             self._ranks[pid] = (rank, errors_r)
-        os.environ.update(rank_env(0, self.world_size, self.port))
-        threading.Thread(target=self._watch, name="jobman-gang", daemon=True).start()
-
-    def _rank_process(self, rank: int, errors: int, run_rank: Callable[[int], None]) -> None:
-        """Inside rank ``rank``: its output to its log, its variables, the call; exit 0 if it returned."""
-        code = 1
-        try:
-            die_with_parent()
-            log = os.open(RANK_LOG.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            os.environ.update(rank_env(rank, self.world_size, self.port))
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
-                signal.signal(sig, signal.SIG_DFL)  # until the rank's channel installs its own
-            run_rank(rank)
-            code = 0
-        except RankFailed as exc:  # the call's own traceback
-            text = str(exc)
-            sys.stderr.write(text)
-            try:
-                os.write(errors, text.encode(errors="replace")[-_ERROR_BYTES:])
-            except OSError:
-                pass
-        except BaseException:  # noqa: BLE001 - the rank's error, whatever it is, is the job's
-            text = traceback.format_exc(limit=20)
-            sys.stderr.write(text)
-            try:
-                os.write(errors, text.encode(errors="replace")[-_ERROR_BYTES:])
-            except OSError:
-                pass
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
 
     def pass_on_stops(self) -> None:
         """A stop signal to rank 0 (its channel's handlers installed) reaches every rank too."""
@@ -146,7 +207,17 @@ class Gang:
             signal.signal(sig, forward)
 
     def _watch(self) -> None:
-        """Wait for the other ranks; the first that ends badly ends the job."""
+        """Wait for the other ranks; the first that ends badly ends the job. Should the watching itself
+        fail, the job ends too: rank 0 must never wait for ranks nobody watches."""
+        try:
+            self._watch_ranks()
+        except Exception as exc:  # noqa: BLE001 - said as the job's end, never swallowed
+            if self._ending.acquire(blocking=False):
+                self.kill_all()
+                self._report("CRASHED", f"watching the ranks of the gang failed: {exc!r}")
+                os._exit(0)
+
+    def _watch_ranks(self) -> None:
         fds = {}
         for pid in self._ranks:
             try:
@@ -167,7 +238,8 @@ class Gang:
                 del fds[pid]
                 rank, errors = self._ranks.pop(pid)
                 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-                    os.close(errors)
+                    if errors >= 0:
+                        os.close(errors)
                     continue
                 outcome, error = self._verdict(rank, status, errors)
                 if self._ending.acquire(blocking=False):
@@ -179,6 +251,8 @@ class Gang:
 
     def _verdict(self, rank: int, status: int, errors: int) -> tuple[str, str]:
         """How a rank that did not return ended, as the job's outcome and error."""
+        if errors < 0:
+            return self._srun_verdict(status)
         text = b""
         while chunk := os.read(errors, 65536):
             text += chunk
@@ -189,6 +263,32 @@ class Gang:
         if text:
             return "FAILED", f"{name} raised:\n{text.decode(errors='replace')}"
         return "FAILED", f"{name} exited with code {os.WEXITSTATUS(status)}"
+
+    def _srun_verdict(self, status: int) -> tuple[str, str]:
+        """How the srun step of ranks 1..N-1 ended badly: a rank's traceback if one raised (the first),
+        else the task srun says was killed."""
+        raised = sorted(
+            (path.stat().st_mtime, rank, path)
+            for rank in range(1, self.world_size)
+            if (path := Path(RANK_ERROR.format(rank=rank))).exists()
+        )
+        if raised:
+            _when, rank, path = raised[0]
+            return "FAILED", f"rank {rank} of {self.world_size} raised:\n{path.read_text(errors='replace')}"
+        said = Path(SRUN_LOG).read_text(errors="replace") if Path(SRUN_LOG).exists() else ""
+        killed = re.search(r"task (\d+): (Killed|Terminated|Segmentation fault|Aborted)", said)
+        if killed:
+            rank = int(killed.group(1)) + 1
+            return (
+                "CRASHED",
+                f"rank {rank} of {self.world_size} was {killed.group(2).lower()} (srun: {killed.group(0)})",
+            )
+        how = (
+            f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            if os.WIFSIGNALED(status)
+            else (f"ended with code {os.WEXITSTATUS(status)}")
+        )
+        return "CRASHED", f"the srun step of ranks 1..{self.world_size - 1} {how}: {said.strip()[-2000:]}"
 
     def kill_all(self) -> None:
         """SIGKILL every rank still running (not rank 0)."""

@@ -123,6 +123,15 @@ class Launch:
         processes = dataclasses.replace(settings.processes, slots=self.workers, slot_dir=str(self.log_dir / "slots"))
         self.spec = dataclasses.replace(self.spec, settings=dataclasses.replace(settings, processes=processes))
 
+    def _no_gangs_for_pull_workers(self) -> None:
+        """Slurm's pull workers are one task each: a job of several ranks needs a Slurm job of its own."""
+        gang = self.store.widest_gang()
+        if gang is not None:
+            raise UsageError(
+                f"job {gang[0]} has {gang[1]} ranks: on Slurm, jobs of several ranks run with --one-job-per-task "
+                "(each its own Slurm job of --ntasks ranks)"
+            )
+
     @property
     def workers(self) -> int:
         """Workers at once: as the plan says, else the backend's default."""
@@ -139,6 +148,8 @@ class Launch:
 
         On Slurm it polls less often, and leaves the workers running when it stops (Ctrl-C)."""
         slurm = self.plan.backend == "slurm"
+        if slurm:
+            self._no_gangs_for_pull_workers()
         options = DispatchOptions(self.workers, outage_wait=self.plan.worker.outage_wait, stop_on_interrupt=not slurm)
         if poll_interval is not None or slurm:
             options.poll_interval = poll_interval if poll_interval is not None else 2.0
@@ -154,6 +165,7 @@ class Launch:
     def submit_array(self) -> tuple[Tally, list[str]]:
         """Slurm: one array of pull workers, one per ready job up to ``workers``, and return; the tally
         it was sized by, and the task ids (none when no job is ready)."""
+        self._no_gangs_for_pull_workers()
         tally = Tally.of(self.store)
         count = min(self.workers, tally["QUEUED"])
         if count == 0:

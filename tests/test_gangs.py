@@ -132,6 +132,8 @@ def test_every_rank_reads_its_variables_and_rank_0s_results_are_the_jobs(jobman,
     assert_all_gone([s["pid"] for s in ranks])
     shown = jobman("show", str(job.id), "--db", db_url, "--format", "json", env=exp)
     assert shown.code == 0, shown.err
+    listed = jobman("list", db_url, env=exp)
+    assert listed.code == 0 and listed.out.split()[:4] == ["id", "phase", "status", "ranks"], listed.out
     data = json.loads(shown.out)
     assert data["ranks"] == 3
     assert data["rank_logs"][1:] == [f"{job.workdir}/rank-1.log", f"{job.workdir}/rank-2.log"]
