@@ -1,16 +1,25 @@
 """A job of many processes (a gang): its ranks started together, watched together, ended together.
 
-The job's process is rank 0: it keeps the job's channel to its worker, so rank 0's results and
-saves are the job's. Before calling the function it forks ranks 1..N-1 itself, each calling the same
-function with a channel of its own whose ``save`` and ``log`` are ignored (the job has one record,
-rank 0's), and its output in ``rank-R.log`` in the job's workdir.
+The job's process (the fork server's child, holding the job's channel to its worker) leads the gang,
+and rank 0's results, saves and curves are the job's; the other ranks call the same function with a
+channel whose ``save`` and ``log`` are ignored (the job has one record), their output in ``rank-R.log``
+in the job's workdir. Every rank gets torch.distributed's ``env://`` variables (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a port free when the gang starts). The ranks
+come from one of three launches (:func:`launch_of`):
 
-Why the job's own forks rather than ``mpiexec``: the ranks then sit in the job's process group and
-cgroup and die with its process (``PR_SET_PDEATHSIG``), so every way a one-process job is ended
-(the worker's stop, the server's leftovers, a dead worker) ends every rank, and the rank that failed
-is known exactly (its pid and wait status), not parsed from a launcher's output. Every rank gets
-torch.distributed's ``env://`` variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT: a port free when the gang starts).
+- ``fork`` (the default): the job's process is rank 0 and forks ranks 1..N-1 before calling the
+  function. They sit in its process group and cgroup and die with it (``PR_SET_PDEATHSIG``), so every
+  way a one-process job is ended ends every rank, and the rank that failed is known by its own pid and
+  wait status, not read from a launcher's output. They are not an MPI world, so ``jobman.ps`` is
+  refused in them.
+- ``mpiexec`` (the ``ps`` extra's MPICH, asked for with ``JOBMAN_GANG_LAUNCH=mpiexec``): every rank,
+  rank 0 included, is a process of ``mpiexec -n N`` running ``jobman.dispatch.rank_main``, one MPI
+  world, so ``jobman.ps`` works in it. The job's process stays its worker's only contact and relays
+  rank 0's requests (save, log, its report) over a Unix socket. A rank is named by the pid file it
+  wrote; what MPICH's launcher leaves behind is ended with the job's cgroup and, as orphans, by the
+  fork server (a subreaper).
+- ``srun``, inside a Slurm allocation of enough tasks (``--ntasks=N``): rank 0 is the job's process
+  and ranks 1..N-1 one srun step (``--kill-on-bad-exit``), placed by Slurm.
 
 All or nothing: a thread of rank 0 waits on the other ranks; the first that raises, exits non-zero or
 is killed has every other rank killed, and the job's report names it: FAILED with its traceback (its
@@ -35,13 +44,17 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .lifetime import die_with_parent
+from .messages import recv_msg, send_msg
 
-RANK_ERROR = "rank-{rank}.error"  # under srun: the traceback of a rank that raised
-SRUN_REQUEST = "gang-request.json"  # under srun: what ranks 1..N-1 run, for ``jobman.dispatch.rank_main``
-SRUN_LOG = "gang-srun.log"  # under srun: srun's own words (which task was killed)
+RANK_ERROR = "rank-{rank}.error"  # launched: the traceback of a rank that raised (empty while it runs)
+RANK_PID = "rank-{rank}.pid"  # launched by mpiexec: each rank's pid, to signal it
+RANK_END = "rank-{rank}.end"  # launched by mpiexec: how a rank's process ended, and when
+GANG_REQUEST = "gang-request.json"  # launched: what the ranks run, for ``jobman.dispatch.rank_main``
+LAUNCH_LOG = "gang-{launch}.log"  # launched: the launcher's own words (which rank was killed)
+LAUNCH_ENV = "JOBMAN_GANG_LAUNCH"  # fork (the default) or mpiexec
 RANK_LOG = "rank-{rank}.log"  # the output of rank R > 0, in the job's workdir (rank 0's: stdout.txt, stderr.txt)
 _ERROR_BYTES = 16_000  # of a rank's traceback, passed through a pipe that is read once the rank has ended
 
@@ -51,6 +64,29 @@ def rank_logs(workdir: str, ranks: int) -> list[str]:
     return [f"{workdir}/stdout.txt, {workdir}/stderr.txt"] + [
         f"{workdir}/{RANK_LOG.format(rank=rank)}" for rank in range(1, ranks)
     ]
+
+
+def mpiexec_path() -> str | None:
+    """The mpiexec of the ``ps`` extra (beside this Python), or one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def launch_of(world_size: int) -> str:
+    """How a gang of ``world_size`` ranks starts here: srun inside a Slurm allocation of enough tasks,
+    else as $JOBMAN_GANG_LAUNCH says (fork, or mpiexec for an MPI world), fork by default."""
+    if slurm_tasks() >= world_size:
+        return "srun"
+    asked = os.environ.get(LAUNCH_ENV, "fork") or "fork"
+    if asked not in ("fork", "mpiexec"):
+        raise GangError(f"{LAUNCH_ENV}={asked!r}: say fork or mpiexec")
+    if asked == "mpiexec" and mpiexec_path() is None:
+        raise GangError(f"{LAUNCH_ENV}=mpiexec, but there is no mpiexec: pip install 'jobman-sql[ps]'")
+    return asked
+
+
+class GangError(Exception):
+    """A gang that cannot be started here."""
 
 
 def free_port() -> int:
@@ -132,51 +168,36 @@ def _tell(errors: int, text: str) -> None:
 
 
 class Gang:
-    """Ranks 1..N-1 of a job, forked by rank 0 (the job's process) and watched by a thread of it."""
+    """The ranks of one job, started by its process and watched by a thread of it."""
 
-    def __init__(self, world_size: int, report: Callable[[str, str], None]) -> None:
+    def __init__(self, world_size: int, report: Callable[[str, str], None], launch: str = "fork") -> None:
         """``report(status, error)`` sends the job's end for a failure found by the watcher; the
         process exits right after it."""
         self.world_size = world_size
+        self.launch = launch
         self.port = free_port()
+        self.addr = socket.gethostname() if launch == "srun" else "127.0.0.1"  # MASTER_ADDR: rank 0's host
         self._report = report
-        self._ranks: dict[int, tuple[int, int]] = {}  # pid -> (rank, read end of its error pipe)
+        self._ranks: dict[int, tuple[int, int]] = {}  # forked: pid -> (rank, read end of its error pipe)
+        self._launcher: int | None = None  # launched: the pid of srun or mpiexec
         self._ending = threading.Lock()  # whoever takes it says how the job ended
         self._all_returned = threading.Event()
-        self.addr = "127.0.0.1"  # MASTER_ADDR: rank 0's host
-        self._srun: int | None = None  # under srun: the pid of the step that runs ranks 1..N-1
+        self.relay: socket.socket | None = None  # mpiexec: where rank 0 connects
 
-    def start(self, run_rank: Callable[[int], None], request: dict[str, Any] | None = None) -> None:
-        """Start ranks 1..N-1, each running ``run_rank(rank)`` with its variables set; rank 0's are set here.
-        Inside a Slurm allocation of enough tasks they are srun's tasks (running ``request``), placed by
-        Slurm; elsewhere forks of this process."""
-        if request is not None and slurm_tasks() >= self.world_size:
-            self._start_srun(request)
-        else:
+    @property
+    def first_launched(self) -> int:
+        """The first rank a launcher starts: 0 under mpiexec (the job's process only relays), 1 under srun."""
+        return 0 if self.launch == "mpiexec" else 1
+
+    def start(self, run_rank: Callable[[int], None], request: dict[str, Any]) -> None:
+        """Start the ranks: forks running ``run_rank(rank)``, or a launcher's processes running ``request``
+        (``jobman.dispatch.rank_main``). Rank 0's variables are set here."""
+        if self.launch == "fork":
             self._fork_ranks(run_rank)
+        else:
+            self._start_launcher(request)
         os.environ.update(rank_env(0, self.world_size, self.port, self.addr))
         threading.Thread(target=self._watch, name="jobman-gang", daemon=True).start()
-
-    def _start_srun(self, request: dict[str, Any]) -> None:
-        """Ranks 1..N-1 as one srun step: each task is ``python -m jobman.dispatch.rank_main``, its rank
-        its SLURM_PROCID + 1; srun kills the step when one task fails (``--kill-on-bad-exit``)."""
-        self.addr = socket.gethostname()
-        for rank in range(1, self.world_size):
-            Path(RANK_ERROR.format(rank=rank)).unlink(missing_ok=True)
-        Path(SRUN_REQUEST).write_text(json.dumps({**request, "port": self.port, "addr": self.addr}))
-        argv = [
-            shutil.which("srun") or "srun",
-            f"--ntasks={self.world_size - 1}",
-            "--kill-on-bad-exit=1",
-            sys.executable,
-            "-m",
-            "jobman.dispatch.rank_main",
-            os.path.abspath(SRUN_REQUEST),
-        ]
-        with open(SRUN_LOG, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        self._srun = proc.pid
-        self._ranks[proc.pid] = (0, -1)
 
     def _fork_ranks(self, run_rank: Callable[[int], None]) -> None:
         for rank in range(1, self.world_size):
@@ -190,13 +211,37 @@ class Gang:
             os.close(errors_w)
             self._ranks[pid] = (rank, errors_r)
 
+    def _start_launcher(self, request: dict[str, Any]) -> None:
+        """The ranks as one launcher's processes, each ``python -m jobman.dispatch.rank_main REQUEST``."""
+        for rank in range(self.world_size):
+            Path(RANK_ERROR.format(rank=rank)).unlink(missing_ok=True)
+            Path(RANK_PID.format(rank=rank)).unlink(missing_ok=True)
+            Path(RANK_END.format(rank=rank)).unlink(missing_ok=True)
+        extra: dict[str, Any] = {"port": self.port, "addr": self.addr, "launch": self.launch}
+        if self.launch == "mpiexec":
+            self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            name = f"\0jobman-gang-{os.getpid()}-{os.urandom(6).hex()}"  # abstract: no file, no path limit
+            self.relay.bind(name)
+            self.relay.listen(1)
+            extra["relay"] = name[1:]
+            argv = [mpiexec_path() or "mpiexec", "-n", str(self.world_size)]
+        else:
+            argv = [shutil.which("srun") or "srun", f"--ntasks={self.world_size - 1}", "--kill-on-bad-exit=1"]
+        Path(GANG_REQUEST).write_text(json.dumps({**request, **extra}))
+        argv += [sys.executable, "-m", "jobman.dispatch.rank_main", os.path.abspath(GANG_REQUEST)]
+        with open(LAUNCH_LOG.format(launch=self.launch), "ab") as log:
+            self._launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log).pid
+
     def pass_on_stops(self) -> None:
-        """A stop signal to rank 0 (its channel's handlers installed) reaches every rank too."""
+        """A stop signal to the job's process (its channel's handlers installed) reaches every rank too."""
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             previous = signal.getsignal(sig)
 
             def forward(signum: int, frame: Any, previous: Any = previous) -> None:
-                for pid in list(self._ranks):
+                targets = self._launched_pids() if self.launch == "mpiexec" else list(self._ranks)
+                if self.launch == "srun" and self._launcher is not None:
+                    targets = [self._launcher]  # srun passes a signal on to its tasks
+                for pid in targets:
                     try:
                         os.kill(pid, signum)
                     except ProcessLookupError:
@@ -206,18 +251,34 @@ class Gang:
 
             signal.signal(sig, forward)
 
+    def _launched_pids(self) -> list[int]:
+        """The pids the ranks of an mpiexec launch wrote (those started so far)."""
+        pids = []
+        for rank in range(self.world_size):
+            try:
+                pids.append(int(Path(RANK_PID.format(rank=rank)).read_text()))
+            except (OSError, ValueError):
+                pass
+        return pids
+
+    # -- watching --------------------------------------------------------------------------
     def _watch(self) -> None:
         """Wait for the other ranks; the first that ends badly ends the job. Should the watching itself
         fail, the job ends too: rank 0 must never wait for ranks nobody watches."""
         try:
-            self._watch_ranks()
+            verdict = self._watch_forks() if self.launch == "fork" else self._watch_launcher()
         except Exception as exc:  # noqa: BLE001 - said as the job's end, never swallowed
-            if self._ending.acquire(blocking=False):
-                self.kill_all()
-                self._report("CRASHED", f"watching the ranks of the gang failed: {exc!r}")
-                os._exit(0)
+            verdict = ("CRASHED", f"watching the ranks of the gang failed: {exc!r}")
+        if verdict is None:
+            self._all_returned.set()
+        elif self._ending.acquire(blocking=False):
+            self.kill_all()
+            self._report(*verdict)
+            os._exit(0)
+        # else: the job's process is saying how the job ended
 
-    def _watch_ranks(self) -> None:
+    def _watch_forks(self) -> tuple[str, str] | None:
+        """None once every forked rank returned; else how the first that did not ended."""
         fds = {}
         for pid in self._ranks:
             try:
@@ -237,80 +298,150 @@ class Gang:
                     os.close(fd)
                 del fds[pid]
                 rank, errors = self._ranks.pop(pid)
+                text = b""
+                while chunk := os.read(errors, 65536):
+                    text += chunk
+                os.close(errors)
                 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-                    if errors >= 0:
-                        os.close(errors)
                     continue
-                outcome, error = self._verdict(rank, status, errors)
-                if self._ending.acquire(blocking=False):
-                    self.kill_all()
-                    self._report(outcome, error)
-                    os._exit(0)
-                return  # rank 0 is saying how the job ended
-        self._all_returned.set()
+                return self._fork_verdict(rank, status, text.decode(errors="replace"))
+        return None
 
-    def _verdict(self, rank: int, status: int, errors: int) -> tuple[str, str]:
-        """How a rank that did not return ended, as the job's outcome and error."""
-        if errors < 0:
-            return self._srun_verdict(status)
-        text = b""
-        while chunk := os.read(errors, 65536):
-            text += chunk
-        os.close(errors)
+    def _fork_verdict(self, rank: int, status: int, text: str) -> tuple[str, str]:
         name = f"rank {rank} of {self.world_size}"
         if os.WIFSIGNALED(status):
             return "CRASHED", f"{name} was killed by {signal.Signals(os.WTERMSIG(status)).name}"
         if text:
-            return "FAILED", f"{name} raised:\n{text.decode(errors='replace')}"
+            return "FAILED", f"{name} raised:\n{text}"
         return "FAILED", f"{name} exited with code {os.WEXITSTATUS(status)}"
 
-    def _srun_verdict(self, status: int) -> tuple[str, str]:
-        """How the srun step of ranks 1..N-1 ended badly: a rank's traceback if one raised (the first),
-        else the task srun says was killed."""
-        raised = sorted(
-            (path.stat().st_mtime, rank, path)
-            for rank in range(1, self.world_size)
-            if (path := Path(RANK_ERROR.format(rank=rank))).exists()
-        )
-        if raised:
-            _when, rank, path = raised[0]
-            return "FAILED", f"rank {rank} of {self.world_size} raised:\n{path.read_text(errors='replace')}"
-        said = Path(SRUN_LOG).read_text(errors="replace") if Path(SRUN_LOG).exists() else ""
-        killed = re.search(r"task (\d+): (Killed|Terminated|Segmentation fault|Aborted)", said)
-        if killed:
-            rank = int(killed.group(1)) + 1
-            return (
-                "CRASHED",
-                f"rank {rank} of {self.world_size} was {killed.group(2).lower()} (srun: {killed.group(0)})",
-            )
+    def _watch_launcher(self) -> tuple[str, str] | None:
+        """None once the launcher ended well; else how the gang ended. A rank that raised, or one killed
+        under mpiexec, is seen by its file at once: MPICH's launcher waits for the others when a rank
+        exits with an error."""
+        assert self._launcher is not None
+        try:
+            fd = os.pidfd_open(self._launcher)
+        except OSError:
+            fd = -1
+        while True:
+            if fd >= 0:
+                select.select([fd], [], [], 0.1)
+            else:
+                time.sleep(0.1)
+            done, status = os.waitpid(self._launcher, os.WNOHANG)
+            raised = self._raised()
+            if raised is not None:
+                return raised
+            killed = self._first_killed() if self.launch == "mpiexec" else None
+            if killed is not None:
+                return "CRASHED", killed
+            if done:
+                if fd >= 0:
+                    os.close(fd)
+                if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                    return None
+                return self._launcher_verdict(status)
+
+    def _raised(self) -> tuple[str, str] | None:
+        """The first rank that wrote its traceback, as the job's end; None if none has."""
+        raised = []
+        for rank in range(self.world_size):
+            path = Path(RANK_ERROR.format(rank=rank))
+            try:
+                if path.stat().st_size:
+                    raised.append((path.stat().st_mtime, rank, path))
+            except OSError:
+                pass
+        if not raised:
+            return None
+        _when, rank, path = min(raised)
+        return "FAILED", f"rank {rank} of {self.world_size} raised:\n{path.read_text(errors='replace')}"
+
+    def _launcher_verdict(self, status: int) -> tuple[str, str]:
+        """How a launcher that ended badly says its gang ended: the rank it names as killed."""
+        log = Path(LAUNCH_LOG.format(launch=self.launch))
+        said = log.read_text(errors="replace") if log.exists() else ""
+        if self.launch == "srun":
+            killed = re.search(r"task (\d+): (Killed|Terminated|Segmentation fault|Aborted)", said)
+            if killed:
+                rank = int(killed.group(1)) + 1
+                how = killed.group(2).lower()
+                return "CRASHED", f"rank {rank} of {self.world_size} was {how} (srun: {killed.group(0)})"
+        else:
+            first = self._first_killed()
+            if first is not None:
+                return "CRASHED", first
         how = (
-            f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
             if os.WIFSIGNALED(status)
-            else (f"ended with code {os.WEXITSTATUS(status)}")
+            else f"ended with code {os.WEXITSTATUS(status)}"
         )
-        return "CRASHED", f"the srun step of ranks 1..{self.world_size - 1} {how}: {said.strip()[-2000:]}"
+        return "CRASHED", f"{self.launch}, which ran the ranks, {how}: {said.strip()[-2000:]}"
+
+    def _first_killed(self) -> str | None:
+        """Under mpiexec: the first rank whose process a signal ended, as its ``rank-R.end`` says."""
+        ends = []
+        for rank in range(self.world_size):
+            try:
+                end = json.loads(Path(RANK_END.format(rank=rank)).read_text())
+            except (OSError, ValueError):
+                continue
+            if os.WIFSIGNALED(end["status"]):
+                ends.append((end["at"], rank, os.WTERMSIG(end["status"])))
+        if not ends:
+            return None
+        _at, rank, sig = min(ends)
+        return f"rank {rank} of {self.world_size} was killed by {signal.Signals(sig).name}"
 
     def kill_all(self) -> None:
-        """SIGKILL every rank still running (not rank 0)."""
-        for pid in list(self._ranks):
+        """SIGKILL every rank still running but the job's process (and the launcher, if any)."""
+        pids = list(self._ranks) + (self._launched_pids() if self.launch == "mpiexec" else [])
+        pids += [self._launcher] if self._launcher is not None else []
+        for pid in pids:
+            if pid == os.getpid():
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
+    # -- the end -----------------------------------------------------------------------------
+    def relay_rank_0(self, sock: socket.socket, asking: threading.Lock) -> dict[str, Any]:
+        """mpiexec: pass rank 0's requests to the worker and its answers back, until its report, which is
+        returned. If rank 0 goes without one, this waits for the watcher to end the job."""
+        assert self.relay is not None
+        conn, _ = self.relay.accept()
+        while True:
+            got = recv_msg(conn)
+            if got is None:
+                self._park()
+            message = got[0]
+            if message.get("op") == "report":
+                return message
+            with asking:
+                send_msg(sock, message)
+                answer = recv_msg(sock)
+            if answer is None:
+                raise RuntimeError("the job's worker went away")
+            send_msg(conn, answer[0])
+
     def finish(self, status: str, error: str | None) -> tuple[str, str | None]:
         """Rank 0's call ended with ``status``: the job's end, once every rank has (on a failure of
         rank 0, the others are killed). Never returns if another rank's failure is being reported."""
         if status == "FAILED":
-            self._take_the_end()
+            if not self._ending.acquire(blocking=False):
+                self._park()
             self.kill_all()
             return status, f"rank 0 of {self.world_size} raised:\n{error}" if error else error
         while not self._all_returned.wait(0.1):
             pass
-        self._take_the_end()
+        if not self._ending.acquire(blocking=False):
+            self._park()
         return status, error
 
-    def _take_the_end(self) -> None:
-        if not self._ending.acquire(blocking=False):  # the watcher is reporting, then exits the process
-            while True:
-                time.sleep(60)
+    @staticmethod
+    def _park() -> NoReturn:
+        """Wait for the watcher, which is reporting the job's end, to exit the process."""
+        while True:
+            time.sleep(60)

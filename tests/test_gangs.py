@@ -1,9 +1,11 @@
-"""Jobs of many processes (``--ranks N``) run by a real worker on both engines: the rank variables read
-inside every rank, a rank really SIGKILLed (the job CRASHED, relaunched from its checkpoint, DONE, and
-nothing of it left running), a rank that raises (FAILED with its traceback), and the refusals."""
+"""Jobs of many processes (``--ranks N``) run by a real worker on both engines, their ranks forked by the
+job's process or started by the mpich wheel's real mpiexec: the rank variables read inside every rank, a
+rank really SIGKILLed (the job CRASHED, relaunched from its checkpoint, DONE, and nothing of it left
+running), a rank that raises (FAILED with its traceback), jobman.ps across the ranks, and the refusals."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import textwrap
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import experiment_module
+from conftest import experiment_module, need_service
 
 from jobman.jobdb.errors import NoSuchExperiment
 from jobman.jobdb.status import Status
@@ -66,6 +68,18 @@ EXPERIMENTS = textwrap.dedent('''
         if state.mode == "raise":
             time.sleep(120)
             return {"outlived": rank}
+        if state.mode == "ps":
+            import numpy as np
+            from jobman import ps
+
+            ps.init()
+            table = ps.ArrayTableHandler(4)
+            table.add(np.full(4, rank + 1.0))
+            ps.barrier()
+            state.total = table.get().tolist()
+            state.workers, state.worker_id = ps.num_workers(), ps.worker_id()
+            ps.shutdown()
+            return
         state.rank_seen = rank
         state.resumed_from = state.get("progress")
         if rank != 0:
@@ -75,9 +89,21 @@ EXPERIMENTS = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(params=["fork", "mpiexec"])
+def launch(request) -> str:
+    """How the gang's ranks start: forks of the job's process, or the processes of mpiexec (the ps extra)."""
+    if request.param == "mpiexec":
+        from jobman.dispatch.gang import mpiexec_path
+
+        if mpiexec_path() is None or importlib.util.find_spec("mpi4py") is None:
+            need_service("mpiexec and mpi4py are not installed (pip install -e '.[ps]')")
+    return request.param
+
+
 @pytest.fixture
-def exp(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": experiment_module(tmp_path, MODULE, EXPERIMENTS)}
+def exp(tmp_path: Path, launch: str) -> dict[str, str]:
+    path = experiment_module(tmp_path, MODULE, EXPERIMENTS)
+    return {**os.environ, "PYTHONPATH": path, "JOBMAN_GANG_LAUNCH": launch}
 
 
 def seen(workdir: Path, attempt: int, ranks: int) -> list[dict]:
@@ -181,7 +207,23 @@ def test_rank_0_raising_ends_the_others(jobman, db_url, store, exp, tmp_path):
     assert_all_gone([s["pid"] for s in seen(Path(job.workdir), 1, 2)])
 
 
+def test_jobman_ps_works_across_the_ranks_of_an_mpiexec_gang_and_is_refused_in_forked_ones(
+    jobman, db_url, store, exp, tmp_path, launch
+):
+    schedule(jobman, db_url, exp, "mode=ps", "--ranks", "3")
+    work(jobman, db_url, exp, tmp_path)
+    [job] = store.jobs()
+    if launch == "mpiexec":
+        assert job.status is Status.DONE, job.error
+        assert job.results["total"] == [6.0, 6.0, 6.0, 6.0]  # 1 + 2 + 3 from the three ranks
+        assert (job.results["workers"], job.results["worker_id"]) == (3, 0)
+    else:
+        assert job.status is Status.FAILED
+        assert "jobman.ps needs the ranks of the job to be one MPI world" in job.error, job.error
+
+
 @pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("launch", ["fork"])
 def test_refusals_are_one_sentence_and_write_nothing(jobman, db_url, store, exp, tmp_path):
     for bad in ("0", "-2", "x"):
         r = jobman("sqlschedule", db_url, f"{MODULE}:gang", "mode=plain", "--ranks", bad, env=exp)
