@@ -18,6 +18,7 @@ from conftest import experiment_module, need_service
 
 from jobman.jobdb.errors import NoSuchExperiment
 from jobman.jobdb.status import Status
+from jobman.jobdb.store import Store
 
 MODULE = "jm_gang_exp"
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -237,3 +238,49 @@ def test_refusals_are_one_sentence_and_write_nothing(jobman, db_url, store, exp,
     assert "has 3 ranks, more than the 2 slots of this dispatch" in r.err, r.err
     [job] = store.jobs()
     assert job.status is Status.QUEUED and job.attempt == 0  # nothing ran
+
+
+def test_python_calls_take_ranks_and_refuse_bad_ones(db_url, tmp_path):
+    from test_python_api import last_json, run_script
+
+    proc = run_script(
+        tmp_path,
+        """
+        import json
+        from jobman.jobdb.errors import UsageError
+
+        def where(state, channel):
+            return {"rank": channel.rank, "world": channel.world_size, "env": os.environ["WORLD_SIZE"]}
+
+        exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
+        refused = []
+        for bad in (0, "2", True):
+            try:
+                exp.call(where, ranks=bad)
+            except UsageError as exc:
+                refused.append(str(exc))
+        try:
+            jobman.Experiment(URL, backend="inline", exproot="runs").call(where, ranks=2)
+        except UsageError as exc:
+            refused.append(str(exc))
+        got = exp.call(where, ranks=2).result(timeout=120)
+        exp.close()
+        print(json.dumps({"got": got, "refused": refused}))
+        """,
+        db_url,
+        timeout=240,
+    )
+    out = last_json(proc)
+    assert out["got"] == {"rank": 0, "world": 2, "env": "2"}
+    assert out["refused"] == [
+        "ranks must be between 1 and 65536 processes, not 0",
+        "ranks is a whole number of processes, not '2'",
+        "ranks is a whole number of processes, not True",
+        "ranks=2 needs workers: the inline backend runs each call in this one process",
+    ]
+    store = Store.open(db_url)
+    try:
+        [job] = store.jobs()  # the refused calls wrote nothing
+        assert job.ranks == 2 and job.status is Status.DONE
+    finally:
+        store.dispose()
