@@ -8,13 +8,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import experiment_module, need_service
+from conftest import experiment_module, need_service, signal_once_started
 
 from jobman.jobdb.errors import NoSuchExperiment
 from jobman.jobdb.status import Status
@@ -69,6 +70,14 @@ EXPERIMENTS = textwrap.dedent('''
         if state.mode == "raise":
             time.sleep(120)
             return {"outlived": rank}
+        if state.mode == "stop":
+            end = time.time() + 60
+            while not channel.should_stop():
+                if time.time() > end:
+                    raise RuntimeError("never asked to stop")
+                time.sleep(0.02)
+            (channel.workdir / f"stopped-{attempt}-{rank}").write_text("")
+            return channel.INCOMPLETE
         if state.mode == "ps":
             import numpy as np
             from jobman import ps
@@ -197,6 +206,20 @@ def test_a_rank_that_raises_fails_the_job_with_its_traceback(jobman, db_url, sto
     assert "ValueError: rank 2 cannot go on" in job.error
     assert_all_gone([s["pid"] for s in seen(Path(job.workdir), 1, 3)])
     assert "ValueError: rank 2 cannot go on" in (Path(job.workdir) / "rank-2.log").read_text()
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+def test_a_stopped_worker_stops_every_rank_and_puts_the_job_back(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=stop", "--ranks", "3")
+    runs = tmp_path / "runs"
+    workdir = runs / store.experiment / "1"
+    argv = [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(runs)]
+    code, err = signal_once_started(argv, exp, workdir / "seen-1-2.json")
+    assert code == 0, err
+    [job] = store.jobs()
+    assert job.status is Status.QUEUED and job.attempt == 1  # put back to resume, no attempt spent
+    assert [(workdir / f"stopped-1-{r}").exists() for r in range(3)] == [True, True, True]
+    assert_all_gone([s["pid"] for s in seen(workdir, 1, 3)])
 
 
 def test_rank_0_raising_ends_the_others(jobman, db_url, store, exp, tmp_path):
