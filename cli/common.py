@@ -275,6 +275,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "heartbeat_at": job.heartbeat_at,
         "finished_at": job.finished_at,
         "gpus": job.gpus,
+        "ranks": job.ranks,
     }
 
 

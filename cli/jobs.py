@@ -12,6 +12,7 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
+from jobman.dispatch.gang import rank_logs
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
@@ -123,11 +124,13 @@ def list_jobs(
     rungs = store.rungs([j.id for j in jobs])  # jobs of successive-halving searches: their rung shows beside the phase
     grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
+    gangs = any(j.ranks > 1 for j in jobs)
     for col in (
         "id",
         "phase",
         *(("rung",) if rungs else ()),
         "status",
+        *(("ranks",) if gangs else ()),
         "try",
         "after",
         "params",
@@ -144,6 +147,7 @@ def list_jobs(
             str(j.phase),
             *rung,
             styled_status(j.status),
+            *((str(j.ranks),) if gangs else ()),
             f"{j.attempt}/{j.max_attempts}",
             ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
             fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
@@ -199,6 +203,8 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     events = store.events(job.id)
     if fmt == "json":
         data = job_json(job)
+        if job.ranks > 1 and job.workdir:
+            data["rank_logs"] = rank_logs(job.workdir, job.ranks)
         data["children"] = children
         rung = store.rungs([job.id]).get(job.id)
         data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
@@ -228,6 +234,10 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
                 else ""
             )
         )
+    if job.ranks > 1:
+        lines.append(f"ranks     {job.ranks}, started together; rank 0's results are the job's")
+        if job.workdir:
+            lines += [f"  rank {r}  {log}" for r, log in enumerate(rank_logs(job.workdir, job.ranks))]
     if job.log_path:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":

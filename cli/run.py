@@ -86,9 +86,13 @@ def process_options(fn: Callable) -> Callable:
         threads_per_job: int | None,
         gpus: str | None,
         gpus_per_job: int,
+        slots: int,
+        slot_dir: str | None,
         **kwargs: Any,
     ) -> Any:
-        processes = JobProcesses(jobs_per_process, threads_per_job, parse_gpus(gpus, gpus_per_job), gpus_per_job)
+        processes = JobProcesses(
+            jobs_per_process, threads_per_job, parse_gpus(gpus, gpus_per_job), gpus_per_job, slots, slot_dir
+        )
         return fn(*args, processes=processes, **kwargs)
 
     options = [
@@ -125,6 +129,9 @@ def process_options(fn: Callable) -> Callable:
             metavar="G",
             help='GPUs of each job, unless its `resources` parameter asks otherwise ({"gpus": 2}).',
         ),
+        # A dispatch's -j, shared by its workers: a job of N ranks holds N slots while it runs.
+        click.option("--slots", type=click.IntRange(0), default=0, hidden=True),
+        click.option("--slot-dir", default=None, hidden=True),
     ]
     for option in reversed(options):
         wrapper = option(wrapper)

@@ -20,6 +20,7 @@ from jobman.jobdb.halving import (
     sampled,
     sweep_space,
 )
+from jobman.jobdb.priority import check_ranks
 from jobman.jobdb.status import parse_status
 from jobman.jobdb.sweep import (
     PHASE_SEPARATOR,
@@ -154,6 +155,15 @@ def _bad_after(sel: str) -> NoReturn:
     help="Runs allowed per job before a crash is final.",
 )
 @click.option(
+    "--ranks",
+    type=int,
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Run each job as N processes started together (a gang): each gets RANK, WORLD_SIZE, "
+    "MASTER_ADDR, MASTER_PORT, ...; rank 0's results are the job's.",
+)
+@click.option(
     "--samples",
     type=int,
     default=None,
@@ -204,6 +214,7 @@ def sqlschedule(  # noqa: C901
     repeat: int,
     parser: str | None,
     max_attempts: int,
+    ranks: int,
     samples: int | None,
     seed: int,
     sampler: str,
@@ -242,6 +253,7 @@ def sqlschedule(  # noqa: C901
         click.echo(
             f"note: --parser {parser} is not used: jobman reads k=v, k={{{{a,b}}}} and dotted names itself", err=True
         )
+    check_ranks(ranks)
     tokens = original_forms([PHASE_SEPARATOR if t == _SEP else t for t in sweep])
     if command is not None:
         command = anchored_command(command, os.getcwd())  # the job runs in its workdir, not here
@@ -293,6 +305,7 @@ def sqlschedule(  # noqa: C901
         after=after_ids,
         priority=priority,
         max_attempts=max_attempts,
+        ranks=ranks,
         halving=rules,
         duplicate=force,
         repeat=repeat,

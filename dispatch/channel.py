@@ -110,6 +110,8 @@ class Channel:
     parents: list[Parent] = field(default_factory=list)
     deadline: float | None = None  # time.time() after which should_stop() is true
     save_every: float | None = None  # seconds between the 'save' answers of switch()
+    rank: int = 0  # this process's rank in its job's gang (0 in a job of one process)
+    world_size: int = 1  # the processes of the job: ``ranks`` it was scheduled with
 
     COMPLETE = COMPLETE
     INCOMPLETE = INCOMPLETE
@@ -288,6 +290,11 @@ class WorkerChannel(Channel):
         self._asking = threading.Lock()  # one question and its answer at a time, whichever thread asks
         self._pid = os.getpid()
 
+    @property
+    def asking(self) -> threading.Lock:
+        """Held while a question waits for its answer: what else is sent on the socket waits for it."""
+        return self._asking
+
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         if os.getpid() != self._pid:  # a forked child shares the socket: its answers would go astray
             from jobman.jobdb import errors
@@ -318,6 +325,20 @@ class WorkerChannel(Channel):
         answer = self._ask({"op": "log", "step": step, "metrics": metrics})
         if answer.get("prune"):
             self.prune(answer["prune"])
+
+
+class RankChannel(Channel):
+    """The channel of rank R > 0 of a gang job: ``save`` and ``log`` are ignored, as the job's
+    record is rank 0's (its results, checkpoints and curves); stop requests reach it as any job's."""
+
+    def save(self) -> None:
+        pass
+
+    def _save(self, results: dict[str, Any]) -> None:
+        pass
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
 
 
 class StoreChannel(Channel):

@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
-from .channel import Parent, WorkerChannel, job_state, to_jsonable
+from .channel import Parent, RankChannel, WorkerChannel, job_state, to_jsonable
 from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
+from .gang import Gang, GangError, RankFailed, launch_of
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
 from .messages import recv_msg, send_msg
@@ -62,7 +63,7 @@ from .messages import recv_msg, send_msg
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
 
-def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> dict[str, Any]:
+def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socket, mask: set) -> dict[str, Any]:
     """Inside the job's process: run the function; its outcome, the report to send to the worker."""
     workdir = Path(request["workdir"])
     os.environ.update(request.get("env", {}))
@@ -73,10 +74,8 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         os.close(target)
     job = request["job"]
     state = job_state(job["params"], job["results"], job.get("jobman"))
-    parents = [
-        Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
-        for p in request["parents"]
-    ]
+    parents = parents_of(request)
+    world_size = request.get("ranks", 1)
     channel = WorkerChannel(
         job["id"],
         job["phase"],
@@ -86,18 +85,79 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         parents,
         deadline=request["deadline"],
         save_every=request.get("save_every"),
+        rank=request.get("rank", 0),
+        world_size=world_size,
         sock=sock,
     )
+    gang = None
+    if world_size > 1 and "rank" not in request:  # the job's process leads its gang: the ranks start first
+        try:
+            gang = Gang(world_size, functools.partial(_report_for_gang, channel, sock), launch_of(world_size))
+            gang.start(functools.partial(run_other_rank, fn, request, parents, mask), request)
+        except (GangError, OSError) as exc:
+            if gang is not None:
+                gang.kill_all()
+            return {"op": "report", "status": "FAILED", "results": None, "error": f"the gang could not start: {exc}"}
     channel.install_signal_handlers()
+    if gang is not None:
+        gang.pass_on_stops()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if gang is not None and gang.launch == "mpiexec":  # rank 0 is a process of mpiexec: its words are relayed
+        report = gang.relay_rank_0(sock, channel.asking)
+        status, error = gang.finish(report["status"], report["error"])
+        return {**report, "status": status, "error": error}
     try:
         outcome = call(fn, state, channel)
     except BaseException:  # noqa: BLE001 - SystemExit and friends from the job
         outcome = CallEnd("FAILED", {}, traceback.format_exc(limit=20))
+    status, error = outcome.status, outcome.error
+    if gang is not None:
+        status, error = gang.finish(status, error)
     sys.stdout.flush()
     sys.stderr.flush()
-    return {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results), "error": outcome.error}
+    return {"op": "report", "status": status, "results": to_jsonable(outcome.results), "error": error}
+
+
+def parents_of(request: dict[str, Any]) -> list[Parent]:
+    """What a job knows of the jobs it depends on, from its request."""
+    return [
+        Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
+        for p in request["parents"]
+    ]
+
+
+def run_other_rank(
+    fn: Callable[..., Any], request: dict[str, Any], parents: list[Parent], mask: set, rank: int
+) -> None:
+    """Rank ``rank`` > 0 of a gang job: the same call, with a channel whose writes are ignored."""
+    job = request["job"]
+    channel = RankChannel(
+        job["id"],
+        job["phase"],
+        job["attempt"],
+        Path(request["workdir"]),
+        dict(job["params"]),
+        parents,
+        deadline=request["deadline"],
+        rank=rank,
+        world_size=request["ranks"],
+    )
+    channel.install_signal_handlers()
+    signal.signal(LAST_RITES, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    outcome = call(fn, job_state(job["params"], job["results"], job.get("jobman")), channel)
+    if outcome.status == "FAILED":
+        raise RankFailed(outcome.error or "failed")
+
+
+def _report_for_gang(channel: WorkerChannel, sock: socket.socket, status: str, error: str) -> None:
+    """The job's end when another rank ended it: sent between two of rank 0's requests, never inside one.
+    Its results are left out (None): the checkpoint rank 0 saved stays the job's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with channel.asking:
+        send_msg(sock, {"op": "report", "status": status, "results": None, "error": error})
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:
@@ -126,7 +186,7 @@ def _job_process(
     os.setpgid(0, 0)  # a process group of its own: what its job starts dies with it
     _slot.enter()  # and a cgroup, where one can be made
     die_with_parent(oom_score_adj=500)
-    send_msg(sock, _job_main(function_of(targets, request), request, sock, mask))
+    send_msg(sock, job_main(function_of(targets, request), request, sock, mask))
 
 
 def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket, mask: set, jobs: int) -> None:
@@ -157,7 +217,7 @@ def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket,
             continue
         _discard_pending_stops()
         send_msg(link, {"op": "started"})
-        report = _job_main(fn, request, link, mask)
+        report = job_main(fn, request, link, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         if mine:  # the next job does not inherit this one's processes
             kill_cgroup(mine, remove=False, keep=(os.getpid(),))

@@ -28,6 +28,7 @@ from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
 from jobman.jobdb.halving import sampled, sweep_space
+from jobman.jobdb.priority import check_ranks
 from jobman.jobdb.scheduling import pickled_by_value
 from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
@@ -203,6 +204,7 @@ class Experiment:
         retry: bool = False,
         version: str | None = None,
         cache: str | None = None,
+        ranks: int = 1,
         **kwargs: Any,
     ) -> JobFuture:
         """Call ``fn(**params)`` as a job; a future of its results dict.
@@ -210,9 +212,10 @@ class Experiment:
         Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
         answered from the database; a FAILED one raises its error unless ``retry``. ``version``
         (or ``cache="source"``: a hash of the function's source) makes a changed function a new call.
+        ``ranks`` N runs it as N processes started together (a gang); rank 0's results are the call's.
         """
         merged = {**(params or {}), **kwargs}
-        return self.map(fn, [merged], retry=retry, version=version, cache=cache)[0]
+        return self.map(fn, [merged], retry=retry, version=version, cache=cache, ranks=ranks)[0]
 
     def map(
         self,
@@ -222,8 +225,12 @@ class Experiment:
         retry: bool = False,
         version: str | None = None,
         cache: str | None = None,
+        ranks: int = 1,
     ) -> list[JobFuture]:
         """One :meth:`call` per params dict (``jobman.grid(...)`` makes them), scheduled in one transaction."""
+        check_ranks(ranks)
+        if ranks > 1 and self.backend == "inline":
+            raise UsageError(f"ranks={ranks} needs workers: the inline backend runs each call in this one process")
         if cache not in (None, "source"):
             raise UsageError(f"cache={cache!r}: use cache='source' (or give version=)")
         if cache == "source" and not isinstance(fn, str):
@@ -233,11 +240,11 @@ class Experiment:
         _refuse_unaccepted(resolve(target.partition("@")[0]) if isinstance(fn, str) else fn, points)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, points, runnable, retry=retry, code=None)
+            return self._submit(target, points, runnable, retry=retry, code=None, ranks=ranks)
         code = None
         if by_value(target):
             target, code = self._by_value(target, fn)
-        return self._submit(target, points, fn, retry=retry, code=code)
+        return self._submit(target, points, fn, retry=retry, code=code, ranks=ranks)
 
     def _submit(
         self,
@@ -248,6 +255,7 @@ class Experiment:
         retry: bool,
         code: bytes | None,
         unwrap: Callable[[dict[str, Any]], Any] | None = None,
+        ranks: int = 1,
     ) -> list[JobFuture]:
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
@@ -260,7 +268,7 @@ class Experiment:
             if code is not None:
                 self._store_code(target, code)
             specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
-            scheduled = self.store.schedule(specs, max_attempts=self.max_attempts)
+            scheduled = self.store.schedule(specs, max_attempts=self.max_attempts, ranks=ranks)
             new_ids = dict(zip(dict.fromkeys(hashes[i] for i in missing), scheduled.job_ids))
         else:
             new_ids = {}

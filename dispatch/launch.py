@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from jobman.jobdb.errors import UsageError
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget
 
@@ -87,6 +88,7 @@ class Launch:
             # A local worker's end shows in its pid; a Slurm job's in its allocation's state (CANCELLED,
             # TIMEOUT, ...), which says more than a missing pid, even for a worker that ran on this host.
             self.watcher: Monitor = Monitor(store, MonitorOptions(relaunch=True), backends={"local": self.backend})
+            self._count_slots()
         else:
             from .backends.slurm import SlurmBackend
 
@@ -102,6 +104,32 @@ class Launch:
             )
             self.watcher = Monitor(
                 store, MonitorOptions(relaunch=True, check_pids=False), backends={"slurm": self.backend}
+            )
+
+    def _count_slots(self) -> None:
+        """Local: with a job of several ranks to run, the workers share the dispatch's slots (one per
+        worker), each job holding as many as it has ranks; a job wider than them all is refused here,
+        before any worker starts."""
+        gang = self.store.widest_gang()
+        if gang is None:
+            return
+        job_id, ranks = gang
+        if ranks > self.workers:
+            raise UsageError(
+                f"job {job_id} has {ranks} ranks, more than the {self.workers} slots of this dispatch: "
+                f"dispatch with -j {ranks} or more"
+            )
+        settings = self.spec.settings
+        processes = dataclasses.replace(settings.processes, slots=self.workers, slot_dir=str(self.log_dir / "slots"))
+        self.spec = dataclasses.replace(self.spec, settings=dataclasses.replace(settings, processes=processes))
+
+    def _no_gangs_for_pull_workers(self) -> None:
+        """Slurm's pull workers are one task each: a job of several ranks needs a Slurm job of its own."""
+        gang = self.store.widest_gang()
+        if gang is not None:
+            raise UsageError(
+                f"job {gang[0]} has {gang[1]} ranks: on Slurm, jobs of several ranks run with --one-job-per-task "
+                "(each its own Slurm job of --ntasks ranks)"
             )
 
     @property
@@ -120,6 +148,8 @@ class Launch:
 
         On Slurm it polls less often, and leaves the workers running when it stops (Ctrl-C)."""
         slurm = self.plan.backend == "slurm"
+        if slurm:
+            self._no_gangs_for_pull_workers()
         options = DispatchOptions(self.workers, outage_wait=self.plan.worker.outage_wait, stop_on_interrupt=not slurm)
         if poll_interval is not None or slurm:
             options.poll_interval = poll_interval if poll_interval is not None else 2.0
@@ -135,6 +165,7 @@ class Launch:
     def submit_array(self) -> tuple[Tally, list[str]]:
         """Slurm: one array of pull workers, one per ready job up to ``workers``, and return; the tally
         it was sized by, and the task ids (none when no job is ready)."""
+        self._no_gangs_for_pull_workers()
         tally = Tally.of(self.store)
         count = min(self.workers, tally["QUEUED"])
         if count == 0:

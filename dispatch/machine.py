@@ -47,6 +47,8 @@ class JobProcesses:
     threads_per_job: int | None = None  # None: one thread per job (workers are the parallelism)
     gpus: tuple[str, ...] = ()  # the devices this worker's jobs may use; () for none
     gpus_per_job: int = 1
+    slots: int = 0  # the dispatch's -j, shared by its workers' jobs by ranks; 0: not counted
+    slot_dir: str | None = None  # where the slots' lock files are (one folder per dispatch)
 
     def worker_args(self) -> list[str]:
         """The ``jobman worker`` options that say the same."""
@@ -55,6 +57,8 @@ class JobProcesses:
             args += ["--threads-per-job", str(self.threads_per_job)]
         if self.gpus:
             args += ["--gpus", ",".join(self.gpus), "--gpus-per-job", str(self.gpus_per_job)]
+        if self.slots and self.slot_dir:
+            args += ["--slots", str(self.slots), "--slot-dir", self.slot_dir]
         return args
 
     def set_threads(self) -> None:
@@ -128,6 +132,8 @@ def gpus_asked(params: dict[str, Any], default: int) -> int:
 class GpuPool:
     """This host's devices, taken and given back by the workers through one lock file each."""
 
+    LOCK_FILE = "gpu-{}.lock"
+
     def __init__(self, devices: tuple[str, ...], per_job: int, lock_dir: Path | None = None) -> None:
         self.devices = devices
         self.per_job = per_job
@@ -138,15 +144,15 @@ class GpuPool:
     def take(self, count: int, waiting: Callable[[], bool]) -> list[str] | None:
         """``count`` free devices, locked; waits while ``waiting()`` says so, else None."""
         if count > len(self.devices):
-            raise JobmanError(
-                f"the job asks for {count} GPU(s); this worker has {len(self.devices)} ({','.join(self.devices)})"
-            )
+            raise JobmanError(self.too_many(count))
         self.lock_dir.mkdir(parents=True, exist_ok=True)
         while True:
             for device in self.devices:
                 if len(self.held) == count:
                     return [d for d, _fd in self.held]
-                fd = os.open(self.lock_dir / f"gpu-{device.replace('/', '_')}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(
+                    self.lock_dir / self.LOCK_FILE.format(device.replace("/", "_")), os.O_RDWR | os.O_CREAT, 0o644
+                )
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -164,3 +170,20 @@ class GpuPool:
         for _device, fd in self.held:
             os.close(fd)  # closing the descriptor drops its lock
         self.held = []
+
+    def too_many(self, count: int) -> str:
+        return f"the job asks for {count} GPU(s); this worker has {len(self.devices)} ({','.join(self.devices)})"
+
+
+class SlotPool(GpuPool):
+    """The ``-j`` slots of one dispatch, shared by its workers: a job of N ranks holds N of them while
+    it runs, so a gang never runs beside more processes than the dispatch was given. Taken all at once
+    or not at all (as devices are), so two waiting gangs never hold each other's slots."""
+
+    LOCK_FILE = "slot-{}.lock"
+
+    def __init__(self, slots: int, lock_dir: str | Path) -> None:
+        super().__init__(tuple(str(i) for i in range(slots)), 1, Path(lock_dir))
+
+    def too_many(self, count: int) -> str:
+        return f"the job has {count} ranks, more than the {len(self.devices)} slots of its dispatch (-j)"

@@ -21,7 +21,8 @@ from typing import Any
 _HEADER = struct.Struct("!I")
 # Well above a job's largest storable state (4 MiB of JSON), so that limit keeps its own clearer reason.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-JOB_STATUSES = ("DONE", "INCOMPLETE", "FAILED")  # how a job's report may say its call ended
+# How a job's report may say its call ended; CRASHED: a rank of a gang job was killed.
+JOB_STATUSES = ("DONE", "INCOMPLETE", "FAILED", "CRASHED")
 _STEP_LIMIT = 2**63  # a metric's step is a 64-bit integer in the database
 
 
@@ -153,7 +154,8 @@ def job_request(message: dict[str, Any]) -> dict[str, Any]:
     elif op == "report":
         if message.get("status") not in JOB_STATUSES:
             raise MalformedMessage(f"a report with the unknown status {str(message.get('status'))[:80]!r}")
-        _need_object(message, "results")
+        if message.get("results") is not None or message["status"] == "DONE":  # None: keep the checkpoint
+            _need_object(message, "results")
         if not isinstance(message.get("error"), (str, type(None))):
             raise MalformedMessage("a report whose error is not text")
     else:

@@ -42,6 +42,7 @@ How it works, and why:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,11 @@ def init(comm: Any = None) -> None:
         return
     MPI = _import_mpi()
     parent = MPI.COMM_WORLD if comm is None else comm
+    if parent.Get_size() < 2 and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise PSError(
+            "jobman.ps needs the ranks of the job to be one MPI world, which forked ranks are not: "
+            "start the gang through mpiexec (JOBMAN_GANG_LAUNCH=mpiexec for the worker or dispatch)."
+        )
     if parent.Get_size() < 2:
         raise PSError(
             "jobman.ps needs a job of two or more processes (started by mpiexec -n N or srun); this one runs alone."

@@ -43,7 +43,7 @@ from .interrupted import mark_interrupted
 from .jobfiles import copy_tree, read_capped, read_tail
 from .leftovers import end_job_processes
 from .lifetime import child_pids
-from .machine import GpuPool, gpus_asked
+from .machine import GpuPool, SlotPool, gpus_asked
 from .messages import Frames, MalformedMessage, job_request, send_nowait
 from .oom import OomWatch
 from .outage import Outage
@@ -188,6 +188,7 @@ def classify_end(
     oom_cause: str | None = None,
     stderr_tail: str = "",
     malformed: str | None = None,
+    ranks: int = 1,
 ) -> JobEnd:
     """How a job ended, from what its worker saw: its ``kind`` ("fn" or "cmd"), its process's
     ``os.waitpid`` ``status``, a function's ``report`` (how its call ended), whether the fork server
@@ -195,6 +196,7 @@ def classify_end(
     read by the caller where they count, a command's results file (or what is wrong with it), the
     OOM killer's word on a SIGKILL nobody here sent, and a failed command's stderr tail. A job that
     broke the protocol with its worker (``malformed``: how, after "the job") FAILED, whatever else it sent.
+    In a job of ``ranks`` > 1 processes, the job's process is rank 0, and is named so.
 
     Pure: no clock, no files, no database.
     """
@@ -216,7 +218,8 @@ def classify_end(
     elif server_gone:
         outcome, error = "CRASHED", "the worker's fork server died, and the job's process with it"
     elif killed_by is not None:
-        outcome, error = "CRASHED", f"the job's process was killed by {signal.Signals(killed_by).name}"
+        who = f"rank 0 of {ranks} (the job's process)" if ranks > 1 else "the job's process"
+        outcome, error = "CRASHED", f"{who} was killed by {signal.Signals(killed_by).name}"
         if oom_cause and killed_by == signal.SIGKILL and stopped_for is None:  # not by us: the OOM killer?
             error += f" ({oom_cause})"
     else:
@@ -450,6 +453,7 @@ class Runner:
         self.server = server or ForkServer(limits.jobs_per_process)  # given: one started ahead
         weakref.finalize(self, self.server.close)
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
+        self.slots: SlotPool | None = None  # its dispatch's -j slots, when ranks are counted
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
 
     def close(self) -> None:
@@ -464,6 +468,28 @@ class Runner:
     def run_then_claim(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
         """``run``; with ``then`` (who claims, and the workdir root), the transaction that records
         the job also claims the next one, returned beside the status (None if none was ready)."""
+        if self.slots is None:
+            return self._run_on_gpus(claimed, then)
+        job, lease = claimed.job, claimed.lease
+        try:
+            if self.slots.take(job.ranks, self._waiting_for_gpus(job, lease)) is None:
+                return self._finish(
+                    job, lease, None, "REQUEUE", why="its worker was stopped waiting for slots for its ranks; put back"
+                )
+        except LeaseLost as exc:
+            self.slots.give_back()
+            self.log(str(exc))
+            return LOST, None
+        except JobmanError as exc:
+            self.slots.give_back()
+            return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
+        try:
+            return self._run_on_gpus(claimed, then)
+        finally:
+            self.slots.give_back()  # however the job ended, its slots go back to the dispatch
+
+    def _run_on_gpus(self, claimed: Claimed, then: tuple[WorkerInfo, str] | None) -> tuple[str, Claimed | None]:
+        """``run_then_claim`` once the job holds its slots: its devices taken, if the worker has some."""
         if self.gpus is None:
             return self._run(claimed, then)
         job, lease = claimed.job, claimed.lease
@@ -489,7 +515,7 @@ class Runner:
             self.gpus.give_back()  # however the job ended, its devices go back to the pool
 
     def _waiting_for_gpus(self, job: Job, lease: int) -> Callable[[], bool]:
-        """While the job waits for devices: heartbeat it, and give up if the worker is stopping."""
+        """While the job waits for devices or slots: heartbeat it, and give up if the worker is stopping."""
         next_beat = [time.time() + self.limits.heartbeat_interval]
 
         def waiting() -> bool:
@@ -585,6 +611,8 @@ class Runner:
         }
         if self.job_env:
             request["env"] = self.job_env
+        if job.ranks > 1:
+            request["ranks"] = job.ranks
         if by_value(job.target):
             request["code"] = self._code_of(job.target)
         answer = lambda message: self._answer(job, lease, message)  # noqa: E731
@@ -760,6 +788,7 @@ class Runner:
             oom_cause=oom_cause,
             stderr_tail=stderr_tail,
             malformed=child.malformed,
+            ranks=job.ranks,
         )
         return self._finish(
             job, lease, then, end.outcome, results=end.results, error=end.error, exit_code=end.exit_code, why=end.why

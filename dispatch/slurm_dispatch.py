@@ -80,8 +80,10 @@ def parse_phase_options(values: Sequence[str]) -> dict[int, list[str]]:
 
 
 def job_sbatch_options(job: Job, per_phase: Mapping[int, Sequence[str]]) -> list[str]:
-    """The options of this job's own Slurm job beyond the dispatch's ``--sbatch``."""
-    return [*per_phase.get(job.phase, ()), *resources_options(job.params.get(RESOURCES_PARAM))]
+    """The options of this job's own Slurm job beyond the dispatch's ``--sbatch``: a job of N ranks asks
+    for N tasks (srun starts ranks 1..N-1 beside the job's process)."""
+    tasks = [f"--ntasks={job.ranks}"] if job.ranks > 1 else []
+    return [*tasks, *per_phase.get(job.phase, ()), *resources_options(job.params.get(RESOURCES_PARAM))]
 
 
 # -- the submitting side --------------------------------------------------------------

@@ -20,7 +20,7 @@ from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, mask_password, parse_db
 
 from .forkhandle import ForkServer
-from .machine import GpuPool
+from .machine import GpuPool, SlotPool
 from .outage import Outage
 from .runner import RunLimits
 from .worker import Worker, WorkerOptions, WorkerSummary, one_blas_thread
@@ -76,6 +76,8 @@ def run_worker(
     worker = Worker(store, options, server=server)
     if processes.gpus:
         worker.runner.gpus = GpuPool(processes.gpus, processes.gpus_per_job)
+    if processes.slots and processes.slot_dir:
+        worker.runner.slots = SlotPool(processes.slots, processes.slot_dir)
     worker.install_signal_handlers()
     summary = worker.run()
     sys.stderr.write(summary.line() + "\n")

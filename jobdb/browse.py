@@ -230,6 +230,21 @@ def outstanding(conn: Connection, exp: int) -> dict[str, int]:
     return {s: found.get(s, 0) for s in wanted}
 
 
+def widest_gang(conn: Connection, exp: int) -> tuple[int, int] | None:
+    """The QUEUED or WAITING job of the most ranks (over one), and its ranks; None if there is none."""
+    row = conn.execute(
+        sa.select(t_job.c.id, t_job.c.ranks)
+        .where(
+            t_job.c.experiment_id == exp,
+            t_job.c.status.in_([Status.QUEUED.value, Status.WAITING.value]),
+            t_job.c.ranks > 1,
+        )
+        .order_by(t_job.c.ranks.desc(), t_job.c.id)
+        .limit(1)
+    ).first()
+    return (row.id, row.ranks) if row is not None else None
+
+
 def matching(found: Sequence[Job], params: dict[str, Any] | None, target: str | None) -> list[int]:
     """The ids of the jobs of ``found`` with these parameter values and this target (in any spelling)."""
     spelled = canonical_target(target) if target is not None else None

@@ -1,4 +1,5 @@
-"""A job's priority: a finite number, whole or fractional, that the database can hold."""
+"""A job's priority (a finite number, whole or fractional, that the database can hold) and its ranks
+(how many processes run it together), checked before anything is written."""
 
 from __future__ import annotations
 
@@ -31,3 +32,17 @@ def parse_priority(text: str) -> int | float:
         except ValueError:
             raise UsageError(f"a priority is a number (such as 5, -3 or 1.5), not {text!r}") from None
     return check_priority(value)
+
+
+# Past this, no machine jobman dispatches to gives one job its processes; it also keeps the column's
+# integer far from any database's limit.
+MAX_RANKS = 1 << 16
+
+
+def check_ranks(value: object) -> int:
+    """The number of ranks itself, or one sentence saying why a job cannot have it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"ranks is a whole number of processes, not {value!r}")
+    if not 1 <= value <= MAX_RANKS:
+        raise UsageError(f"ranks must be between 1 and {MAX_RANKS} processes, not {value}")
+    return value

@@ -47,6 +47,7 @@ class Job:
     resume: bool = False
     depends_on: list[int] = field(default_factory=list)
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
+    ranks: int = 1  # processes that run it together (a gang), rank 0's results being the job's
 
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> Job:
@@ -85,6 +86,7 @@ class Job:
             resume=bool(m["resume"]),
             depends_on=deps or [],
             gpus=m.get("gpus"),
+            ranks=m.get("ranks") or 1,
         )
 
     @classmethod
@@ -134,6 +136,7 @@ CLAIMED_COLUMNS = (
     "workdir",
     "created_at",
     "queued_at",
+    "ranks",
 )
 CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
 

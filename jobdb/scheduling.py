@@ -70,6 +70,7 @@ _JOB_COLUMNS = (
     "status",
     "priority",
     "max_attempts",
+    "ranks",
     "created_at",
     "queued_at",
 )
@@ -151,6 +152,7 @@ def schedule(
     after: Sequence[int],
     priority: float,
     max_attempts: int,
+    ranks: int = 1,
     progress: Callable[[int], None] | None,
     halving: _halving.Halving | None,
     keep_ids: bool = True,
@@ -179,6 +181,7 @@ def schedule(
         after=after,
         priority=priority,
         max_attempts=max_attempts,
+        ranks=ranks,
         lookup=not sweep.duplicate and not (empty and sweep.distinct),
         with_parents=sweep.parents or sweep.repeat > 1,
         keep_ids=keep_ids or halving is not None,
@@ -225,6 +228,7 @@ class SweepWriter:
         after: Sequence[int],
         priority: float,
         max_attempts: int,
+        ranks: int = 1,
         lookup: bool,
         with_parents: bool,
         keep_ids: bool,
@@ -234,6 +238,7 @@ class SweepWriter:
         self.conn, self.log, self.hot, self.exp, self.before = conn, log, hot, exp, before
         self.after, self.priority, self.max_attempts = list(after), priority, max_attempts
         self.lookup, self.keep_ids = lookup, keep_ids
+        self.ranks = ranks
         self.counted = counted  # pre-existing jobs counted already (None: the sweep cannot name one twice)
         self.slots: array | None = array("q") if with_parents else None  # the job each position of the sweep is
         self.job_ids: list[int] = []  # with keep_ids: each distinct job of the sweep, in order
@@ -280,6 +285,7 @@ class SweepWriter:
                     self.root_status if root else Status.WAITING.value,
                     self.priority,
                     self.max_attempts,
+                    self.ranks,
                     self.now,
                     self.root_queued_at if root else None,
                 )

@@ -115,6 +115,7 @@ job = Table(
     Column("error", Text),
     Column("exit_code", Integer),
     Column("gpus", String(255)),  # the devices given to its last run (CUDA_VISIBLE_DEVICES)
+    Column("ranks", Integer, nullable=False, server_default=text("1")),  # processes that run it together
     UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
 )
 # The claim: the first QUEUED job of an experiment by priority and order.
@@ -210,4 +211,4 @@ Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"

@@ -29,7 +29,7 @@ from .clock import ServerClock
 from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
 from .hot import HotStatements
-from .priority import check_priority
+from .priority import check_priority, check_ranks
 from .records import CLAIMED_COLUMNS, Claimed, Event, Found, Job, RunningJob, ScheduleResult, WorkerInfo, to_claimed
 from .scheduling import params_hash
 from .status import Status
@@ -101,6 +101,7 @@ class Store:
         after: Sequence[int] = (),
         priority: float = 0,
         max_attempts: int = 3,
+        ranks: int = 1,
         progress: Callable[[int], None] | None = None,
         halving: _halving.Halving | None = None,
         duplicate: bool = False,
@@ -122,6 +123,7 @@ class Store:
         result lists no ids, and nothing grows with the sweep but 8 bytes per job of a sweep with phases.
         """
         check_priority(priority)
+        check_ranks(ranks)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
         return self._write(
             lambda conn: scheduling.schedule(
@@ -134,6 +136,7 @@ class Store:
                 after=after,
                 priority=priority,
                 max_attempts=max_attempts,
+                ranks=ranks,
                 progress=progress,
                 halving=halving,
                 keep_ids=keep_ids,
@@ -566,6 +569,10 @@ class Store:
         if self.engine.dialect.name != "postgresql":
             return None
         return self._read(connections.connection_use)
+
+    def widest_gang(self) -> tuple[int, int] | None:
+        """The job still to run with the most ranks (more than one), and its ranks: what a dispatch must fit."""
+        return self._read(lambda conn: browse.widest_gang(conn, self._exp(conn)))
 
     def outstanding(self) -> dict[str, int]:
         """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""

@@ -7,10 +7,12 @@ the workers on the "node" import it too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -577,3 +579,59 @@ def test_assign_claim_job_and_release(store: Store) -> None:
     assert store.release(b, "21", "second") is Status.CRASHED  # its max_attempts (2) are spent
     assert store.job(b).attempt == 2 and store.job(b).error == "second"
     assert store.claim_job(b, WorkerInfo.here()) is None
+
+
+# -- jobs of several ranks -----------------------------------------------------------------
+
+GANG_JOBS = '''
+import json, os, time
+
+def ranks(state, channel):
+    """Each rank writes what it sees; every rank waits for the others (they run together)."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_ID")
+    seen = {"rank": channel.rank, "pid": os.getpid(), "env": {k: os.environ.get(k) for k in keys}}
+    (channel.workdir / f"seen-{channel.rank}.json").write_text(json.dumps(seen))
+    end = time.time() + 60
+    while not all((channel.workdir / f"seen-{r}.json").exists() for r in range(channel.world_size)):
+        assert time.time() < end, "the ranks never all ran"
+        time.sleep(0.05)
+    if state.mode == "raise" and channel.rank == 2:
+        raise ValueError("rank 2 cannot go on")
+    state.rank_seen = channel.rank
+'''
+
+
+@pytest.mark.slurm
+def test_a_job_of_three_ranks_gets_three_tasks_and_srun_starts_its_other_ranks(
+    slurm_cluster: SlurmCluster, exp: Experiment
+) -> None:
+    (exp.root / "lib" / "gang_jobs.py").write_text(GANG_JOBS)
+    exp.store.schedule(expand(parse_sweep(["gang_jobs:ranks", "mode={{plain,raise}}"])), ranks=3)
+    refused = exp.dispatch()
+    assert refused.code == 2 and "Traceback" not in refused.err
+    assert "ranks: on Slurm, jobs of several ranks run with --one-job-per-task" in refused.err, refused.err
+
+    proc = exp.popen_dispatch("--one-job-per-task", "--heartbeat", "1")
+    assert finish(proc, 180, exp) == 1, exp.dispatch_err()  # one job FAILED
+    assert "1 DONE, 1 FAILED" in exp.dispatch_err()
+    plain, raised = sorted(exp.jobs(), key=lambda j: j.params["mode"] != "plain")
+    assert plain.status is Status.DONE and plain.results["rank_seen"] == 0, plain.error
+    assert scontrol(plain.backend_id)["NumTasks"] == "3"
+    seen = [json.loads((Path(plain.workdir) / f"seen-{r}.json").read_text()) for r in range(3)]
+    port = seen[0]["env"]["MASTER_PORT"]
+    for rank, s in enumerate(seen):
+        env = s["env"]
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+            str(rank),
+            "3",
+            str(rank),
+            "3",
+        )
+        assert env["MASTER_PORT"] == port and env["MASTER_ADDR"] == socket.gethostname()
+        assert env["SLURM_JOB_ID"] == plain.backend_id
+    assert seen[0]["env"]["SLURM_PROCID"] == "0"  # the job's process: the batch step
+    assert [s["env"]["SLURM_PROCID"] for s in seen[1:]] == ["0", "1"]  # srun's tasks, ranks 1 and 2
+    assert seen[1]["env"]["SLURM_STEP_ID"] == seen[2]["env"]["SLURM_STEP_ID"] == "0"
+    assert raised.status is Status.FAILED and raised.error.startswith("rank 2 of 3 raised:\n"), raised.error
+    assert "ValueError: rank 2 cannot go on" in raised.error
