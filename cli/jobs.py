@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,10 +13,13 @@ import click
 from rich.panel import Panel
 from rich.table import Table
 
+from jobman.jobdb.artifacts import REF
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
+from jobman.jobdb.url import mask_password
 
+from .artifacts import artifacts_of, describe
 from .common import (
     Database,
     confirm,
@@ -203,6 +207,10 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
         rung = store.rungs([job.id]).get(job.id)
         data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
         data["events"] = [e.__dict__ for e in events]
+        data["artifacts"] = [
+            {"name": name, "digest": ref[REF], **{k: v for k, v in ref.items() if k != REF}}
+            for name, ref in artifacts_of(job)
+        ]
         print_json(data)
         return
     lines = [
@@ -240,6 +248,18 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     if job.exit_code is not None:
         lines.append(f"exit code {job.exit_code}")
     out.print(Panel("\n".join(lines), expand=False))
+    kept = artifacts_of(job)
+    if kept:
+        table = Table(title="artifacts", box=None, header_style="bold", title_justify="left")
+        for col in ("name", "size", "what", "digest"):
+            table.add_column(col, overflow="fold")
+        for name, ref in kept:
+            size, _, rest = describe(ref).partition("  ")
+            what, _, digest = rest.rpartition("  ")
+            table.add_row(name, size, what, digest)
+        out.print(table)
+        url = shlex.quote(mask_password(database.target.with_table()))
+        out.print(f"fetch one: jobman artifact {url} {job.id} NAME -o PATH", markup=False, highlight=False)
     if job.error:
         out.print("[bold red]error[/]")
         out.print(job.error.rstrip(), markup=False, highlight=False)

@@ -205,4 +205,4 @@ def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> 
 
 
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
-    return keepable(channel.results_of(state))
+    return keepable(channel.results_of(state), channel.artifacts)

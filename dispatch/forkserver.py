@@ -86,6 +86,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         parents,
         deadline=request["deadline"],
         save_every=request.get("save_every"),
+        artifacts=_artifact_store(request.get("artifacts")),
         sock=sock,
     )
     channel.install_signal_handlers()
@@ -98,6 +99,15 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
     sys.stdout.flush()
     sys.stderr.flush()
     return {"op": "report", "status": outcome.status, "results": to_jsonable(outcome.results), "error": outcome.error}
+
+
+def _artifact_store(where: str | None) -> Any:
+    """The job's artifact store, where its worker says the database keeps it."""
+    if not where:
+        return None
+    from jobman.jobdb.artifacts import open_store  # standard library only: no database code
+
+    return open_store(where)
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:

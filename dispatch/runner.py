@@ -451,6 +451,7 @@ class Runner:
         weakref.finalize(self, self.server.close)
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
+        self.artifacts: str | None = None  # where the jobs' artifact store is (the worker says)
 
     def close(self) -> None:
         """Stop the fork server (it also stops by itself when the worker exits)."""
@@ -561,6 +562,7 @@ class Runner:
             "workdir": str(workdir),
             "deadline": deadline,
             "save_every": self.limits.save_every,
+            "artifacts": self.artifacts,
             "job": {
                 "id": job.id,
                 "phase": job.phase,

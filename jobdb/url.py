@@ -28,6 +28,7 @@ class DbTarget:
     experiment: str
     dialect: str  # "sqlite" or "postgresql"
     schema: str | None = None
+    artifacts: str | None = None  # where its artifact store is (``?artifacts=``), if the URL says
 
     @property
     def display(self) -> str:
@@ -48,6 +49,8 @@ class DbTarget:
         query["table"] = self.experiment
         if self.schema:
             query["schema"] = self.schema
+        if self.artifacts:
+            query["artifacts"] = self.artifacts
         return f"{base}?{urlencode(query)}"
 
 
@@ -113,6 +116,7 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
     experiment = table or query.pop("table", None) or path_table or DEFAULT_TABLE
     query.pop("table", None)
     schema = query.pop("schema", None)
+    artifacts = query.pop("artifacts", None) or None
     if not _NAME.match(experiment):
         raise UsageError(f"experiment name {experiment!r} may only hold letters, digits, '_', '-' and '.'")
     if schema is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", schema):
@@ -123,5 +127,5 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
             raise UsageError(
                 "a SQLite URL has three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db"
             )
-        return DbTarget(clean, experiment, "sqlite")
-    return DbTarget(clean, experiment, "postgresql", schema)
+        return DbTarget(clean, experiment, "sqlite", artifacts=artifacts)
+    return DbTarget(clean, experiment, "postgresql", schema, artifacts)
