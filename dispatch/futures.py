@@ -670,7 +670,7 @@ def _returned(fn: Callable[..., Any], results: dict[str, Any]) -> Any:
         return results["return"]
     why = (results.get(NOT_KEPT) or {}).get("return") if isinstance(results.get(NOT_KEPT), dict) else None
     if why:
-        raise JobmanError(f"the value {fn.__qualname__}() returned could not be kept: {why}")
+        raise JobmanError(f"the value {fn.__name__}() returned could not be kept: {why}")
     return results
 
 
