@@ -107,8 +107,17 @@ def test_an_fsspec_url_without_fsspec_is_one_sentence(tmp_path):
     else:
         store = artifacts.open_store("memory://jobman-test/store")
         ref = store.put_object(np.arange(4))
+        assert store.put_object(np.arange(4)) == ref  # once by content there too
         assert (store.load(ref) == np.arange(4)).all()
         assert [d for d, _s, _m in store.digests()] == [ref[REF]]
+        # A job run here (inline) keeps its array there, and the future reads it back.
+        url = f"sqlite:///{tmp_path / 'runs.db'}?table=remote&artifacts=memory://jobman-test/jobs"
+        exp = jobman_api.Experiment(url, backend="inline", exproot=tmp_path / "runs")
+        got = exp.call(lambda n: {"x": np.arange(n)}, n=5).result(timeout=60)
+        assert got["x"].tolist() == [0, 1, 2, 3, 4]
+        exp.close()
+        assert len(list(artifacts.open_store("memory://jobman-test/jobs").digests())) == 1
+        assert store.remove(ref[REF]) and not store.has(ref[REF])
 
 
 # -- the store itself -------------------------------------------------------------------------------
