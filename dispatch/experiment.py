@@ -204,5 +204,18 @@ def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> 
     return fn(**kwargs)
 
 
+def resumed(results: Mapping[str, Any] | None, artifacts: Any) -> Mapping[str, Any] | None:
+    """What a job saved before, as it saved it: each artifact its checkpoint refers to read back, so a
+    resumed job finds its model, not a reference. ValueError (one sentence) if one is gone."""
+    if not results or artifacts is None:
+        return results
+    from jobman.jobdb.artifacts import load_refs  # standard library only, until an artifact is read
+
+    try:
+        return load_refs(results, artifacts)
+    except Exception as exc:  # noqa: BLE001 - gone, damaged, or a class its module no longer has
+        raise ValueError(f"the job's checkpoint cannot be read back: {exc}") from None
+
+
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
     return keepable(channel.results_of(state), channel.artifacts)

@@ -54,7 +54,7 @@ from typing import Any
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Parent, WorkerChannel, job_state, to_jsonable
-from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
+from .experiment import CallEnd, TargetError, call, load_function, resolve, resumed, takes_state_and_channel
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
 from .messages import recv_msg, send_msg
@@ -72,7 +72,12 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         os.dup2(target, fd)
         os.close(target)
     job = request["job"]
-    state = job_state(job["params"], job["results"], job.get("jobman"))
+    store = _artifact_store(request.get("artifacts"))
+    try:
+        saved = resumed(job["results"], store)
+    except ValueError as exc:  # an artifact of its checkpoint gone from the store
+        return {"op": "report", "status": "FAILED", "results": job["results"] or {}, "error": str(exc)}
+    state = job_state(job["params"], saved, job.get("jobman"))
     parents = [
         Parent(p["id"], p["phase"], p["target"], Path(p["workdir"]), p["params"], p["results"])
         for p in request["parents"]
@@ -86,7 +91,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
         parents,
         deadline=request["deadline"],
         save_every=request.get("save_every"),
-        artifacts=_artifact_store(request.get("artifacts")),
+        artifacts=store,
         sock=sock,
     )
     channel.install_signal_handlers()

@@ -251,7 +251,7 @@ class ArtifactStore:
                 fds.append(os.open(part, dflags, dir_fd=fds[-1]))
             fd = os.open(digest, flags, dir_fd=fds[-1])
         except FileNotFoundError:
-            raise ArtifactError(f"artifact {digest[:12]} is not in the store {self.where}") from None
+            raise ArtifactError(_missing(digest, self.where)) from None
         except OSError as exc:  # ELOOP: a link planted in the store
             raise ArtifactError(f"artifact {digest[:12]} cannot be read from {self.where}: {exc.strerror}") from None
         finally:
@@ -371,7 +371,7 @@ class FsspecStore(ArtifactStore):
     def open(self, digest: str) -> BinaryIO:
         target = self._path(check_digest(digest))
         if not self.fs.exists(target):
-            raise ArtifactError(f"artifact {digest[:12]} is not in the store {self.where}")
+            raise ArtifactError(_missing(digest, self.where))
         return self.fs.open(target, "rb")  # type: ignore[no-any-return,unused-ignore]
 
     def digests(self) -> Iterator[tuple[str, int, float]]:
@@ -436,6 +436,13 @@ def load_refs(value: Any, store: ArtifactStore) -> Any:
     if isinstance(value, list):
         return [load_refs(v, store) for v in value] if any(refs_in(value)) else value
     return value
+
+
+def _missing(digest: str, where: str) -> str:
+    return (
+        f"artifact {digest[:12]} is not in the store {where} "
+        "(if the jobs keep it elsewhere, name it with --artifacts, ?artifacts= or $JOBMAN_ARTIFACTS)"
+    )
 
 
 def _regular(mode: int) -> bool:

@@ -44,6 +44,14 @@ MOD = """
         channel.attach("table", {"a": [1, 2], "b": np.ones(2)})
         state.acc = 0.75
 
+    def resumes(state, channel):
+        if "model" not in state:  # the first run: checkpoint a model and an array, then stop
+            state.model = Model(7)
+            state.w = np.arange(3)
+            channel.save()
+            return channel.INCOMPLETE
+        state.seen = [type(state.model).__name__, state.model.width, state.w.tolist()]
+
     def same(seed):
         return {"shared": np.zeros(1000), "own": np.full(10, seed)}
 """
@@ -217,6 +225,15 @@ def test_a_workers_job_keeps_arrays_and_objects_naming_only_what_cannot_be_pickl
     assert to_stdout.code == 0 and to_stdout.out == "step,loss\n1,0.5\n"
 
 
+def test_a_resumed_job_finds_the_objects_it_checkpointed_not_references(art_url, artmod, tmp_path, jobman):
+    jobman("sqlschedule", art_url, "artmod:resumes", "seed=1", cwd=tmp_path)
+    run_worker(jobman, art_url, tmp_path)
+    (job,) = Store.open(art_url).jobs()
+    assert job.status == "DONE" and job.attempt == 1, job.error
+    assert job.results is not None and job.results["seen"] == ["Model", 7, [0, 1, 2]]
+    assert job.results["model"]["kind"] == "pickle"  # still a reference in the database
+
+
 def test_bad_requests_for_an_artifact_are_one_sentence(art_url, artmod, tmp_path, jobman):
     jobman("sqlschedule", art_url, "artmod:values", "seed=1", cwd=tmp_path)
     run_worker(jobman, art_url, tmp_path)
@@ -297,8 +314,14 @@ def test_rm_removes_only_what_no_other_job_refers_to_and_gc_the_rest(art_url, ar
     assert collected.code == 0 and "removed 1 artifact(s)" in collected.out, collected.out + collected.err
     assert {p.name for p in files_in(root)} == left
 
-    # What a running job may have just written is not garbage yet.
+    # A reset moves results into the event log: what they refer to is still referred to.
     store = Store.open(art_url)
+    store.reset([second.id], why="again")
+    assert store.job(second.id).results is None
+    assert jobman("gc", art_url, cwd=tmp_path).code == 0
+    assert {p.name for p in files_in(root)} == left
+
+    # What a running job may have just written is not garbage yet.
     jobman("sqlschedule", art_url, "artmod:same", "seed=3", cwd=tmp_path)
     from jobman.jobdb.store import WorkerInfo
 
