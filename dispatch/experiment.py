@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping  # not typing's: its isi
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobman.jobdb.artifacts import load_refs
 from jobman.jobdb.nested import RESERVED
 
 from .channel import COMPLETE, DD, INCOMPLETE, Channel, keepable
@@ -209,8 +210,6 @@ def resumed(results: Mapping[str, Any] | None, artifacts: Any) -> Mapping[str, A
     resumed job finds its model, not a reference. ValueError (one sentence) if one is gone."""
     if not results or artifacts is None:
         return results
-    from jobman.jobdb.artifacts import load_refs  # standard library only, until an artifact is read
-
     try:
         return load_refs(results, artifacts)
     except Exception as exc:  # noqa: BLE001 - gone, damaged, or a class its module no longer has

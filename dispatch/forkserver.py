@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobman.jobdb.artifacts import open_store  # standard library only, imported once by the server
+
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Parent, WorkerChannel, job_state, to_jsonable
 from .experiment import CallEnd, TargetError, call, load_function, resolve, resumed, takes_state_and_channel
@@ -108,11 +110,7 @@ def _job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.sock
 
 def _artifact_store(where: str | None) -> Any:
     """The job's artifact store, where its worker says the database keeps it."""
-    if not where:
-        return None
-    from jobman.jobdb.artifacts import open_store  # standard library only: no database code
-
-    return open_store(where)
+    return open_store(where) if where else None
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:
