@@ -409,7 +409,10 @@ def _stored_where_needed(value: Any, artifacts: Any) -> Any:
             return item.item()  # a NumPy scalar is a number
         return artifacts.put_object(item)
 
-    return json.loads(json.dumps(value, default=default))
+    try:
+        return json.loads(json.dumps(value, default=default))
+    except (TypeError, ValueError, RecursionError):  # a key JSON cannot hold (a tuple), a cycle: kept whole
+        return artifacts.put_object(value)  # TypeError, naming why, if it cannot be pickled either
 
 
 def to_jsonable(value: Any) -> Any:

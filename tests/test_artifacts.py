@@ -254,10 +254,17 @@ def test_from_python_an_array_comes_back_an_array_and_cached_too(art_url, tmp_pa
     exp = jobman_api.Experiment(art_url, backend="inline", exproot=tmp_path / "runs")
 
     def features(n):
-        return {"x": np.arange(n) * 1.5, "n": n}
+        return {"x": np.arange(n) * 1.5, "n": n, "by_pair": {(0, 1): "a"}, "ring": ring()}
+
+    def ring():
+        node: dict = {"name": "r"}
+        node["self"] = node
+        return node
 
     first = exp.call(features, n=4).result(timeout=60)
     assert isinstance(first["x"], np.ndarray) and first["x"].tolist() == [0.0, 1.5, 3.0, 4.5]
+    assert first["by_pair"] == {(0, 1): "a"}  # keys JSON cannot hold: the dict kept whole
+    assert first["ring"]["self"] is first["ring"]  # a cycle too
     again = exp.call(features, n=4).result(timeout=60)  # answered from the database
     assert (again["x"] == first["x"]).all()
     exp.close()
