@@ -43,6 +43,17 @@ def describe(ref: dict[str, Any]) -> str:
     return f"{fmt_size(int(ref.get('size', 0)))}  {what}  {ref[artifacts.REF][:12]}"
 
 
+def shown_results(value: Any) -> Any:
+    """Results to print: each artifact reference as a short mark (its kind and size, listed in full below)."""
+    if artifacts.is_ref(value):
+        return f"<{value['kind']} {fmt_size(int(value.get('size', 0)))}>"
+    if isinstance(value, dict):
+        return {k: shown_results(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown_results(v) for v in value]
+    return value
+
+
 @click.command("artifact")
 @click.argument("args", nargs=-1, required=True, metavar="[DB] ID NAME")
 @with_database("args")

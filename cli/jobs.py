@@ -19,7 +19,7 @@ from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job
 from jobman.jobdb.url import mask_password
 
-from .artifacts import artifacts_of, describe
+from .artifacts import artifacts_of, describe, shown_results
 from .common import (
     Database,
     confirm,
@@ -218,7 +218,7 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
         f"{job.max_attempts}  priority {plain_number(job.priority)}",
         f"target    {job.kind} {job.target}",
         f"params    {fmt_params(job.params) or '-'}",
-        f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",
+        f"results   {json.dumps(shown_results(job.results), sort_keys=True) if job.results else '-'}",
         f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
         f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
         + (f"  GPU {job.gpus}" if job.gpus else ""),
