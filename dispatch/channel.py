@@ -393,6 +393,8 @@ def keepable(results: Mapping[str, Any], artifacts: Any = None) -> dict[str, Any
             kept[key] = convert(value)
         except (TypeError, ValueError, RecursionError) as exc:
             lost[key] = str(exc)
+        except OSError as exc:  # the store cannot be written (a full disk, no such folder)
+            lost[key] = f"the artifact store could not keep it: {exc}"
     if not lost:
         return kept
     kept[NOT_KEPT] = {**kept.get(NOT_KEPT, {}), **lost} if isinstance(kept.get(NOT_KEPT), dict) else lost

@@ -291,6 +291,16 @@ def test_a_value_nothing_can_keep_is_an_error_of_the_cached_call(art_url, tmp_pa
         locked(1)
 
 
+def test_a_store_that_cannot_be_written_loses_only_what_needed_it(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    url = f"sqlite:///{tmp_path / 'runs.db'}?table=t&artifacts={tmp_path / 'a-file' / 'store'}"
+    exp = jobman_api.Experiment(url, backend="inline", exproot=tmp_path / "runs")
+    got = exp.call(lambda seed: {"w": np.ones(3), "loss": 0.1}, seed=1).result(timeout=60)
+    assert got["loss"] == 0.1 and got["_not_kept"]["w"].startswith("the artifact store could not keep it: ")
+    assert "Not a directory" in got["_not_kept"]["w"]
+    exp.close()
+
+
 # -- reclaiming -------------------------------------------------------------------------------------
 
 
