@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,10 +14,13 @@ from rich.panel import Panel
 from rich.table import Table
 
 from jobman.dispatch.gang import rank_logs
+from jobman.jobdb.artifacts import REF
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
-from jobman.jobdb.store import Job
+from jobman.jobdb.store import Job, Store
+from jobman.jobdb.url import mask_password
 
+from .artifacts import artifacts_of, describe, shown_results
 from .common import (
     Database,
     confirm,
@@ -202,21 +206,47 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     children = store.children(job.id)
     events = store.events(job.id)
     if fmt == "json":
-        data = job_json(job)
-        if job.ranks > 1 and job.workdir:
-            data["rank_logs"] = rank_logs(job.workdir, job.ranks)
-        data["children"] = children
-        rung = store.rungs([job.id]).get(job.id)
-        data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
-        data["events"] = [e.__dict__ for e in events]
-        print_json(data)
+        print_json(show_json(store, job, children, events))
         return
+    out.print(Panel("\n".join(show_lines(store, job, children)), expand=False))
+    print_artifacts(database, job)
+    if job.error:
+        out.print("[bold red]error[/]")
+        out.print(job.error.rstrip(), markup=False, highlight=False)
+    history = Table(title="history", box=None, header_style="bold")
+    for col in ("when", "from", "to", "try", "why", "by"):
+        history.add_column(col, overflow="fold")
+    for e in events:
+        history.add_row(
+            fmt_time(e.at), e.from_status or "", e.to_status or "", str(e.attempt or ""), e.why, e.source or ""
+        )
+    out.print(history)
+
+
+def show_json(store: Store, job: Job, children: list[int], events: list[Any]) -> dict[str, Any]:
+    """What `show --format json` prints of one job."""
+    data = job_json(job)
+    if job.ranks > 1 and job.workdir:
+        data["rank_logs"] = rank_logs(job.workdir, job.ranks)
+    data["children"] = children
+    rung = store.rungs([job.id]).get(job.id)
+    data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
+    data["events"] = [e.__dict__ for e in events]
+    data["artifacts"] = [
+        {"name": name, "digest": ref[REF], **{k: v for k, v in ref.items() if k != REF}}
+        for name, ref in artifacts_of(job)
+    ]
+    return data
+
+
+def show_lines(store: Store, job: Job, children: list[int]) -> list[str]:
+    """The lines of `show`'s panel for one job."""
     lines = [
         f"[bold]job {job.id}[/]  phase {job.phase}  {styled_status(job.status)}  attempt {job.attempt}/"
         f"{job.max_attempts}  priority {plain_number(job.priority)}",
         f"target    {job.kind} {job.target}",
         f"params    {fmt_params(job.params) or '-'}",
-        f"results   {json.dumps(job.results, sort_keys=True) if job.results else '-'}",
+        f"results   {json.dumps(shown_results(job.results), sort_keys=True) if job.results else '-'}",
         f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
         f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
         + (f"  GPU {job.gpus}" if job.gpus else ""),
@@ -249,18 +279,24 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     )
     if job.exit_code is not None:
         lines.append(f"exit code {job.exit_code}")
-    out.print(Panel("\n".join(lines), expand=False))
-    if job.error:
-        out.print("[bold red]error[/]")
-        out.print(job.error.rstrip(), markup=False, highlight=False)
-    history = Table(title="history", box=None, header_style="bold")
-    for col in ("when", "from", "to", "try", "why", "by"):
-        history.add_column(col, overflow="fold")
-    for e in events:
-        history.add_row(
-            fmt_time(e.at), e.from_status or "", e.to_status or "", str(e.attempt or ""), e.why, e.source or ""
-        )
-    out.print(history)
+    return lines
+
+
+def print_artifacts(database: Database, job: Job) -> None:
+    """`show`'s table of a job's artifacts, and how to fetch one."""
+    kept = artifacts_of(job)
+    if not kept:
+        return
+    table = Table(title="artifacts", box=None, header_style="bold", title_justify="left")
+    for col in ("name", "size", "what", "digest"):
+        table.add_column(col, overflow="fold")
+    for name, ref in kept:
+        size, _, rest = describe(ref).partition("  ")
+        what, _, digest = rest.rpartition("  ")
+        table.add_row(name, size, what, digest)
+    out.print(table)
+    url = shlex.quote(mask_password(database.target.with_table()))
+    out.print(f"fetch one: jobman artifact {url} {job.id} NAME -o PATH", markup=False, highlight=False)
 
 
 @click.command("sqlstatus")

@@ -39,6 +39,8 @@ COMMAND_MODULES: dict[str, str] = {
     "set-status": "repair",
     "set-priority": "repair",
     "rm": "repair",
+    "artifact": "artifacts",
+    "gc": "artifacts",
     "monitor": "monitor",
     "condor_check": "monitor",
     "report": "report",
@@ -84,8 +86,15 @@ def _local_dispatch_ahead() -> bool:
 @click.group(cls=JobmanGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="jobman")
 @click.option("--debug", is_flag=True, envvar="JOBMAN_DEBUG", help="Show tracebacks instead of one-line errors.")
+@click.option(
+    "--artifacts",
+    metavar="DIR|URL",
+    help="The artifact store (a shared folder, or an fsspec URL): $JOBMAN_ARTIFACTS for this command "
+    "and the workers it starts. Default: ?artifacts= in the URL, else beside a SQLite file, else "
+    "EXPROOT/_artifacts.",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, artifacts: str | None) -> None:
     """jobman: a job database and experiment scheduler for machine-learning research.
 
     \b
@@ -97,6 +106,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     _switches["debug"] = debug
+    if artifacts:
+        # An environment variable, so that the workers this command starts find the same store.
+        os.environ["JOBMAN_ARTIFACTS"] = artifacts if "://" in artifacts else os.path.abspath(artifacts)
 
 
 # The group's switches as click parsed them, for ``main`` to read once a command has raised

@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from jobman.jobdb import artifacts, reclaim
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.priority import parse_priority
 from jobman.jobdb.status import Status, parse_status
@@ -355,7 +356,8 @@ def rm(
     dry_run: bool,
     yes: bool,
 ) -> int:
-    """Delete jobs with their events and metrics; their dependents lose that dependency.
+    """Delete jobs with their events and metrics; their dependents lose that dependency, and their
+    artifacts that no other job refers to are removed.
 
     \b
     Examples:
@@ -383,10 +385,13 @@ def rm(
         + " with their events and metrics, for good?",
         yes,
     )
+    theirs = reclaim.referenced_by(store, ids)
     n, released = store.changes_of(lambda: store.delete(ids))
+    freed = reclaim.collect(store, artifacts.for_database(database.target), among=theirs) if theirs else None
     out.print(
         f"deleted {n} job(s)"
         + (f"; their dependents: {_counted(Counter(finals(released).values()))}" if released else "")
+        + (f"; {len(freed.removed)} artifact(s) no other job refers to removed" if freed and freed.removed else "")
     )
     return 0
 

@@ -112,6 +112,7 @@ class Channel:
     save_every: float | None = None  # seconds between the 'save' answers of switch()
     rank: int = 0  # this process's rank in its job's gang (0 in a job of one process)
     world_size: int = 1  # the processes of the job: ``ranks`` it was scheduled with
+    artifacts: Any = None  # the database's artifact store (a jobdb.artifacts.ArtifactStore), if it has one
 
     COMPLETE = COMPLETE
     INCOMPLETE = INCOMPLETE
@@ -206,7 +207,27 @@ class Channel:
         """Checkpoint the job's state (its results so far) so a relaunch resumes from it."""
         if self._state is None:
             raise RuntimeError("channel.save() called before the channel was bound to a state")
-        self._save(keepable(self.results_of(self._state)))
+        self._save(keepable(self.results_of(self._state), self.artifacts))
+
+    def attach(self, name: str, value: Any) -> dict[str, Any]:
+        """Keep a file (a path: a plot, a checkpoint) or any picklable object under ``name`` in the
+        job's artifact store; recorded as the job's result ``name`` (a reference), given back to Python
+        as the object, or for a file as a handle to read or copy. The reference is returned."""
+        if not isinstance(name, str) or not name or name == RESERVED or name.startswith("_"):
+            raise ValueError(f"an artifact's name is a non-empty string not starting with '_', not {name!r}")
+        if self.artifacts is None:
+            raise RuntimeError("this job has no artifact store: attach() works in jobs run from a database")
+        if self._state is None:
+            raise RuntimeError("channel.attach() called before the channel was bound to a state")
+        if isinstance(value, (str, os.PathLike)):
+            path = Path(value)
+            if not path.is_file():
+                raise FileNotFoundError(f"channel.attach({name!r}, ...): {str(path)!r} is not a file")
+            ref = self.artifacts.attach_file(path)
+        else:
+            ref = self.artifacts.put_object(value)
+        self._state[name] = ref
+        return dict(ref)
 
     def log(self, step: int, **metrics: float) -> None:
         """Record learning-curve points: ``channel.log(epoch, valid_error=0.03)``.
@@ -376,22 +397,45 @@ def _unchanged(param: Any, value: Any) -> bool:
 NOT_KEPT = "_not_kept"
 
 
-def keepable(results: Mapping[str, Any]) -> dict[str, Any]:
-    """``results`` as JSON values, each kept on its own: one that JSON cannot hold (a model, an open
-    file) is left out and named under ``_not_kept`` with why, never taking the others with it."""
-    try:
-        return to_jsonable(results)
+def keepable(results: Mapping[str, Any], artifacts: Any = None) -> dict[str, Any]:
+    """``results`` as JSON values, each kept on its own. With an artifact store, an array or any other
+    value JSON cannot hold is stored there and referred to; one that cannot be kept at all (without a
+    store: not JSON; with one: not picklable, an open file) is left out and named under ``_not_kept``
+    with why, never taking the others with it."""
+    convert = to_jsonable if artifacts is None else lambda value: _stored_where_needed(value, artifacts)
+    try:  # the common case: plain JSON already (with a store, a NumPy scalar or an array is not)
+        return to_jsonable(results) if artifacts is None else json.loads(json.dumps(results))
     except (TypeError, ValueError, RecursionError):
         pass
     kept: dict[str, Any] = {}
     lost: dict[str, str] = {}
     for key, value in results.items():
         try:
-            kept[key] = to_jsonable(value)
+            kept[key] = convert(value)
         except (TypeError, ValueError, RecursionError) as exc:
             lost[key] = str(exc)
+        except OSError as exc:  # the store cannot be written (a full disk, no such folder)
+            lost[key] = f"the artifact store could not keep it: {exc}"
+    if not lost:
+        return kept
     kept[NOT_KEPT] = {**kept.get(NOT_KEPT, {}), **lost} if isinstance(kept.get(NOT_KEPT), dict) else lost
     return kept
+
+
+def _stored_where_needed(value: Any, artifacts: Any) -> Any:
+    """``value`` as JSON, each array or other value JSON cannot hold stored in ``artifacts`` and referred to."""
+
+    def default(item: Any) -> Any:
+        if isinstance(item, Path):
+            return str(item)
+        if type(item).__module__ == "numpy" and hasattr(item, "item") and getattr(item, "ndim", 1) == 0:
+            return item.item()  # a NumPy scalar is a number
+        return artifacts.put_object(item)
+
+    try:
+        return json.loads(json.dumps(value, default=default))
+    except (TypeError, ValueError, RecursionError):  # a key JSON cannot hold (a tuple), a cycle: kept whole
+        return artifacts.put_object(value)  # TypeError, naming why, if it cannot be pickled either
 
 
 def to_jsonable(value: Any) -> Any:

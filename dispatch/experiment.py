@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping  # not typing's: its isi
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobman.jobdb.artifacts import load_refs
 from jobman.jobdb.nested import RESERVED
 
 from .channel import COMPLETE, DD, INCOMPLETE, Channel, keepable
@@ -204,5 +205,16 @@ def _call_with_keywords(fn: Callable[..., Any], state: DD, channel: Channel) -> 
     return fn(**kwargs)
 
 
+def resumed(results: Mapping[str, Any] | None, artifacts: Any) -> Mapping[str, Any] | None:
+    """What a job saved before, as it saved it: each artifact its checkpoint refers to read back, so a
+    resumed job finds its model, not a reference. ValueError (one sentence) if one is gone."""
+    if not results or artifacts is None:
+        return results
+    try:
+        return load_refs(results, artifacts)
+    except Exception as exc:  # noqa: BLE001 - gone, damaged, or a class its module no longer has
+        raise ValueError(f"the job's checkpoint cannot be read back: {exc}") from None
+
+
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
-    return keepable(channel.results_of(state))
+    return keepable(channel.results_of(state), channel.artifacts)

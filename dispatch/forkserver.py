@@ -52,9 +52,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobman.jobdb.artifacts import open_store  # standard library only, imported once by the server
+
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
 from .channel import Parent, RankChannel, WorkerChannel, job_state, to_jsonable
-from .experiment import CallEnd, TargetError, call, load_function, resolve, takes_state_and_channel
+from .experiment import CallEnd, TargetError, call, load_function, resolve, resumed, takes_state_and_channel
 from .gang import Gang, GangError, RankFailed, launch_of
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
@@ -73,7 +75,12 @@ def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socke
         os.dup2(target, fd)
         os.close(target)
     job = request["job"]
-    state = job_state(job["params"], job["results"], job.get("jobman"))
+    store = _artifact_store(request.get("artifacts"))
+    try:
+        saved = resumed(job["results"], store)
+    except ValueError as exc:  # an artifact of its checkpoint gone from the store
+        return {"op": "report", "status": "FAILED", "results": job["results"] or {}, "error": str(exc)}
+    state = job_state(job["params"], saved, job.get("jobman"))
     parents = parents_of(request)
     world_size = request.get("ranks", 1)
     channel = WorkerChannel(
@@ -87,6 +94,7 @@ def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socke
         save_every=request.get("save_every"),
         rank=request.get("rank", 0),
         world_size=world_size,
+        artifacts=store,
         sock=sock,
     )
     gang = None
@@ -146,7 +154,11 @@ def run_other_rank(
     channel.install_signal_handlers()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    outcome = call(fn, job_state(job["params"], job["results"], job.get("jobman")), channel)
+    try:
+        saved = resumed(job["results"], _artifact_store(request.get("artifacts")))
+    except ValueError as exc:  # an artifact of its checkpoint gone from the store
+        raise RankFailed(str(exc)) from exc
+    outcome = call(fn, job_state(job["params"], saved, job.get("jobman")), channel)
     if outcome.status == "FAILED":
         raise RankFailed(outcome.error or "failed")
 
@@ -158,6 +170,11 @@ def _report_for_gang(channel: WorkerChannel, sock: socket.socket, status: str, e
     sys.stderr.flush()
     with channel.asking:
         send_msg(sock, {"op": "report", "status": status, "results": None, "error": error})
+
+
+def _artifact_store(where: str | None) -> Any:
+    """The job's artifact store, where its worker says the database keeps it."""
+    return open_store(where) if where else None
 
 
 def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> Callable[..., Any]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jobman.jobdb import artifacts
 from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.command_paths import anchored_command
 from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, UsageError
@@ -35,7 +36,7 @@ from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
 from .calls import json_params, source_version, target_of
-from .channel import DD, Channel
+from .channel import DD, NOT_KEPT, Channel
 from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
 
@@ -94,13 +95,23 @@ class JobFuture(concurrent.futures.Future):
             return False
         try:
             if job.status is Status.DONE:
-                results = job.results or {}
-                self.set_result(unwrap(results) if unwrap else results)
+                self._set_done(job.results or {}, unwrap)
             else:
                 self.set_exception(_failure(job))
         except concurrent.futures.InvalidStateError:  # cancelled meanwhile
             pass
         return True
+
+    def _set_done(self, results: dict[str, Any], unwrap: Callable[[dict[str, Any]], Any] | None) -> None:
+        """The result of a DONE job: its results as the job gave them (artifacts read back), unwrapped."""
+        exp = self._experiment()
+        try:
+            given = exp.given_back(results) if exp is not None else results
+            value = unwrap(given) if unwrap else given
+        except JobmanError as exc:  # an artifact gone from the store, a value that could not be kept
+            self.set_exception(exc)
+            return
+        self.set_result(value)
 
 
 def _failure(job: Job) -> JobFailed:
@@ -162,6 +173,7 @@ class Experiment:
         self.backend = backend
         self.workers = workers or os.cpu_count() or 1
         self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
+        self.artifacts = artifacts.for_database(self.store.target, self.exproot)
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.poll_interval = poll_interval
@@ -193,6 +205,10 @@ class Experiment:
         if pump is not None:
             pump.stop()
         self.store.dispose()
+
+    def given_back(self, results: dict[str, Any]) -> dict[str, Any]:
+        """A job's results as the job gave them: each artifact it refers to read back from the store."""
+        return artifacts.load_refs(results, self.artifacts)  # type: ignore[no-any-return,unused-ignore]
 
     # -- calls ---------------------------------------------------------------------------
     def call(
@@ -291,7 +307,7 @@ class Experiment:
                         with self._lock:
                             entry = self._pending.pop(job_id, None)
                         if entry is not None and not future.done():
-                            future.set_result(entry[1](results) if entry[1] else results)
+                            future._set_done(results, entry[1])
                     else:
                         self._settle_now([future])
         if any(not f.done() for f in futures.values()):
@@ -388,7 +404,7 @@ class Experiment:
 
         A pandas DataFrame when pandas is installed (``as_frame=None``) or asked for (``True``).
         """
-        rows = [job_row(job) for job in self.store.jobs(phase=phase, with_deps=False)]
+        rows = [job_row(job, self.given_back) for job in self.store.jobs(phase=phase, with_deps=False)]
         if as_frame is False:
             return rows
         try:
@@ -459,8 +475,12 @@ class Experiment:
         return futures
 
 
-def job_row(job: Job) -> dict[str, Any]:
-    """A job as a row of :meth:`Experiment.results`: its own columns, then its prefixed parameters and results."""
+def job_row(job: Job, given_back: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A job as a row of :meth:`Experiment.results`: its own columns, then its prefixed parameters and
+    results (``given_back``: how its stored results become what the job gave)."""
+    results = job.results or {}
+    if given_back is not None and results:
+        results = given_back(results)
     seconds = job.finished_at - job.started_at if job.finished_at and job.started_at else None
     return {
         "id": job.id,
@@ -473,7 +493,7 @@ def job_row(job: Job) -> dict[str, Any]:
         "seconds": seconds,
         "target": job.target,
         **{f"params_{k}": v for k, v in job.params.items()},
-        **{f"results_{k}": v for k, v in (job.results or {}).items()},
+        **{f"results_{k}": v for k, v in results.items()},
     }
 
 
@@ -593,8 +613,9 @@ def cached(
     ``@jobman.cached("sqlite:///cache.db?table=features")`` over ``def features(dataset, pca=32)``:
     ``features("mnist")`` runs once, then is read back, across processes and runs. Arguments
     are bound to the signature with defaults applied, so ``features("mnist", pca=32)`` is the same
-    call. The return value is stored as JSON and returned as JSON gives it back (lists for tuples
-    and arrays). ``version`` (or ``cache="source"``) makes a changed function a new call.
+    call. The return value is stored as JSON (a tuple comes back a list), or, when JSON cannot
+    hold it (a NumPy array, any picklable object), in the database's artifact store and given back
+    as itself. ``version`` (or ``cache="source"``) makes a changed function a new call.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -629,7 +650,7 @@ def cached(
                 _returning(fn),
                 retry=retry,
                 code=None,
-                unwrap=lambda results: results.get("return", results),
+                unwrap=lambda results: _returned(fn, results),
             )
             return future[0].result()
 
@@ -642,13 +663,23 @@ def cached(
 
 
 def _returning(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The job a cached call runs: the function on its parameters, its return value kept as ``return``."""
-    from .channel import to_jsonable
+    """The job a cached call runs: the function on its parameters, its return value kept as ``return``
+    (as JSON, or in the artifact store: an array comes back an array)."""
 
     def run(state: DD, channel: Channel) -> dict[str, Any]:
-        return {"return": to_jsonable(fn(**channel.params))}
+        return {"return": fn(**channel.params)}
 
     return run
+
+
+def _returned(fn: Callable[..., Any], results: dict[str, Any]) -> Any:
+    """A cached call's value from its job's results; an error saying why if it could not be kept."""
+    if "return" in results:
+        return results["return"]
+    why = (results.get(NOT_KEPT) or {}).get("return") if isinstance(results.get(NOT_KEPT), dict) else None
+    if why:
+        raise JobmanError(f"the value {fn.__name__}() returned could not be kept: {why}")
+    return results
 
 
 # -- the default experiment: $JOBMAN_DB ------------------------------------------------------

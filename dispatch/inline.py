@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobman.jobdb import artifacts
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo
@@ -51,6 +52,7 @@ class InlineRunner:
                 deadline=time.time() + timeout if timeout else None,
                 store=store,
                 lease=lease,
+                artifacts=artifacts.for_database(store.target, exproot),
             )
             channel.parents = [_parent(p) for p in parents]
             info = job_info(job.id, job.target, store.experiment, job.priority, job.attempt, job.phase, workdir)

@@ -37,7 +37,7 @@ from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError,
 from jobman.jobdb.status import LOST
 
 from .channel import Channel, DirectChannel, job_info, job_state
-from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve
+from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve, resumed
 from .forkhandle import ForkServer, ForkServerGone, JobProcess, job_environment
 from .interrupted import mark_interrupted
 from .jobfiles import copy_tree, read_capped, read_tail
@@ -124,7 +124,11 @@ def run_here(
     (:func:`run_direct`) run jobs through it; an exception that is not an ``Exception`` (Ctrl-C)
     goes through to the caller, whose job it is to put the job back.
     """
-    return call(fn, job_state(channel.params, results, info), channel)
+    try:
+        saved = resumed(results, channel.artifacts)
+    except ValueError as exc:
+        return CallEnd("FAILED", dict(results or {}), str(exc))
+    return call(fn, job_state(channel.params, saved, info), channel)
 
 
 def run_direct(
@@ -455,6 +459,7 @@ class Runner:
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
         self.slots: SlotPool | None = None  # its dispatch's -j slots, when ranks are counted
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
+        self.artifacts: str | None = None  # where the jobs' artifact store is (the worker says)
 
     def close(self) -> None:
         """Stop the fork server (it also stops by itself when the worker exits)."""
@@ -587,6 +592,7 @@ class Runner:
             "workdir": str(workdir),
             "deadline": deadline,
             "save_every": self.limits.save_every,
+            "artifacts": self.artifacts,
             "job": {
                 "id": job.id,
                 "phase": job.phase,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobman.jobdb import artifacts
 from jobman.jobdb.errors import JobmanError, ServerFull
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
@@ -99,6 +100,9 @@ class StoppableLoop:
             log=self.log,
             outage=self.outage,
             server=server,
+        )
+        self.runner.artifacts = artifacts.location(
+            store.target.dialect, store.target.artifacts, store.target.sqlite_path, options.workdir_root
         )
 
     def _outage(self) -> Outage | None:

@@ -142,6 +142,32 @@ def parents(conn: Connection, job_id: int) -> list[Job]:
     return [Job.from_row(r) for r in rows]
 
 
+def artifact_texts(conn: Connection, job_ids: Sequence[int] | None = None) -> list[str]:
+    """The stored results (of jobs, and kept in their event logs) that refer to an artifact: of every
+    experiment of the database, or of the jobs ``job_ids``."""
+    texts: list[str] = []
+    for column, table, owner in ((t_job.c.results, t_job, t_job.c.id), (t_event.c.data, t_event, t_event.c.job_id)):
+        text = sa.cast(column, sa.Text)
+        q = sa.select(text).select_from(table).where(text.like('%"$artifact"%'))
+        if job_ids is None:
+            texts.extend(r[0] for r in conn.execute(q))
+        else:
+            for part in chunks(list(job_ids)):
+                texts.extend(r[0] for r in conn.execute(q.where(owner.in_(part))))
+    return texts
+
+
+def oldest_running_start(conn: Connection) -> float | None:
+    """When the longest-running job of any experiment started (None: nothing runs): an artifact a job
+    is writing now was written after it."""
+    started = conn.execute(
+        sa.select(sa.func.min(sa.func.coalesce(t_job.c.started_at, t_job.c.created_at))).where(
+            t_job.c.status == Status.RUNNING.value
+        )
+    ).scalar()
+    return None if started is None else float(started)
+
+
 def events(conn: Connection, job_id: int) -> list[Event]:
     """A job's event log, oldest first."""
     rows = conn.execute(sa.select(t_event).where(t_event.c.job_id == job_id).order_by(t_event.c.id)).all()

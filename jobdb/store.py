@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import browse, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
+from .artifacts import digests_in_text
 from .clock import ServerClock
 from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
@@ -548,6 +549,18 @@ class Store:
     def parents(self, job_id: int) -> list[Job]:
         """The jobs ``job_id`` depends on, whole (a job reads its parents' workdirs and results)."""
         return self._read(lambda conn: browse.parents(conn, job_id))
+
+    def artifact_references(self, job_ids: Sequence[int] | None = None) -> tuple[set[str], float | None]:
+        """The digests of the artifacts referred to (by every job of the database, in results and event
+        logs, or by the jobs ``job_ids``), and when the oldest RUNNING job started, read at one instant."""
+
+        def read(conn: Any) -> tuple[set[str], float | None]:
+            found: set[str] = set()
+            for text in browse.artifact_texts(conn, job_ids):
+                found |= digests_in_text(text)
+            return found, browse.oldest_running_start(conn)
+
+        return self._read(read)
 
     def events(self, job_id: int) -> list[Event]:
         return self._read(lambda conn: browse.events(conn, job_id))

@@ -28,6 +28,7 @@ class DbTarget:
     experiment: str
     dialect: str  # "sqlite" or "postgresql"
     schema: str | None = None
+    artifacts: str | None = None  # where its artifact store is (``?artifacts=``), if the URL says
 
     def __post_init__(self) -> None:
         check_experiment_name(self.experiment)
@@ -51,6 +52,8 @@ class DbTarget:
         query["table"] = self.experiment
         if self.schema:
             query["schema"] = self.schema
+        if self.artifacts:
+            query["artifacts"] = self.artifacts
         return f"{base}?{urlencode(query)}"
 
 
@@ -133,6 +136,7 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
     experiment = table or query.pop("table", None) or path_table or DEFAULT_TABLE
     query.pop("table", None)
     schema = query.pop("schema", None)
+    artifacts = query.pop("artifacts", None) or None
     check_experiment_name(experiment)
     if schema is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$", schema):
         raise UsageError(f"schema name {schema!r} is not a plain SQL identifier")
@@ -142,5 +146,5 @@ def parse_db(url: str | None = None, table: str | None = None) -> DbTarget:
             raise UsageError(
                 "a SQLite URL has three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db"
             )
-        return DbTarget(clean, experiment, "sqlite")
-    return DbTarget(clean, experiment, "postgresql", schema)
+        return DbTarget(clean, experiment, "sqlite", artifacts=artifacts)
+    return DbTarget(clean, experiment, "postgresql", schema, artifacts)

@@ -218,34 +218,40 @@ def test_a_value_that_cannot_be_kept_is_named_and_the_others_are_kept(db_url, tm
     mixed = jobs["valmod:mixed"]
     assert mixed.status == "DONE", mixed.error
     assert mixed.results is not None
-    assert mixed.results["loss"] == 0.1 and mixed.results["weights"] == [0, 1, 2]
+    assert mixed.results["loss"] == 0.1
+    # What JSON cannot hold is in the artifact store, referred to; only the open file is lost, and named.
+    assert mixed.results["weights"]["kind"] == "npy" and mixed.results["model"]["kind"] == "pickle"
+    assert mixed.results["model"]["type"] == "valmod.Model"
     assert mixed.results["_not_kept"] == {
-        "model": "Model is not JSON-serialisable",
-        "handle": "TextIOWrapper is not JSON-serialisable",
+        "handle": "TextIOWrapper cannot be pickled: cannot pickle '_io.TextIOWrapper' object",
     }
     array = jobs["valmod:array"]
     assert array.status == "FAILED"
     assert array.error == "the job returned a ndarray; expected None, a dict, COMPLETE or INCOMPLETE"
     replaced = jobs["valmod:replaced"]
     assert replaced.status == "DONE", replaced.error
-    assert replaced.results == {"lr": [0.1, 0.1], "acc": 0.5, "_not_kept": {"model": "Model is not JSON-serialisable"}}
+    assert replaced.results is not None and replaced.results["acc"] == 0.5
+    assert (replaced.results["lr"]["kind"], replaced.results["model"]["kind"]) == ("npy", "pickle")
+    assert "_not_kept" not in replaced.results
     shown = jobman("show", db_url, str(mixed.id), "--format", "json", cwd=tmp_path)
-    assert json.loads(shown.out)["results"]["_not_kept"]["model"] == "Model is not JSON-serialisable"
+    assert json.loads(shown.out)["results"]["_not_kept"]["handle"].startswith("TextIOWrapper cannot be pickled")
 
 
 def test_from_python_a_value_that_cannot_be_kept_is_named_and_the_others_are_returned(db_url, tmp_path):
+    import threading
+
     exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
 
-    class Model:
-        pass
+    class Model:  # local to a function: pickled by value
+        def __init__(self, width):
+            self.width = width
 
     def train(lr):
-        return {"model": Model(), "loss": lr}
+        return {"model": Model(3), "lock": threading.Lock(), "loss": lr}
 
-    assert exp.call(train, lr=0.25).result(timeout=60) == {
-        "loss": 0.25,
-        "_not_kept": {"model": "Model is not JSON-serialisable"},
-    }
+    got = exp.call(train, lr=0.25).result(timeout=60)
+    assert isinstance(got.pop("model"), Model)
+    assert got == {"loss": 0.25, "_not_kept": {"lock": "lock cannot be pickled: cannot pickle '_thread.lock' object"}}
     exp.close()
 
 

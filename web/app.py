@@ -17,16 +17,24 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from jobman.jobdb import artifacts
 from jobman.jobdb.errors import JobmanError, NoSuchExperiment, NoSuchJob, UsageError
 from jobman.jobdb.status import DISPLAY_ORDER, names_of
 from jobman.jobdb.store import Store
@@ -165,6 +173,27 @@ def create_app(  # noqa: C901
             **pages.job_view(store, request.path_params["job_id"]),
         )
 
+    def artifact(request: Request) -> Response:
+        store = settings.db.store(request.path_params["name"])
+        try:
+            fh, ref = pages.artifact_download(
+                store, settings.db.target, request.path_params["job_id"], request.path_params["artifact"]
+            )
+        except (NoSuchExperiment, NoSuchJob, pages.NoSuchArtifact) as exc:
+            return PlainTextResponse(mask_password(str(exc)), status_code=404)
+        except JobmanError as exc:  # gone from the store, or not a file there
+            return PlainTextResponse(mask_password(str(exc)), status_code=410)
+        filename = artifacts.file_name(request.path_params["artifact"], ref)
+        return StreamingResponse(
+            _chunks(fh),
+            media_type="application/octet-stream",
+            headers={
+                "Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}",
+                "Content-Length": str(ref.get("size", "")),
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
+
     async def act(request: Request) -> Response:
         return await actions.handle(request, settings)
 
@@ -189,6 +218,7 @@ def create_app(  # noqa: C901
         Route("/e/{name}", experiment),
         Route("/e/{name}/job/{job_id:int}", job),
         Route("/e/{name}/job/{job_id:int}/action", act, methods=["POST"]),
+        Route("/e/{name}/job/{job_id:int}/artifact/{artifact:path}", artifact),
         static_files(),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Guard, settings=settings)])
@@ -265,6 +295,13 @@ class Guard:
         if not hmac.compare_digest(offered.encode(), s.token.encode()):
             return PlainTextResponse("wrong token: open the link `jobman serve` printed", status_code=403)
         return None
+
+
+def _chunks(fh: Any) -> Any:
+    """An open artifact's bytes in chunks, the file closed at the end."""
+    with fh:
+        while chunk := fh.read(1 << 20):
+            yield chunk
 
 
 def _header_token(value: str) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from jobman.dispatch.jobfiles import read_tail
-from jobman.jobdb import dashboard, report, selection
+from jobman.jobdb import artifacts, dashboard, report, selection
 from jobman.jobdb.engine import bound_lock_waits
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.status import Status, parse_status
@@ -363,6 +363,7 @@ def job_view(store: Store, job_id: int) -> dict[str, Any]:
         "parents": store.parents(job_id),
         "children": store.children(job_id),
         "files": files,
+        "artifacts": sorted(artifacts.refs_in(job.results or {})),
         "tails": job_tails,
         "files_unread": seen is None,
         "file_seconds": f"{FILE_READ_SECONDS:g}",
@@ -401,6 +402,20 @@ def off_thread(read: Callable[[], Any], seconds: float | None = None) -> Any | N
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def artifact_download(store: Store, target: DbTarget, job_id: int, name: str) -> tuple[Any, dict[str, Any]]:
+    """One of a job's artifacts, found by its name in the job's results (never by a path): an open file
+    of the database's store, and its reference."""
+    found = dict(artifacts.refs_in(store.job(job_id).results or {}))
+    if name not in found:
+        raise NoSuchArtifact(f"job {job_id} has no artifact {name!r}")
+    ref = found[name]
+    return artifacts.for_database(target).open(ref[artifacts.REF]), ref
+
+
+class NoSuchArtifact(JobmanError):
+    """No such artifact."""
 
 
 def own_workdir(workdir: str | None, job_id: int, experiment: str) -> Path | None:
