@@ -131,9 +131,12 @@ def median_says_stop(value: float, others: Sequence[float], mode: str) -> float 
     """The median of ``others`` when ``value`` is worse than it (and there are enough others), else None."""
     if len(others) < PRUNE_MIN_FINISHED:
         return None
-    ordered = sorted(others)
+    worst = -math.inf if mode == "max" else math.inf  # a NaN (a diverged run) counts as the worst value
+    ordered = sorted(worst if math.isnan(v) else v for v in others)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    if math.isnan(value):
+        return median
     worse = value < median if mode == "max" else value > median
     return median if worse else None
 
@@ -464,7 +467,7 @@ def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str
         )
         for other, value, results in rows:
             if not (load_json(results) if results else {}).get("pruned"):
-                last[other] = value
+                last[other] = math.nan if value is None else value  # NULL is a logged NaN
         value = float(metrics[rules.metric])
         median = median_says_stop(value, list(last.values()), rules.mode)
         if median is not None:

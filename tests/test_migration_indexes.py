@@ -10,7 +10,7 @@ from alembic import command
 from test_migrations import differences, fresh_url  # noqa: F401 - a fixture
 
 from jobman.jobdb.engine import alembic_config, make_engine
-from jobman.jobdb.schema import PARAMS_INDEX, VERSION_TABLE
+from jobman.jobdb.schema import HEAD_REVISION, PARAMS_INDEX, VERSION_TABLE
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store, params_hash
 from jobman.jobdb.sweep import JobSpec
@@ -67,7 +67,7 @@ def test_0006_upgrades_a_0005_database_with_data(fresh_url, jobman):  # noqa: F8
     make_at_previous(fresh_url)
     assert not NEW_INDEXES & index_names(fresh_url)
     r = jobman("db", "upgrade", fresh_url)
-    assert r.code == 0 and "from 0005 to 0006" in r.out, r.out + r.err
+    assert r.code == 0 and f"from 0005 to {HEAD_REVISION}" in r.out, r.out + r.err
     assert differences(fresh_url) == []  # exactly the declared schema
     names = index_names(fresh_url)
     assert NEW_INDEXES <= names
@@ -83,7 +83,7 @@ def test_0006_upgrades_a_0005_database_with_data(fresh_url, jobman):  # noqa: F8
         # Same identities: the old jobs again add nothing.
         assert store.schedule([JobSpec(i % 2, "fn", "pkg.mod:train", p, None) for i, p in enumerate(PARAMS)]).added == 0
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == "0006"
+            assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == HEAD_REVISION
     finally:
         store.dispose()
 
