@@ -323,27 +323,6 @@ class Store:
         """Declare a RUNNING job crashed (found dead); relaunch within max_attempts."""
         return self.finish(job_id, lease, "CRASHED", why=reason, relaunch=relaunch)
 
-    def relaunch(
-        self,
-        job_ids: Sequence[int],
-        why: str,
-        *,
-        include_failed: bool = False,
-        ignore_limit: bool = False,
-        dry_run: bool = False,
-    ) -> list[int]:
-        """Put CRASHED (and, if asked, FAILED) jobs back in the queue within max_attempts, cascading."""
-
-        def run(conn: Connection) -> list[int]:
-            chosen = transitions.relaunchable(
-                conn, self._exp(conn), include_failed=include_failed, ids=job_ids, ignore_limit=ignore_limit
-            )
-            if not dry_run:
-                transitions.reset(conn, self._events, chosen, cascade=True, why=why, fresh=False)
-            return chosen
-
-        return self._write(run)
-
     def retry(self, job_ids: Sequence[int], why: str = "retried by hand", *, fresh: bool = False) -> list[int]:
         """Queue the FAILED and CRASHED jobs of ``job_ids`` again, their dependents back to WAITING: resuming
         from their checkpoint whatever their attempt limit, or started over (``fresh``). Returns those retried."""
