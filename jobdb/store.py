@@ -501,6 +501,11 @@ class Store:
         """The workdir a promoted job of a search starts from (its parent's), or None."""
         return self._read(lambda conn: _halving.continues_from(conn, job_id))
 
+    def continuation(self, job_id: int) -> tuple[str | None, dict[str, Any]] | None:
+        """The workdir and the saved state a promoted job of a search starts from (its parent's, under
+        the job's own parameters), or None."""
+        return self._read(lambda conn: _halving.continuation(conn, job_id))
+
     def search_summaries(self) -> list[str]:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
         return self._read(lambda conn: _halving.summaries(conn, self._exp(conn)))
