@@ -30,7 +30,18 @@ from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
 from .hot import HotStatements
 from .priority import check_priority
-from .records import CLAIMED_COLUMNS, Claimed, Event, Found, Job, RunningJob, ScheduleResult, WorkerInfo, to_claimed
+from .records import (
+    CLAIMED_COLUMNS,
+    Claimed,
+    Event,
+    Found,
+    Job,
+    RunningJob,
+    SchedulePreview,
+    ScheduleResult,
+    WorkerInfo,
+    to_claimed,
+)
 from .scheduling import params_hash
 from .status import Status
 from .sweep import JobSpec
@@ -123,21 +134,42 @@ class Store:
         """
         check_priority(priority)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
-        return self._write(
-            lambda conn: scheduling.schedule(
-                conn,
-                self._events,
-                self.hot,
-                self._exp(conn, create=True),
-                self.experiment,
-                sweep,
-                after=after,
-                priority=priority,
-                max_attempts=max_attempts,
-                progress=progress,
-                halving=halving,
-                keep_ids=keep_ids,
-            )
+        options = dict(after=after, priority=priority, max_attempts=max_attempts, progress=progress, halving=halving)
+        return self._write(lambda conn: self._schedule_in(conn, sweep, keep_ids=keep_ids, **options))
+
+    def preview_schedule(
+        self,
+        specs: Iterable[JobSpec],
+        *,
+        first: int = 10,
+        after: Sequence[int] = (),
+        priority: float = 0,
+        max_attempts: int = 3,
+        halving: _halving.Halving | None = None,
+        duplicate: bool = False,
+        repeat: int = 1,
+    ) -> SchedulePreview:
+        """What :meth:`schedule` would do, found by doing it in a transaction that is rolled back: how many
+        jobs it would add, how many are there already, how many the sweep names twice, and the first
+        ``first`` jobs it would add. Nothing is written, not even a new experiment."""
+        check_priority(priority)
+        sweep = scheduling.ReadySweep(specs, duplicate, repeat)
+        options = dict(after=after, priority=priority, max_attempts=max_attempts, progress=None, halving=halving)
+
+        def run(conn: Connection) -> SchedulePreview:
+            before = scheduling.newest_id(conn)
+            result = self._schedule_in(conn, sweep, keep_ids=True, **options)
+            new = [i for i in result.job_ids if i > before][:first]
+            made = sweep.size * (repeat if result.repeated else 1)
+            jobs = [browse.job(conn, self._exp(conn), self.experiment, i) for i in new]
+            return SchedulePreview(result.added, result.existing, made - len(result.job_ids), jobs)
+
+        with self._tx.recording(rehearse=True):
+            return self._write(run)
+
+    def _schedule_in(self, conn: Connection, sweep: scheduling.ReadySweep, **options: Any) -> ScheduleResult:
+        return scheduling.schedule(
+            conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, **options
         )
 
     # -- a worker's verbs ------------------------------------------------------------------
