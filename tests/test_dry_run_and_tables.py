@@ -1,5 +1,5 @@
-"""What a sweep would add is counted exactly before it is written, and a Hydra-style comma list is
-refused with the grid it means.
+"""What a sweep would add is counted exactly before it is written, a Hydra-style comma list is refused
+with the grid it means, and the terminal tables never cut a number in two nor cut anything unmarked.
 
 Real databases (both engines) and the real ``jobman`` command; the targets are modules under ``tmp_path``.
 """
@@ -87,3 +87,37 @@ def test_a_top_level_comma_list_is_refused_with_the_grid_it_means(db_url, mod, j
     assert out.code == 0, out.err
     [job] = Store.open(db_url).jobs()
     assert job.params == {"lr": "0.1,0.2"}
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_list_never_splits_a_number_at_80_columns(db_url, mod, jobman, columns):
+    sweep = ["tablemod:train", "learning_rate={{0.1,0.001}}", "weight_decay={{0.0001,0.00001}}"]
+    assert jobman("sqlschedule", db_url, *sweep, "dropout_probability={{0.25,0.5}}", cwd=mod).code == 0
+    # The README's fan-in: a job after others, whose 'after' column takes room too.
+    assert jobman("sqlschedule", db_url, "tablemod:train", "learning_rate=0.3", "--after", "phase=0", cwd=mod).code == 0
+    run = jobman("worker", db_url, "--exproot", str(mod / "runs"), cwd=mod)
+    assert run.code == 0, run.err
+    listed = jobman("list", db_url, cwd=mod, env={"COLUMNS": str(columns)})
+    assert listed.code == 0, listed.err
+    assert max(len(line.rstrip()) for line in listed.out.splitlines()[1:-1]) <= columns, listed.out
+    numbers = set(NUMBER.findall(listed.out))
+    for whole in ("0.000618", "0.01931", "0.0211", "0.25", "0.0001", "1e-05"):
+        assert whole in numbers, (whole, listed.out)
+    for part in ("0.00061", "0.0193", "0.000", "0.02"):  # what a number cut in two leaves
+        assert part not in numbers, (part, listed.out)
+
+
+def test_show_marks_what_it_cut(db_url, mod, jobman):
+    assert jobman("sqlschedule", db_url, "tablemod:big", "lr=0.1", cwd=mod).code == 0
+    assert jobman("worker", db_url, "--exproot", str(mod / "runs"), cwd=mod).code == 0
+    [job_id] = ids_of(db_url)
+    shown = jobman("show", db_url, str(job_id), cwd=mod, env={"COLUMNS": "80"})
+    assert shown.code == 0, shown.err
+    [results] = [line for line in shown.out.splitlines() if "results" in line and "curve" in line]
+    assert results.rstrip(" │").endswith("…"), results
+    assert f"`jobman show {job_id} --format json` shows it whole" in shown.out
+    wide = jobman("show", db_url, str(job_id), cwd=mod, env={"COLUMNS": "2000"})
+    assert "…" not in wide.out and "19.9]" in wide.out
