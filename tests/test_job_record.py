@@ -175,6 +175,11 @@ def test_channel_log_keeps_nan_and_infinities_and_the_plots_cope(db_url, tmp_pat
         assert points[0][1] == 1.5 and math.isnan(points[2][1]) and points[3][1] == math.inf
         assert points[4][1] == -math.inf
         assert len(store.metrics([j.id for j in jobs])) == 2 * 10
+        # The dashboard draws the finite points and names the others.
+        from test_web import client
+
+        page = client(db_url).get(f"/e/{store.experiment}/job/{jobs[0].id}").text
+        assert f"not drawn: job {jobs[0].id} loss: nan at step 2, inf at step 3, -inf at step 4" in page, page
     finally:
         store.dispose()
     # The learning curves are drawn with the diverged points in the data.
