@@ -296,7 +296,7 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
             f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="
             f"{job.params.get(rung[2])})"
             + (
-                f"; continues job {job.depends_on[0]} from its workdir {continued}"
+                f"; continues job {job.depends_on[0]} from its workdir {continued} and the state it saved"
                 if rung[0] and job.depends_on
                 else ""
             )

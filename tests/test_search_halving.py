@@ -203,6 +203,9 @@ def test_a_promoted_job_continues_the_state_its_parent_saved(jobman, db_url, sto
     # Each rung logged only its own epochs: a promoted job's curve goes on from its parent's.
     steps = [step for _, step, name, _ in store.metrics([phases[2][0].id]) if name == "err"]
     assert steps == list(range(4, 10)), steps
+    shown = jobman("show", db_url, str(phases[2][0].id), env={"COLUMNS": "400"})
+    [parent] = store.parents(phases[2][0].id)
+    assert f"continues job {parent.id} from its workdir" in shown.out and "and the state it saved" in shown.out
 
 
 @pytest.mark.slow
