@@ -10,8 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from jobman.dispatch.gang import rank_logs
 from jobman.jobdb.artifacts import REF
@@ -37,6 +39,8 @@ from .common import (
     with_database,
 )
 
+PANEL_EDGES = 4  # a panel's border and padding, left and right
+
 
 def _statuses(values: tuple[str, ...]) -> list[Status]:
     return [parse_status(v) for value in values for v in value.split(",") if v]
@@ -51,9 +55,10 @@ def _varying_keys(jobs: list[Job]) -> set[str]:
     return {k for k, vals in seen.items() if len(vals) > 1 or any(k not in j.params for j in jobs)}
 
 
-def _results_summary(results: dict | None, width: int = 3) -> str:
+def _results_summary(results: dict | None, width: int = 3) -> list[str]:
+    """The headline numbers of a job's results, as ``name=value`` pairs."""
     if not results:
-        return ""
+        return []
     headline = ("valid_error", "test_error", "train_error", "loss", "accuracy")
     items = [
         (k, v)
@@ -61,7 +66,55 @@ def _results_summary(results: dict | None, width: int = 3) -> str:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")
     ]
     items.sort(key=lambda kv: headline.index(kv[0]) if kv[0] in headline else len(headline))
-    return " ".join(f"{k}={fmt_value(v)}" for k, v in items[:width])
+    return [f"{k}={fmt_value(v)}" for k, v in items[:width]]
+
+
+def _pieces(pair: str, level: int) -> list[str]:
+    """A ``name=value`` pair as the pieces a line may end after: whole (level 0), or after its '='
+    (level 1 and up; at level 2 a name longer than its column is folded, never a value)."""
+    name, sep, value = pair.partition("=")
+    return [name + sep, value] if level and sep and value else [pair]
+
+
+def _fit_widths(columns: list[list[list[str]]], room: int) -> tuple[list[int], int]:
+    """Widths of the wrapped columns (each cell a list of pairs) within ``room`` characters, and the level
+    of breaking that needs (see :func:`_pieces`): whole pairs if they fit, else pairs broken after their
+    '=', else names folded; a value is never cut. Each column gets at least its widest unbreakable
+    piece, the rest in proportion to what it would take unwrapped."""
+    natural = [max((len(" ".join(cell)) for cell in cells), default=0) for cells in columns]
+    if sum(natural) <= room:
+        return natural, 0
+    for level in (0, 1, 2):
+        least = [
+            max(
+                (len(p) for cell in cells for pair in cell for p in _pieces(pair, level)[level == 2 :]),
+                default=0,
+            )
+            for cells in columns
+        ]
+        if sum(least) <= room:
+            break
+    spare = max(0, room - sum(least))
+    wants = [n - m for n, m in zip(natural, least)]
+    total = sum(wants) or 1
+    return [m + spare * w // total for m, w in zip(least, wants)], level
+
+
+def _wrapped(pairs: list[str], width: int, level: int) -> str:
+    """``pairs`` on lines of at most ``width``, broken between pairs (and as ``level`` allows)."""
+    lines: list[str] = []
+    line = ""
+    for pair in pairs:
+        for i, piece in enumerate(_pieces(pair, level)):
+            glue = "" if i else " "
+            if line and len(line) + len(glue) + len(piece) > width:
+                lines.append(line)
+                line = ""
+            while len(piece) > width and not line:  # a name wider than the column, folded
+                lines.append(piece[:width])
+                piece = piece[width:]
+            line = line + glue + piece if line else piece
+    return "\n".join([*lines, line] if line else lines)
 
 
 @click.command("list")
@@ -126,39 +179,58 @@ def list_jobs(
         if common and len(jobs) > 1:
             out.print(f"[dim]all jobs:[/] {fmt_params(common)}")
     rungs = store.rungs([j.id for j in jobs])  # jobs of successive-halving searches: their rung shows beside the phase
-    grid = Table(box=None, header_style="bold", pad_edge=False)
     on_gpus = any(j.gpus for j in jobs)
     gangs = any(j.ranks > 1 for j in jobs)
-    for col in (
-        "id",
-        "phase",
-        *(("rung",) if rungs else ()),
-        "status",
-        *(("ranks",) if gangs else ()),
-        "try",
-        "after",
-        "params",
-        "results",
-        "where",
-        *(("gpu",) if on_gpus else ()),
-    ):
-        grid.add_column(col, overflow="fold")
+    rows = []
     for j in jobs:
-        where = f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else ""
-        rung = (f"{rungs[j.id][0]}/{rungs[j.id][1] - 1}" if j.id in rungs else "",) if rungs else ()
-        grid.add_row(
-            str(j.id),
-            str(j.phase),
-            *rung,
-            styled_status(j.status),
-            *((str(j.ranks),) if gangs else ()),
-            f"{j.attempt}/{j.max_attempts}",
-            ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
-            fmt_params(j.params, skip=set(j.params) - varying if len(jobs) > 1 else ()),
-            _results_summary(j.results),
-            where,
-            *((j.gpus or "",) if on_gpus else ()),
+        shown = j.params if len(jobs) == 1 else {k: v for k, v in j.params.items() if k in varying}
+        rows.append(
+            (
+                [
+                    str(j.id),
+                    str(j.phase),
+                    *((f"{rungs[j.id][0]}/{rungs[j.id][1] - 1}" if j.id in rungs else "",) if rungs else ()),
+                    j.status.value,
+                    *((str(j.ranks),) if gangs else ()),
+                    f"{j.attempt}/{j.max_attempts}",
+                    ",".join(map(str, j.depends_on[:4])) + ("…" if len(j.depends_on) > 4 else ""),
+                ],
+                [[f"{k}={fmt_value(v)}" for k, v in shown.items()], _results_summary(j.results)],
+                [
+                    f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else "",
+                    *((j.gpus or "",) if on_gpus else ()),
+                ],
+            )
         )
+    before = ["id", "phase", *(("rung",) if rungs else ()), "status", *(("ranks",) if gangs else ()), "try", "after"]
+    after = ["where", *(("gpu",) if on_gpus else ())]
+    # A column no job fills is left out: at 80 columns its room is the numbers'.
+    keep_after = any(cells[-1] for cells, _, _ in rows)
+    keep_where = any(cells[0] for _, _, cells in rows)
+    if not keep_after:
+        before.pop()
+        rows = [(cells[:-1], pairs, tail) for cells, pairs, tail in rows]
+    if not keep_where:
+        after.pop(0)
+        rows = [(head, pairs, tail[1:]) for head, pairs, tail in rows]
+    fixed = [max([len(head), *(len(cells[i]) for cells, _, _ in rows)]) for i, head in enumerate(before)]
+    fixed += [max([len(head), *(len(cells[i]) for _, _, cells in rows)]) for i, head in enumerate(after)]
+    # Numbers are never cut in two: the params and results columns are wrapped here, between pairs.
+    room = out.width - sum(fixed) - 2 * (len(fixed) + 1)
+    wrapped = [[cells[k] for _, cells, _ in rows] for k in range(2)]
+    widths, level = _fit_widths(wrapped, max(room, len("params") + len("results")))
+    widths = [max(w, len(head)) for w, head in zip(widths, ("params", "results"))]
+    grid = Table(box=None, header_style="bold", pad_edge=False)
+    for col in before:
+        grid.add_column(col, no_wrap=True)
+    for col, width in zip(("params", "results"), widths):
+        grid.add_column(col, width=width, no_wrap=True, overflow="fold")
+    for col in after:
+        grid.add_column(col, no_wrap=True)
+    at = before.index("status")
+    for head, pairs, tail in rows:
+        head[at] = styled_status(head[at])
+        grid.add_row(*head, *(_wrapped(p, w, level) for p, w in zip(pairs, widths)), *tail)
     out.print(grid)
     counts: dict[str, int] = {}
     for j in jobs:
@@ -208,7 +280,12 @@ def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
     if fmt == "json":
         print_json(show_json(store, job, children, events))
         return
-    out.print(Panel("\n".join(show_lines(store, job, children)), expand=False))
+    # A line wider than the terminal is cut, and says so: "…" at its end, and a pointer to all of it.
+    body = Text.from_markup("\n".join(show_lines(store, job, children)), overflow="ellipsis")
+    body.no_wrap = True
+    out.print(Panel(body, expand=False))
+    if any(cell_len(line) > out.width - PANEL_EDGES for line in body.plain.splitlines()):
+        out.print(f"[dim]… marks a line cut to fit: `jobman show {job.id} --format json` shows it whole[/]")
     print_artifacts(database, job)
     if job.error:
         out.print("[bold red]error[/]")
@@ -259,7 +336,7 @@ def show_lines(store: Store, job: Job, children: list[int]) -> list[str]:
             f"search    successive halving, rung {rung[0]} of {rung[1] - 1} ({rung[2]}="
             f"{job.params.get(rung[2])})"
             + (
-                f"; continues job {job.depends_on[0]} from its workdir {continued}"
+                f"; continues job {job.depends_on[0]} from its workdir {continued} and the state it saved"
                 if rung[0] and job.depends_on
                 else ""
             )

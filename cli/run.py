@@ -596,6 +596,7 @@ def _follow(store: Store, launch: Launch, show: bool, watch: str, run: Callable[
     metavar="T",
     help="BLAS/OpenMP threads of the job (OMP_NUM_THREADS, MKL, OpenBLAS, ...). Default: the libraries' own.",
 )
+@outage_option
 @verbose_option
 def run_job(
     args: tuple[str, ...],
@@ -606,6 +607,7 @@ def run_job(
     grace: float,
     assignment_wait: float,
     threads_per_job: int | None,
+    outage_wait: float | None,
     verbose: bool,
 ) -> int:
     """Run exactly one job: what each Slurm job of `dispatch --one-job-per-task` runs.
@@ -626,7 +628,9 @@ def run_job(
     store = database.open()
     log_to_stderr("[jobman run-job %(process)d] %(message)s", verbose)
     JobProcesses(threads_per_job=threads_per_job).set_threads()
-    options = WorkerOptions(workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace))
+    options = WorkerOptions(
+        workdir_root=Path(exproot), limits=RunLimits(timeout, heartbeat, grace), outage_wait=outage_wait
+    )
     runner = RunJob(store, int(args[0]), options, assignment_wait=assignment_wait)
     runner.install_signal_handlers()
     status = runner.run()

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import click
 
 from jobman.jobdb.command_paths import anchored_command
-from jobman.jobdb.errors import UsageError
+from jobman.jobdb.errors import NoSchema, UsageError
 from jobman.jobdb.halving import (
     PRUNE_MIN_FINISHED,
     Halving,
@@ -21,7 +21,9 @@ from jobman.jobdb.halving import (
     sweep_space,
 )
 from jobman.jobdb.priority import check_ranks
+from jobman.jobdb.records import SchedulePreview
 from jobman.jobdb.status import parse_status
+from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import (
     PHASE_SEPARATOR,
     Assignment,
@@ -31,9 +33,10 @@ from jobman.jobdb.sweep import (
     check_samples,
     count_jobs,
     parse_sweep,
+    repeated_values,
 )
 
-from .common import Database, err, parse_ids, with_database
+from .common import Database, err, fmt_params, parse_ids, with_database
 
 _SEP = "\x00phase\x00"
 MAX_JOBS = 100_000_000
@@ -282,12 +285,9 @@ def sqlschedule(  # noqa: C901
     specs = Expansion(parsed, samples=samples, seed=seed, sampler=sampler)
     if not no_check:
         check_targets(specs.function_parameters())
-    if dry_run:
-        click.echo(f"{len(specs) * repeat} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
-        if rules is not None and rules.rungs:
-            click.echo(_rungs_line(rules, list(specs), repeat))
-        return
-    store = database.open()
+    for note in repeated_values(parsed):
+        click.echo(f"note: {note}", err=True)
+    store = _preview_store(database) if dry_run else database.open()
     after_ids: list[int] = []
     if after:
         sel = parse_after(after)
@@ -311,6 +311,12 @@ def sqlschedule(  # noqa: C901
         repeat=repeat,
         keep_ids=False,
     )
+    if dry_run:
+        keep.pop("keep_ids")
+        _print_preview(store, store.preview_schedule(specs, first=DRY_RUN_SHOWN, **keep), len(parsed.phases))
+        if rules is not None and rules.rungs:
+            click.echo(_rungs_line(rules, list(specs), repeat))
+        return
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -341,6 +347,39 @@ def sqlschedule(  # noqa: C901
             f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
             f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)"
         )
+
+
+DRY_RUN_SHOWN = 10  # jobs a --dry-run lists
+
+
+def _preview_store(database: Database) -> Store:
+    """Where a --dry-run rehearses its schedule: the database, or an empty one in memory when there is
+    none yet (so that nothing is created, not even the file)."""
+    path = database.target.sqlite_path
+    if not (path and path != ":memory:" and not os.path.exists(path)):
+        try:
+            return Store(database.target, create=False)
+        except NoSchema:
+            pass
+    return Store.open("sqlite:///:memory:", database.target.experiment)
+
+
+def _print_preview(store: Store, preview: SchedulePreview, phases: int) -> None:
+    """How many jobs the sweep would add, what it would not, and the first of them."""
+    notes = []
+    if preview.existing:
+        notes.append(f"{preview.existing} already present")
+    if preview.merged:
+        notes.append(f"{preview.merged} named twice by the sweep, merged")
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    click.echo(
+        f"{preview.added} jobs in {phases} phase(s) would be added to experiment {store.experiment!r}"
+        f"{extra}; nothing written (--dry-run)"
+    )
+    for job in preview.first:
+        click.echo(f"  phase {job.phase}  {job.target}  {fmt_params(job.params) or '-'}")
+    if preview.added > len(preview.first):
+        click.echo(f"  ... and {preview.added - len(preview.first)} more")
 
 
 def _halving_rules(

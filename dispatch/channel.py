@@ -13,7 +13,6 @@ the calling process, the Python API's inline mode: written under its lease) and
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import threading
@@ -232,11 +231,11 @@ class Channel:
     def log(self, step: int, **metrics: float) -> None:
         """Record learning-curve points: ``channel.log(epoch, valid_error=0.03)``.
 
-        NaN and infinite values (a diverged loss) are left out: the databases cannot all hold them.
+        NaN and infinite values (a diverged loss) are kept as such: they are what a diverged run shows.
         """
-        clean = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
-        if clean:
-            self._log(int(step), clean)
+        values = {k: float(v) for k, v in metrics.items()}
+        if values:
+            self._log(int(step), values)
 
     def best(
         self,

@@ -12,7 +12,6 @@ anything else of jobman is imported.
 from __future__ import annotations
 
 import json
-import math
 import socket
 import struct
 from collections.abc import Iterator
@@ -124,12 +123,14 @@ class Frames:
 
 
 def _is_number(value: Any) -> bool:
+    """A float (NaN and the infinities too: a diverged curve is kept) or an int a float can hold."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     try:
-        return math.isfinite(float(value))
+        float(value)
     except OverflowError:
         return False
+    return True
 
 
 def job_request(message: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +138,8 @@ def job_request(message: dict[str, Any]) -> dict[str, Any]:
     MalformedMessage saying what is wrong.
 
     A ``save`` carries ``results`` (an object); a ``log`` an integer ``step`` and ``metrics`` (names to
-    finite numbers); a ``report`` its ``status`` (one of :data:`JOB_STATUSES`), ``results`` (an
-    object) and ``error`` (text or null).
+    numbers, NaN and the infinities included); a ``report`` its ``status`` (one of
+    :data:`JOB_STATUSES`), ``results`` (an object) and ``error`` (text or null).
     """
     op = message.get("op")
     if op == "save":
@@ -150,7 +151,7 @@ def job_request(message: dict[str, Any]) -> dict[str, Any]:
         metrics = _need_object(message, "metrics")
         for name, value in metrics.items():
             if not _is_number(value):
-                raise MalformedMessage(f"a log whose metric {name[:80]!r} is not a finite number")
+                raise MalformedMessage(f"a log whose metric {name[:80]!r} is not a number")
     elif op == "report":
         if message.get("status") not in JOB_STATUSES:
             raise MalformedMessage(f"a report with the unknown status {str(message.get('status'))[:80]!r}")

@@ -541,8 +541,7 @@ class Runner:
         except FileNotFoundError:  # the first job of an experiment makes the root
             workdir.mkdir(parents=True, exist_ok=True)
         try:
-            if job.depends_on:
-                self._continue_parent(job, workdir)
+            start = self._continue_parent(job, workdir) if job.depends_on else job.results
             parents = (
                 self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
                 if job.depends_on
@@ -550,7 +549,7 @@ class Runner:
             )
             before = tuple(child_pids())
             if job.kind == "fn":
-                child: _Forked = self._start_function(job, lease, parents, workdir)
+                child: _Forked = self._start_function(job, lease, parents, workdir, start)
             else:
                 child = self._spawn_command(job, parents, workdir)
         except (TargetError, JobmanError, OSError, ForkServerGone) as exc:
@@ -576,16 +575,24 @@ class Runner:
         end_job_processes(child.pid, keep=keep, cgroup=child.cgroup.parent if child.cgroup else None)
 
     # -- starting -----------------------------------------------------------------
-    def _continue_parent(self, job: Job, workdir: Path) -> None:
-        """A job promoted to a higher rung of a search starts in a copy of its parent's workdir
-        (its checkpoint): done once, while its own workdir is still empty."""
-        if any(workdir.iterdir()):
-            return
-        source = self.outage.call(lambda: self.store.continues_from(job.id), "reading the job it continues")
-        if source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
+    def _continue_parent(self, job: Job, workdir: Path) -> dict[str, Any] | None:
+        """The state a job starts from. A job promoted to a higher rung of a search continues its parent's
+        whole checkpoint: a copy of its workdir (made once, while the job's own is still empty) and the
+        state it saved, under the job's own parameters; once the job saved a checkpoint of its own, that."""
+        empty = not any(workdir.iterdir())
+        if job.results and not empty:  # a relaunch of a job that has its own checkpoint
+            return job.results
+        found = self.outage.call(lambda: self.store.continuation(job.id), "reading the job it continues")
+        if found is None:
+            return job.results
+        source, saved = found
+        if empty and source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
             copy_tree(source, workdir)
+        return job.results or saved
 
-    def _start_function(self, job: Job, lease: int, parents: list[Job], workdir: Path) -> _Forked:
+    def _start_function(
+        self, job: Job, lease: int, parents: list[Job], workdir: Path, start: dict[str, Any] | None
+    ) -> _Forked:
         deadline = deadline_of(self.limits.timeout)
         request: dict[str, Any] = {
             "target": job.target,
@@ -598,7 +605,7 @@ class Runner:
                 "phase": job.phase,
                 "attempt": job.attempt,
                 "params": job.params,
-                "results": job.results,
+                "results": start,
                 "jobman": job_info(
                     job.id, job.target, self.store.experiment, job.priority, job.attempt, job.phase, workdir
                 ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,15 +208,16 @@ def _event(r: Any) -> Event:
 
 
 def metrics(conn: Connection, job_ids: Sequence[int]) -> list[tuple[int, int, str, float]]:
-    """(job_id, step, name, value) of the given jobs, in step order."""
+    """(job_id, step, name, value) of the given jobs, in step order; a logged NaN (stored as NULL) is NaN."""
     out: list[tuple[int, int, str, float]] = []
     for chunk in chunks(list(job_ids)):
         out.extend(
-            conn.execute(
+            (job_id, step, name, math.nan if value is None else value)
+            for job_id, step, name, value in conn.execute(
                 sa.select(t_metric.c.job_id, t_metric.c.step, t_metric.c.name, t_metric.c.value)
                 .where(t_metric.c.job_id.in_(chunk))
                 .order_by(t_metric.c.job_id, t_metric.c.name, t_metric.c.step)
-            ).all()
+            )
         )
     return out
 

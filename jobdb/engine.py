@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import sqlite_memory
 from .connections import WORKER_APPLICATION, refuse_past_the_spare
-from .errors import DatabaseError, DatabaseUnavailable, SchemaError, ServerFull, UsageError
+from .errors import DatabaseError, DatabaseUnavailable, NoSchema, SchemaError, ServerFull, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
 from .url import DbTarget, mask_password
@@ -440,7 +440,7 @@ def ensure_schema(engine: Engine, create: bool = True) -> None:
         return
     if rev is None:
         if not create:
-            raise SchemaError(
+            raise NoSchema(
                 "this database has no jobman tables yet: schedule a sweep first (or run `jobman db upgrade`)"
             )
         create_schema(engine)

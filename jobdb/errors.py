@@ -38,6 +38,10 @@ class SchemaError(DatabaseError):
     """The database schema is not the one this jobman expects."""
 
 
+class NoSchema(SchemaError):
+    """The database has no jobman tables yet."""
+
+
 class NoSuchJob(UsageError):
     """No job has that id in this experiment."""
 

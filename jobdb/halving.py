@@ -26,7 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .canonical import dump_json, load_json
+from .canonical import dump_json, load_json, load_results
 from .distributions import Distribution
 from .errors import UsageError
 from .schema import job as t_job
@@ -131,9 +131,12 @@ def median_says_stop(value: float, others: Sequence[float], mode: str) -> float 
     """The median of ``others`` when ``value`` is worse than it (and there are enough others), else None."""
     if len(others) < PRUNE_MIN_FINISHED:
         return None
-    ordered = sorted(others)
+    worst = -math.inf if mode == "max" else math.inf  # a NaN (a diverged run) counts as the worst value
+    ordered = sorted(worst if math.isnan(v) else v for v in others)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    if math.isnan(value):
+        return median
     worse = value < median if mode == "max" else value > median
     return median if worse else None
 
@@ -425,15 +428,31 @@ def _child(
 
 def continues_from(conn: Connection, job_id: int) -> str | None:
     """The workdir a promoted job starts from: its parent's, the job it continues at a higher rung."""
+    found = continuation(conn, job_id)
+    return found[0] if found else None
+
+
+def continuation(conn: Connection, job_id: int) -> tuple[str | None, dict[str, Any]] | None:
+    """Where a promoted job starts: its parent's workdir and the state its parent saved (its results),
+    less what the job's own parameters say (the resource above all), which take precedence. None for
+    a job that continues no other."""
+    parent = t_job.alias("parent")
     row = conn.execute(
-        sa.select(t_job.c.workdir)
+        sa.select(parent.c.workdir, parent.c.results, t_job.c.params)
         .select_from(t_sjob)
         .join(t_dep, t_dep.c.job_id == t_sjob.c.job_id)
-        .join(t_job, t_job.c.id == t_dep.c.depends_on)
+        .join(parent, parent.c.id == t_dep.c.depends_on)
+        .join(t_job, t_job.c.id == t_sjob.c.job_id)
         .where(t_sjob.c.job_id == job_id, t_sjob.c.rung > 0)
         .limit(1)
     ).first()
-    return row[0] if row else None
+    if row is None:
+        return None
+    own = load_json(row.params)
+    saved = load_results(row.results) if row.results else {}
+    if not isinstance(saved, dict):
+        saved = {}
+    return row.workdir, {k: v for k, v in saved.items() if k not in own and k != "pruned"}
 
 
 def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str, float]) -> str | None:
@@ -464,7 +483,7 @@ def prune_verdict(conn: Connection, job_id: int, step: int, metrics: Mapping[str
         )
         for other, value, results in rows:
             if not (load_json(results) if results else {}).get("pruned"):
-                last[other] = value
+                last[other] = math.nan if value is None else value  # NULL is a logged NaN
         value = float(metrics[rules.metric])
         median = median_says_stop(value, list(last.values()), rules.mode)
         if median is not None:

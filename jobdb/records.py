@@ -163,6 +163,16 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class SchedulePreview:
+    """What a schedule would do (``--dry-run``): jobs it would add, already there, named twice by the sweep."""
+
+    added: int
+    existing: int
+    merged: int  # jobs of the sweep that are another of its jobs (a grid value given twice)
+    first: list[Job]  # the first jobs it would add, as they would be stored
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """Who claims: recorded on the job so the monitor can find the process again."""
 

@@ -170,7 +170,7 @@ def schedule(
         if missing:
             raise NoSuchJob(f"--after names job {missing[0]}, which is not in experiment {experiment!r}")
     # The experiment is locked for this transaction: the ids past ``before`` are this sweep's.
-    before = conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
+    before = newest_id(conn)
     empty = conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp).limit(1)).first() is None
     writer = SweepWriter(
         conn,
@@ -205,6 +205,11 @@ def schedule(
     if halving is not None and writer.members is not None:  # members are kept for a search
         _halving.register(conn, exp, halving, list(writer.members), list(writer.members.values()))
     return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
+
+
+def newest_id(conn: Connection) -> int:
+    """The largest job id given so far (0 in an empty database): a schedule's new jobs come after it."""
+    return conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()
 
 
 class SweepWriter:

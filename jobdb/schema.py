@@ -165,7 +165,7 @@ job_metric = Table(
     Column("job_id", Integer, ForeignKey("job.id", ondelete="CASCADE"), nullable=False),
     Column("step", Integer, nullable=False),
     Column("name", String(100), nullable=False),
-    Column("value", Float, nullable=False),
+    Column("value", Float),  # NULL is NaN (SQLite stores a NaN as NULL); infinities are stored as such
     Column("at", Float, nullable=False),
 )
 Index("ix_job_metric_job", job_metric.c.job_id, job_metric.c.name, job_metric.c.step)
@@ -211,4 +211,4 @@ Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"

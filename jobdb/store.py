@@ -31,7 +31,18 @@ from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
 from .hot import HotStatements
 from .priority import check_priority, check_ranks
-from .records import CLAIMED_COLUMNS, Claimed, Event, Found, Job, RunningJob, ScheduleResult, WorkerInfo, to_claimed
+from .records import (
+    CLAIMED_COLUMNS,
+    Claimed,
+    Event,
+    Found,
+    Job,
+    RunningJob,
+    SchedulePreview,
+    ScheduleResult,
+    WorkerInfo,
+    to_claimed,
+)
 from .scheduling import params_hash
 from .status import Status
 from .sweep import JobSpec
@@ -126,22 +137,48 @@ class Store:
         check_priority(priority)
         check_ranks(ranks)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
-        return self._write(
-            lambda conn: scheduling.schedule(
-                conn,
-                self._events,
-                self.hot,
-                self._exp(conn, create=True),
-                self.experiment,
-                sweep,
-                after=after,
-                priority=priority,
-                max_attempts=max_attempts,
-                ranks=ranks,
-                progress=progress,
-                halving=halving,
-                keep_ids=keep_ids,
-            )
+        options = dict(
+            after=after, priority=priority, max_attempts=max_attempts, ranks=ranks, progress=progress, halving=halving
+        )
+        return self._write(lambda conn: self._schedule_in(conn, sweep, keep_ids=keep_ids, **options))
+
+    def preview_schedule(
+        self,
+        specs: Iterable[JobSpec],
+        *,
+        first: int = 10,
+        after: Sequence[int] = (),
+        priority: float = 0,
+        max_attempts: int = 3,
+        ranks: int = 1,
+        halving: _halving.Halving | None = None,
+        duplicate: bool = False,
+        repeat: int = 1,
+    ) -> SchedulePreview:
+        """What :meth:`schedule` would do, found by doing it in a transaction that is rolled back: how many
+        jobs it would add, how many are there already, how many the sweep names twice, and the first
+        ``first`` jobs it would add. Nothing is written, not even a new experiment."""
+        check_priority(priority)
+        check_ranks(ranks)
+        sweep = scheduling.ReadySweep(specs, duplicate, repeat)
+        options = dict(
+            after=after, priority=priority, max_attempts=max_attempts, ranks=ranks, progress=None, halving=halving
+        )
+
+        def run(conn: Connection) -> SchedulePreview:
+            before = scheduling.newest_id(conn)
+            result = self._schedule_in(conn, sweep, keep_ids=True, **options)
+            new = [i for i in result.job_ids if i > before][:first]
+            made = sweep.size * (repeat if result.repeated else 1)
+            jobs = [browse.job(conn, self._exp(conn), self.experiment, i) for i in new]
+            return SchedulePreview(result.added, result.existing, made - len(result.job_ids), jobs)
+
+        with self._tx.recording(rehearse=True):
+            return self._write(run)
+
+    def _schedule_in(self, conn: Connection, sweep: scheduling.ReadySweep, **options: Any) -> ScheduleResult:
+        return scheduling.schedule(
+            conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, **options
         )
 
     # -- a worker's verbs ------------------------------------------------------------------
@@ -327,27 +364,6 @@ class Store:
         """Declare a RUNNING job crashed (found dead); relaunch within max_attempts."""
         return self.finish(job_id, lease, "CRASHED", why=reason, relaunch=relaunch)
 
-    def relaunch(
-        self,
-        job_ids: Sequence[int],
-        why: str,
-        *,
-        include_failed: bool = False,
-        ignore_limit: bool = False,
-        dry_run: bool = False,
-    ) -> list[int]:
-        """Put CRASHED (and, if asked, FAILED) jobs back in the queue within max_attempts, cascading."""
-
-        def run(conn: Connection) -> list[int]:
-            chosen = transitions.relaunchable(
-                conn, self._exp(conn), include_failed=include_failed, ids=job_ids, ignore_limit=ignore_limit
-            )
-            if not dry_run:
-                transitions.reset(conn, self._events, chosen, cascade=True, why=why, fresh=False)
-            return chosen
-
-        return self._write(run)
-
     def retry(self, job_ids: Sequence[int], why: str = "retried by hand", *, fresh: bool = False) -> list[int]:
         """Queue the FAILED and CRASHED jobs of ``job_ids`` again, their dependents back to WAITING: resuming
         from their checkpoint whatever their attempt limit, or started over (``fresh``). Returns those retried."""
@@ -525,6 +541,11 @@ class Store:
     def continues_from(self, job_id: int) -> str | None:
         """The workdir a promoted job of a search starts from (its parent's), or None."""
         return self._read(lambda conn: _halving.continues_from(conn, job_id))
+
+    def continuation(self, job_id: int) -> tuple[str | None, dict[str, Any]] | None:
+        """The workdir and the saved state a promoted job of a search starts from (its parent's, under
+        the job's own parameters), or None."""
+        return self._read(lambda conn: _halving.continuation(conn, job_id))
 
     def search_summaries(self) -> list[str]:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""

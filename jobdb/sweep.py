@@ -296,7 +296,14 @@ def parse_assignment(token: str, arg_index: int) -> Assignment:
         bad = _find_unquoted(raw, ("}}",))
         if bad >= 0:
             raise ValueError(f"'}}}}' without '{{{{'@{start + bad}")
-        return Assignment(key, (parse_value(raw, start),), False, (arg_index, token))
+        value = parse_value(raw, start)
+        if isinstance(value, str) and raw.strip()[:1] not in ("'", '"') and "," in raw:
+            # Hydra's sweep syntax (lr=0.1,0.2) would otherwise be one string, failing only at run time.
+            raise ValueError(
+                f"a comma list is not a sweep here: write {key}={{{{{raw}}}}} for one job per value, "
+                f"or quote it ({key}='\"{raw}\"') for one string@{start + raw.index(',')}"
+            )
+        return Assignment(key, (value,), False, (arg_index, token))
     except ValueError as exc:
         message, _, at = str(exc).rpartition("@")
         raise _fail(arg_index, token, message, int(at)) from None
@@ -455,6 +462,27 @@ def _grid_json(phase: Phase) -> Iterator[str] | None:
         return ("{" + "".join(c) + "}" for c in itertools.product(*pieces))
     in_key_order = operator.itemgetter(*sorted(range(len(keys)), key=keys.__getitem__))
     return ("{" + ", ".join(in_key_order(c)) + "}" for c in itertools.product(*pieces))
+
+
+def repeated_values(sweep: Sweep) -> list[str]:
+    """A sentence for each grid value given twice (by its stored form): its jobs are made once."""
+    out = []
+    for phase in sweep.phases:
+        for a in phase.assignments:
+            if not a.grid:
+                continue
+            seen: dict[str, int] = {}
+            for v in a.values:
+                try:
+                    form = encode_value(v)
+                except (TypeError, ValueError, RecursionError):
+                    continue
+                seen[form] = seen.get(form, 0) + 1
+            twice = [form for form, n in seen.items() if n > 1]
+            if twice:
+                grid = ",".join(format_value(v) for v in a.values)
+                out.append(f"{a.key}={{{{{grid}}}}} gives {', '.join(twice)} more than once: its jobs are made once")
+    return out
 
 
 def _distinct_values(phase: Phase) -> bool:

@@ -26,6 +26,7 @@ The moves::
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -290,7 +291,10 @@ def log_metrics(conn: Connection, job_id: int, lease: int, rows: list[dict[str, 
     if conn.execute(sa.select(t_job.c.id).where(owned()), {"id": job_id, "lease": lease}).first() is None:
         return False
     if rows:
-        conn.execute(sa.insert(t_metric), rows)
+        # NULL is NaN on both engines (SQLite would turn a NaN into NULL anyway); infinities are stored as such.
+        conn.execute(
+            sa.insert(t_metric), [{**r, "value": None if math.isnan(r["value"]) else r["value"]} for r in rows]
+        )
     return True
 
 

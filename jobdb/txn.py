@@ -256,6 +256,8 @@ class Transactions:
             yield recorder
         finally:
             self.recorder = None
+            if rehearse:  # an experiment made in a rehearsal was rolled back with it
+                self._experiment_id = None
 
 
 def experiment_id(conn: Connection, target: DbTarget, *, create: bool = False) -> int:

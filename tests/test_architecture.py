@@ -280,6 +280,22 @@ def test_the_list_of_known_violations_only_shrinks():
     )
 
 
+def test_no_sql_spells_a_status_as_a_literal():
+    """SQL names a status through ``Status`` (jobdb/status.py), so renaming one cannot leave a query
+    that silently matches nothing."""
+    import re
+
+    from jobman.jobdb.status import Status
+
+    quoted = re.compile("'(" + "|".join(s.value for s in Status) + ")'")
+    found = []
+    for path in sorted((installed_root() / "jobdb").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and quoted.search(node.value):
+                found.append(f"{path.relative_to(installed_root())}:{node.lineno}: {node.value.strip()}")
+    assert not found, "SQL with a status spelled as a literal:\n" + "\n".join(found)
+
+
 def test_every_room_is_read():
     """The checker sees the whole package: each room's modules and imports from one room to another."""
     root = installed_root()

@@ -104,7 +104,7 @@ POISON_WHY = {
     "save_without_results": "a save with no results",
     "save_a_list": "a save with a list as results",
     "log_without_step": "a log whose step is not a 64-bit integer",
-    "log_a_text_metric": "a log whose metric 'loss' is not a finite number",
+    "log_a_text_metric": "a log whose metric 'loss' is not a number",
     "unknown_request": "the unknown request 'drop_tables'",
     "unknown_status": "a report with the unknown status 'BOGUS'",
     "list_results": "a report with a list as results",

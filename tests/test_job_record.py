@@ -148,6 +148,48 @@ def test_a_job_returning_nan_and_infinities_is_done_with_every_value_kept(db_url
     exp.close()
 
 
+CURVE = """
+    import math
+
+    def curve(state, channel):
+        for step, loss in enumerate([1.5, 0.9, math.nan, math.inf, -math.inf]):
+            channel.log(step, loss=loss, acc=0.1 * step)
+        state.final = state.lr
+"""
+
+
+def test_channel_log_keeps_nan_and_infinities_and_the_plots_cope(db_url, tmp_path, jobman):
+    import math
+
+    (tmp_path / "curvemod.py").write_text(textwrap.dedent(CURVE))
+    for lr in ("0.1", "0.2"):
+        out = jobman("sqlschedule", db_url, "curvemod:curve", f"lr={lr}", cwd=tmp_path)
+        assert out.code == 0, out.err
+    out = jobman("worker", db_url, "--exproot", str(tmp_path / "runs"), cwd=tmp_path)
+    store = Store.open(db_url)
+    try:
+        jobs = store.jobs()
+        assert [j.status for j in jobs] == ["DONE", "DONE"], [j.error for j in jobs]
+        points = [(step, value) for _, step, name, value in store.metrics([jobs[0].id]) if name == "loss"]
+        assert [s for s, _ in points] == [0, 1, 2, 3, 4]  # no point dropped
+        assert points[0][1] == 1.5 and math.isnan(points[2][1]) and points[3][1] == math.inf
+        assert points[4][1] == -math.inf
+        assert len(store.metrics([j.id for j in jobs])) == 2 * 10
+        # The dashboard draws the finite points and names the others.
+        from test_web import client
+
+        page = client(db_url).get(f"/e/{store.experiment}/job/{jobs[0].id}").text
+        assert f"not drawn: job {jobs[0].id} loss: nan at step 2, inf at step 3, -inf at step 4" in page, page
+    finally:
+        store.dispose()
+    # The learning curves are drawn with the diverged points in the data.
+    out = jobman(
+        "report", db_url, "--metric", "final", "--plot", str(tmp_path / "plots"), "--curves", "2", cwd=tmp_path
+    )
+    assert out.code == 0 and "Traceback" not in out.err, out.err
+    assert (tmp_path / "plots" / "final_learning_curves.png").exists(), sorted((tmp_path / "plots").iterdir())
+
+
 def jobman_api_experiment(db_url: str, tmp_path: Path) -> jobman.Experiment:
     return jobman.Experiment(db_url, backend=None, exproot=tmp_path / "runs")
 

@@ -39,6 +39,18 @@ TRAINER = textwrap.dedent('''
         state.start = start
         state.trained = state.epochs - start
         state.err = abs(math.log10(state.lr) + 2) + 1.0 / state.epochs
+
+
+    def checkpointed(state, channel):
+        """Written the README's way: no file of its own, it resumes from the state it saved."""
+        start = state.get("epoch", 0)
+        for epoch in range(start, state.epochs):
+            state.epoch = epoch + 1
+            channel.log(epoch + 1, err=abs(math.log10(state.lr) + 2) + 1.0 / (epoch + 1))
+            channel.save()
+        state.start = start
+        state.trained = state.epochs - start
+        state.err = abs(math.log10(state.lr) + 2) + 1.0 / state.epochs
 ''')
 FAST = ("--heartbeat", "0.2", "--grace", "2")
 
@@ -118,11 +130,11 @@ def exp(tmp_path: Path):
     return experiment_module(tmp_path, MODULE, TRAINER)
 
 
-def search(jobman, url, exp, *extra):
+def search(jobman, url, exp, *extra, target="counter"):
     result = jobman(
         "sqlschedule",
         url,
-        f"{MODULE}:counter",
+        f"{MODULE}:{target}",
         "lr={{1e-4,1e-3,1e-2,1e-1,1,3e-5,3e-3,3e-1,3}}",
         "--halving",
         "epochs=1:9",
@@ -179,6 +191,21 @@ def test_a_synchronous_search_promotes_the_best_and_continues_their_training(job
     again = search(jobman, db_url, exp)
     assert "nothing added" in again.out
     assert [len(v) for v in by_phase(store).values()] == [9, 3, 1]
+
+
+def test_a_promoted_job_continues_the_state_its_parent_saved(jobman, db_url, store, exp):
+    """A function that checkpoints only with channel.save() does not start over at every rung: a promoted
+    job starts from its parent's saved state, its own resource (epochs) taking precedence."""
+    search(jobman, db_url, exp, target="checkpointed")
+    work(jobman, db_url, exp)
+    phases = check_search(store)
+    assert all(j.results["epoch"] == j.params["epochs"] for js in phases.values() for j in js)
+    # Each rung logged only its own epochs: a promoted job's curve goes on from its parent's.
+    steps = [step for _, step, name, _ in store.metrics([phases[2][0].id]) if name == "err"]
+    assert steps == list(range(4, 10)), steps
+    shown = jobman("show", db_url, str(phases[2][0].id), env={"COLUMNS": "400"})
+    [parent] = store.parents(phases[2][0].id)
+    assert f"continues job {parent.id} from its workdir" in shown.out and "and the state it saved" in shown.out
 
 
 @pytest.mark.slow

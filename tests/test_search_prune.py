@@ -36,6 +36,15 @@ def test_the_median_rule():
     assert median_says_stop(0.5, [1.0, 2.0, 3.0], "max") == 2.0
 
 
+def test_the_median_rule_counts_a_diverged_value_as_the_worst():
+    nan = float("nan")
+    assert median_says_stop(nan, [1.0, 2.0, 3.0], "min") == 2.0  # a NaN is stopped, never kept running
+    assert median_says_stop(nan, [1.0, 2.0, 3.0], "max") == 2.0
+    assert median_says_stop(1.5, [nan, nan, 1.0], "min") is None  # the others' NaN are worst, not best
+    assert median_says_stop(1.5, [nan, nan, 1.0], "max") is None
+    assert median_says_stop(float("inf"), [1.0, 2.0, 3.0], "min") == 2.0
+
+
 @pytest.fixture
 def exp(tmp_path: Path):
     return experiment_module(tmp_path, MODULE, TRAINER)

@@ -552,6 +552,30 @@ def test_resources_become_sbatch_options() -> None:
         parse_phase_options(["--mem=4G"])
 
 
+def test_the_command_each_slurm_job_runs_is_one_run_job_accepts(store: Store, db_url: str, tmp_path: Path, jobman):
+    """Every limit of a dispatch, --outage-wait included, is passed on as an option ``run-job`` takes."""
+    from jobman.dispatch.backends.base import WorkerSpec
+    from jobman.dispatch.machine import JobProcesses
+    from jobman.dispatch.slurm_dispatch import JobPerTaskDispatcher, JobPerTaskOptions
+    from jobman.dispatch.worker_settings import WorkerSettings
+
+    (tmp_path / "onejob.py").write_text("def f(state, channel):\n    state.y = state.x + 1\n")
+    out = jobman("sqlschedule", db_url, "onejob:f", "x=1", cwd=tmp_path)
+    assert out.code == 0, out.err
+    settings = WorkerSettings(
+        str(tmp_path / "runs"), timeout=60, outage_wait=30, processes=JobProcesses(threads_per_job=1), verbose=True
+    )
+    dispatcher = JobPerTaskDispatcher(store, None, WorkerSpec(db_url, settings), JobPerTaskOptions())  # type: ignore[arg-type]
+    [job] = store.jobs()
+    argv = dispatcher.argv(job)
+    assert "--outage-wait" in argv
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    ran = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr  # outside Slurm, run-job runs a QUEUED job at once
+    done = store.job(job.id)
+    assert done.status is Status.DONE and done.results == {"y": 2}
+
+
 def test_assign_claim_job_and_release(store: Store) -> None:
     store.schedule(expand(parse_sweep(["m:f", "x={{1,2}}"])), max_attempts=2)
     a, b = (j.id for j in store.jobs())

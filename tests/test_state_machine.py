@@ -151,10 +151,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert {j: rows[j][0] for j in done} == {j: s.value for j, s in done.items()}, "the answer is not the truth"
 
     @precondition(lambda self: self._ids())
-    @rule(data=st.data(), include_failed=st.booleans(), ignore_limit=st.booleans())
-    def relaunch(self, data, include_failed: bool, ignore_limit: bool) -> None:
+    @rule(data=st.data(), fresh=st.booleans())
+    def retry(self, data, fresh: bool) -> None:
         ids = data.draw(st.lists(st.sampled_from(self._ids()), min_size=1, max_size=3, unique=True))
-        self.store.relaunch(ids, "relaunched", include_failed=include_failed, ignore_limit=ignore_limit)
+        self.store.retry(ids, "retried", fresh=fresh)
 
     @rule(include_failed=st.booleans(), limit=st.sampled_from([None, 3]))
     def relaunch_due(self, include_failed: bool, limit: int | None) -> None:

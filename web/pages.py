@@ -5,6 +5,7 @@ No SQL here: a page is a dict for its template, built from the same reads the CL
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -331,9 +332,17 @@ def _charts(rep: report.Report) -> dict[str, Any]:
 def curves(store: Store, job_ids: list[int]) -> dict[str, Any]:
     """The learning curves (``job_metric``) of some jobs, one chart per metric name."""
     by_name: dict[str, dict[int, list[tuple[float, float]]]] = {}
+    diverged: dict[tuple[int, str], list[str]] = {}  # NaN and infinities: named, since a chart cannot draw them
     for job_id, step, name, value in store.metrics(job_ids):
         by_name.setdefault(name, {}).setdefault(job_id, []).append((step, value))
+        if not math.isfinite(value):
+            diverged.setdefault((job_id, name), []).append(f"{value} at step {step}")
     return {
+        "curve_notes": [
+            f"job {job_id} {name}: {', '.join(points[:3])}"
+            + (f" and {len(points) - 3} more" if len(points) > 3 else "")
+            for (job_id, name), points in sorted(diverged.items())
+        ],
         "curve_ids": job_ids,
         "curve_charts": [
             (name, charts.lines([(f"job {j}", pts) for j, pts in sorted(per_job.items())], "step", name))

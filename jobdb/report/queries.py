@@ -35,6 +35,7 @@ from sqlalchemy.engine import Connection
 
 from ..canonical import found_by_json_path
 from ..selection import frozen, sort_key
+from ..status import Status
 from ..txn import experiment_id
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 
 TEMP = "jobman_report"
 _NUMERIC = {"sqlite": ("integer", "real"), "postgresql": ("number",)}  # JSON types of a number
+
+# The status a job's results count from, spelled in SQL from the one constant that names it.
+DONE_SQL = f"'{Status.DONE.value}'"
 
 
 @contextlib.contextmanager
@@ -284,7 +288,7 @@ def result_keys(conn: Connection, where: str, binds: dict[str, Any]) -> list[tup
     each, kind = ("jsonb_each", "jsonb_typeof(e.value)") if postgres else ("json_each", "e.type")
     sql = (
         f"SELECT job.phase, job.target, e.key, {kind} FROM job, {each}(job.results) AS e "
-        f"WHERE {where} AND job.status = 'DONE' GROUP BY 1, 2, 3, 4"
+        f"WHERE {where} AND job.status = {DONE_SQL} GROUP BY 1, 2, 3, 4"
     )
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
 
@@ -296,7 +300,7 @@ def sampled_results(conn: Connection, where: str, binds: dict[str, Any]) -> dict
     grouping. None when no DONE job has results that are an object."""
     cast = "::text" if conn.dialect.name == "postgresql" else ""
     found: dict[str, bool] = {}
-    for text in _first_and_last(conn, f"job.results{cast}", f"{where} AND job.status = 'DONE'", binds):
+    for text in _first_and_last(conn, f"job.results{cast}", f"{where} AND job.status = {DONE_SQL}", binds):
         results = json.loads(text) if text else None
         if not isinstance(results, dict):
             return None
@@ -328,7 +332,7 @@ def unseen_results(sql: Sql, sample: dict[str, bool]) -> str:
 def scope_counts(conn: Connection, where: str, binds: dict[str, Any]) -> list[tuple[int, str, int, int]]:
     """(phase, target, jobs, DONE jobs) of the selection."""
     sql = (
-        "SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = 'DONE' THEN 1 ELSE 0 END) "
+        f"SELECT job.phase, job.target, count(*), sum(CASE WHEN job.status = {DONE_SQL} THEN 1 ELSE 0 END) "
         f"FROM job WHERE {where} GROUP BY job.phase, job.target"
     )
     return [tuple(r) for r in conn.execute(sa.text(sql), binds)]
@@ -357,9 +361,9 @@ def group(
     values = []
     for i, name in enumerate(columns):
         number = sql.number("job.results", name, guard=sql.pg or name in guarded)
-        values.append(f"CASE WHEN job.status = 'DONE' THEN {number} END AS v{i}")
+        values.append(f"CASE WHEN job.status = {DONE_SQL} THEN {number} END AS v{i}")
     if unseen is not None:
-        values.append(f"CASE WHEN job.status = 'DONE' AND ({unseen}) THEN 1 ELSE 0 END AS u")
+        values.append(f"CASE WHEN job.status = {DONE_SQL} AND ({unseen}) THEN 1 ELSE 0 END AS u")
     stats = [
         f"count(v{i}) AS n{i}, sum(v{i}) AS s{i}, sum(v{i} * v{i}) AS q{i}, min(v{i}) AS lo{i}, max(v{i}) AS hi{i}"
         for i in range(len(columns))
@@ -371,9 +375,9 @@ def group(
         else "group_concat(CASE WHEN v0 IS NOT NULL THEN id END)"
     )
     others = (
-        "string_agg(CASE WHEN status <> 'DONE' THEN status END, ',')"
+        f"string_agg(CASE WHEN status <> {DONE_SQL} THEN status END, ',')"
         if sql.pg
-        else "group_concat(CASE WHEN status <> 'DONE' THEN status END)"
+        else f"group_concat(CASE WHEN status <> {DONE_SQL} THEN status END)"
     )
 
     def body(where: str) -> str:
