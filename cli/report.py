@@ -168,7 +168,7 @@ def report(
       jobman report 'sqlite:///sweeps.db?table=mlp' --plot report/
     """
     if plot_dir is not None:
-        from . import plots
+        from jobman.jobdb.report import plots
 
         plots.require_matplotlib()
     store = database.open()
@@ -186,7 +186,7 @@ def report(
         keep_all=plot_dir is not None,
     )
     if plot_dir is not None:
-        from . import plots
+        from jobman.jobdb.report import plots
 
         written = plots.write_plots(
             result,

@@ -9,12 +9,10 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pytest
 from search_helpers import by_phase, experiment_module
 
-from jobman.cli import plots
-from jobman.jobdb.report import from_store
+from jobman.jobdb.report import from_store, plots, scales
 from jobman.jobdb.store import Store
 
 MODULE = "jm_plot_exp"
@@ -82,7 +80,7 @@ def test_a_random_search_plots_each_drawn_parameter_on_its_distributions_scale(j
     scale = {key: figs[f"err_vs_{key}.png"].axes[0].get_xscale() for key in ("lr", "wd", "mom", "nhid")}
     # wd spans less than a factor of 3: its values alone do not look log-spaced, its loguniform() does.
     assert scale == {"lr": "log", "wd": "log", "mom": "linear", "nhid": "linear"}
-    assert plots._looks_log_spaced(np.array([j.params["wd"] for j in store.jobs()])) is False
+    assert scales.looks_log_spaced([j.params["wd"] for j in store.jobs()]) is False
     for key in ("lr", "wd", "mom", "nhid"):
         assert points_drawn(figs[f"err_vs_{key}.png"].axes[0]) == 12
     assert "loguniform(0.0001,1)" in figs["err_vs_lr.png"].axes[0].get_xlabel()

@@ -1,8 +1,11 @@
-"""PNG plots of a report: the metric against each hyperparameter, the rungs of a successive-halving
+"""The plots of a report, as matplotlib figures (``report --plot`` writes them to PNG, ``Experiment.plot``
+returns them to a notebook): the metric against each hyperparameter, the rungs of a successive-halving
 search, and learning curves of the best configurations.
 
-matplotlib is an optional extra (``pip install 'jobman-sql[plot]'``); the Agg backend
-draws without a display, on a cluster node as well as on a laptop.
+matplotlib is an optional extra (``pip install 'jobman-sql[plot]'``). The figures are made without
+pyplot, so they draw without a display, on a cluster node as well as on a laptop, and a notebook shows
+the ones it is given, not every one made along the way. How each axis is scaled is
+:mod:`.scales`' decision, shared with the dashboard.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from jobman.jobdb.distributions import Distribution
-from jobman.jobdb.errors import UsageError
-from jobman.jobdb.halving import Rungs
-from jobman.jobdb.report import ConfigRow, Report, format_param
+from ..distributions import Distribution
+from ..errors import UsageError
+from ..halving import Rungs
+from ..selection import format_param
+from .model import ConfigRow, Report
+from .scales import log_axis, span
 
 MAX_CURVE_PANELS = 4  # learning-curve metrics drawn side by side, the report's metric first
 MAX_LEGEND = 10  # learning curves named in the legend; more are drawn unnamed
@@ -29,10 +34,9 @@ MetricFetcher = Callable[[Sequence[int]], list[tuple[int, int, str, float]]]
 def require_matplotlib() -> None:
     """Fail in one sentence when the plotting extra is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("plotting needs matplotlib, which is not installed: pip install 'jobman-sql[plot]'") from None
-    matplotlib.use("Agg")
 
 
 def figures(
@@ -85,13 +89,10 @@ def write_plots(
     searches: Sequence[Rungs] = (),
 ) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
-    import matplotlib.pyplot as plt
-
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches):
         fig.savefig(outdir / name)
-        plt.close(fig)
         written.append(outdir / name)
     return written
 
@@ -109,8 +110,6 @@ def metric_vs_figure(  # noqa: C901
     one, a log axis when the values look log-spaced). ``by``: a parameter whose values get a colour
     each (the resource of a successive-halving search: one colour per rung).
     """
-    import matplotlib.pyplot as plt
-
     rows = [r for r in rows if key in r.params]
     if not rows:
         return None
@@ -119,14 +118,11 @@ def metric_vs_figure(  # noqa: C901
     stds = np.array([r.std if r.std is not None else 0.0 for r in rows], dtype=float)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     continuous = drawn is not None and drawn.name not in ("choice", "randint")
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    fig, ax = _figure()
     rng = np.random.default_rng(0)
     if numeric:
         x = np.array(values, dtype=float)
-        if drawn is not None and drawn.name != "choice":
-            log = drawn.log_scale and bool(np.all(x > 0))
-        else:
-            log = _looks_log_spaced(x)
+        log = log_axis(x.tolist(), drawn)
         tx = np.log10(x) if log else x  # where the values sit, in axis units
         distinct = np.unique(tx)
         if distinct.size > 1:
@@ -175,7 +171,7 @@ def metric_vs_figure(  # noqa: C901
         sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) if by else []
     )
     if by and len(levels) > 1:  # one colour per rung: the configurations that went on stand out
-        colors = plt.get_cmap("viridis", len(levels))
+        colors = _colormap("viridis", len(levels))
         for i, level in enumerate(levels):
             here = eligible & np.array([r.params.get(by) == level for r in rows])
             if here.any():
@@ -252,6 +248,9 @@ def metric_vs_figure(  # noqa: C901
     )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(report.metric)
+    if numeric and distinct.size == 1:  # one value: centred in a range that says which, not ± 0.05
+        ax.set_xlim(*span(float(x[0]), float(x[0]), log=log))
+    _fit_single(ax, means[np.isfinite(means)], stds)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
@@ -261,8 +260,6 @@ def metric_vs_figure(  # noqa: C901
 def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None) -> Any:
     """A successive-halving search rung by rung: each configuration's mean metric against the resource,
     one line per configuration, coloured by the highest rung it reached; None if nothing finished."""
-    import matplotlib.pyplot as plt
-
     rules = search.rules
     points = {
         c: [(rules.rungs[k], m) for k, m in sorted(by_rung.items()) if m is not None and k < len(rules.rungs)]
@@ -273,8 +270,8 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
         return None
     reached = {c: max(search.means[c]) for c in points}
     last = len(rules.rungs) - 1
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
-    colors = plt.get_cmap("viridis", max(2, last + 1))
+    fig, ax = _figure()
+    colors = _colormap("viridis", max(2, last + 1))
     sign = -1.0 if rules.mode == "max" else 1.0
     labelled: set[int] = set()
     for config in sorted(points, key=lambda c: (reached[c], -sign * points[c][-1][1])):
@@ -353,8 +350,6 @@ def _spelled(drawn: Distribution) -> str:
 
 def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[tuple[int, int, str, float]]) -> Any:
     """Per logged metric, the mean over a configuration's runs at each step (band: ± std); None if none."""
-    import matplotlib.pyplot as plt
-
     names = sorted({name for _, _, name, _ in points})
     if not names:
         return None
@@ -365,13 +360,13 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
     for job_id, step, name, value in points:
         if name in names and job_id in config_of:
             series.setdefault((config_of[job_id], name), {}).setdefault(int(step), []).append(float(value))
-    fig, axes = plt.subplots(
-        1, len(names), figsize=(6 * len(names) if len(names) > 1 else 8, 5), dpi=100, squeeze=False
-    )
+    fig, axes = _figure(6 * len(names) if len(names) > 1 else 8, panels=len(names))
     from matplotlib.ticker import MaxNLocator
 
-    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis", max(len(rows), 10))
+    colors = _colormap("tab10" if len(rows) <= 10 else "viridis", max(len(rows), 10))
     for ax, name in zip(axes[0], names):
+        drawn_steps: list[float] = []
+        drawn_values: list[float] = []
         for i, row in enumerate(rows):
             by_step = series.get((i, name))
             if not by_step:
@@ -384,8 +379,21 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
                 + (f" ({report.outer}={format_param(row.outer)})" if report.outer else "")
             )
             color = colors(i)
-            ax.plot(steps, mean, "-", color=color, lw=2 if row.best else 1.2, label=label if i < MAX_LEGEND else None)
+            ax.plot(
+                steps,
+                mean,
+                "-o" if steps.size <= 3 else "-",  # too short to read as a line
+                ms=4,
+                color=color,
+                lw=2 if row.best else 1.2,
+                label=label if i < MAX_LEGEND else None,
+            )
             ax.fill_between(steps, mean - spread, mean + spread, color=color, alpha=0.15, lw=0)
+            drawn_steps.extend(steps.tolist())
+            drawn_values.extend(mean[np.isfinite(mean)].tolist())
+        if len(set(drawn_steps)) == 1:
+            ax.set_xlim(*span(drawn_steps[0], drawn_steps[0]))
+        _fit_single(ax, np.array(drawn_values), np.zeros(len(drawn_values)))
         ax.set_title(name, fontsize=11)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
@@ -400,17 +408,25 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
     return fig
 
 
-def _looks_log_spaced(x: np.ndarray) -> bool:
-    """Positive values spanning a factor of 4 or more, more evenly spaced in log than in linear terms."""
-    distinct = np.unique(x)
-    if distinct.size < 2 or distinct[0] <= 0:
-        return False
-    if distinct.size == 2:
-        return bool(distinct[1] / distinct[0] >= 100)
-    if distinct[-1] / distinct[0] < 4:
-        return False
-    lin, log = np.diff(distinct), np.diff(np.log(distinct))
-    return bool(np.std(log) / np.mean(log) < np.std(lin) / np.mean(lin))
+def _figure(width: float = 8, panels: int | None = None) -> tuple[Any, Any]:
+    """A figure and its axes (a row of ``panels`` of them), made without pyplot: nothing to close, and
+    shown by a notebook only when returned."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, 5), dpi=100)
+    return fig, fig.subplots() if panels is None else fig.subplots(1, panels, squeeze=False)
+
+
+def _colormap(name: str, n: int) -> Any:
+    import matplotlib
+
+    return matplotlib.colormaps[name].resampled(n)
+
+
+def _fit_single(ax: Any, values: np.ndarray, spreads: np.ndarray) -> None:
+    """One value on the y axis (one point, or all equal): the range :func:`.scales.span` gives it."""
+    if values.size and not np.any(spreads[np.isfinite(spreads)] > 0) and np.unique(values).size == 1:
+        ax.set_ylim(*span(float(values[0]), float(values[0])))
 
 
 def _plain(value: float) -> float | int:
