@@ -18,6 +18,7 @@ from jobman.jobdb.selection import is_number
 
 PALETTE = ("#1f5fa8", "#d4552b", "#2b9a4a", "#8a3fb0", "#c49a00", "#178f99", "#b0306a", "#5a5a5a")
 W, H = 360, 230
+INSET = 6  # pixels between a numeric axis's end and its first or last value
 MAX_TICKS = 5  # numeric axes with at most this many distinct values get a tick at each
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 38
 
@@ -39,6 +40,8 @@ class Axis:
         if len(numbers) < len(values) or not values:
             self.categories = sorted({_key(v) for v in values}, key=str)
             return
+        inset = INSET if hi_px > lo_px else -INSET  # points clear of the frame, as matplotlib's margins keep them
+        self.lo_px, self.hi_px = lo_px + inset, hi_px - inset
         self.log = (log_axis(numbers) if log is None else log) and min(numbers) > 0
         self.distinct = sorted(set(numbers))
         lo, hi = span(min(numbers), max(numbers), log=self.log)
