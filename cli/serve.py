@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import click
 
+from jobman.jobdb import serving
 from jobman.jobdb.errors import UsageError
 
 from .common import Database, with_database
@@ -100,7 +101,11 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
     click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))
     sys.stdout.flush()
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    uvicorn.Server(config).run(sockets=[sock])
+    listed = serving.register(target, f"http://{shown}:{port}", token)  # a notebook links here
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        serving.unregister(listed)
     return 0
 
 

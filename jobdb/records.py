@@ -48,6 +48,12 @@ class Job:
     depends_on: list[int] = field(default_factory=list)
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
 
+    def _repr_html_(self) -> str:
+        """The job in a notebook: status, parameters, results or error, times."""
+        from .notebook import job_html
+
+        return job_html(self)
+
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> Job:
         return cls.from_mapping(row._mapping, deps)
