@@ -65,6 +65,7 @@ def experiment_html(exp: Experiment) -> str:
     try:
         counts = status_totals(store)
         best = best_so_far(store) if counts.get("DONE") else None
+        link = dashboard_link(store.target)
     except Exception as exc:  # noqa: BLE001 - a view must show something, whatever the database says
         return f"<pre>{escape(repr(exp))}: cannot be read now ({escape(type(exc).__name__)}: {escape(str(exc))})</pre>"
     return views.experiment_html(
@@ -72,7 +73,7 @@ def experiment_html(exp: Experiment) -> str:
         store.target.display,
         counts,
         best,
-        dashboard_link(store.target),
+        link,
         backend=exp.backend,
         serve_hint=f"jobman serve {shlex.quote(store.target.with_table())}",
     )
@@ -85,9 +86,10 @@ def future_html(future: JobFuture) -> str:
         return f"<pre>{escape(repr(future))}</pre>"
     try:
         job = exp.store.job(future.job_id)
+        link = dashboard_link(exp.store.target, job.id)
     except Exception as exc:  # noqa: BLE001 - a deleted job, a database gone: said, not raised
         return f"<pre>{escape(repr(future))}: {escape(str(exc))}</pre>"
-    return views.job_html(job, dashboard_link(exp.store.target, job.id), title="Future of job")
+    return views.job_html(job, link, title="Future of job")
 
 
 # -- waiting -------------------------------------------------------------------------------------

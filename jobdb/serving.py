@@ -39,8 +39,16 @@ def database_key(target: DbTarget) -> str:
     return target.sqlalchemy_url + (f"#{target.schema}" if target.schema else "")
 
 
-def register(target: DbTarget, base: str, token: str | None) -> Path:
-    """List this process as serving ``target``'s database at ``base`` (``http://host:port``)."""
+def register(target: DbTarget, base: str, token: str | None) -> Path | None:
+    """List this process as serving ``target``'s database at ``base`` (``http://host:port``); None when
+    the runtime folder cannot be written (the server serves all the same, unlisted)."""
+    try:
+        return _write(target, base, token)
+    except OSError:
+        return None
+
+
+def _write(target: DbTarget, base: str, token: str | None) -> Path:
     folder = runtime_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     me = psutil.Process()
@@ -54,9 +62,10 @@ def register(target: DbTarget, base: str, token: str | None) -> Path:
     return path
 
 
-def unregister(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+def unregister(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def dashboard_link(target: DbTarget, job_id: int | None = None) -> str | None:
@@ -77,10 +86,12 @@ def dashboard_link(target: DbTarget, job_id: int | None = None) -> str | None:
 def _live() -> list[dict]:
     """The records of dashboards still serving, newest first; a dead server's record is removed."""
     folder = runtime_dir()
-    if not folder.is_dir():
+    try:
+        paths = list(folder.glob(f"{PREFIX}*.json"))
+    except OSError:
         return []
     found = []
-    for path in folder.glob(f"{PREFIX}*.json"):
+    for path in paths:
         try:
             record = json.loads(path.read_text())
             pid, started = int(record["pid"]), float(record["started"])

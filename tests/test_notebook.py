@@ -253,3 +253,12 @@ def test_the_docs_notebook_runs_and_shows_every_view(tmp_path, runtime):
     kept = "\n".join(h for c in stored.cells if c.cell_type == "code" for h in html_of(c))
     for part in ("jobman-wait", "jobman-experiment", "jobman-job", "jobman-plot"):
         assert part in kept, f"docs/notebook.ipynb is saved without its {part} output"
+
+
+def test_a_future_whose_job_was_deleted_says_so_in_its_view(ran):
+    exp, futures = ran
+    gone = futures[3]  # the failed one: a job nothing depends on
+    assert exp.store.delete([gone.job_id]) == 1
+    html = gone._repr_html_()
+    assert html.startswith("<pre>") and "Traceback" not in html
+    assert re.search(rf"job {gone.job_id}\b.*(no|not|does not exist)", html), html
