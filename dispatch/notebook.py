@@ -263,6 +263,11 @@ def plot(
         store, metric, mode or guess_mode(metric), group_over, phase=phase, outer=None, allow_incomplete=True
     )
     made = plots.figures(
-        report, store.metrics, curves=curves, space=store.search_space(), searches=store.search_rungs()
+        report,
+        store.metrics,
+        curves=curves,
+        space=store.search_space(),
+        searches=store.search_rungs(),
+        finished=lambda: plots.finish_order(store, report.metric, phase),
     )
     return Figures(made)

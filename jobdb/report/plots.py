@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,14 +21,20 @@ from ..distributions import Distribution
 from ..errors import UsageError
 from ..halving import Rungs
 from ..selection import format_param
+from ..status import Status
 from .model import ConfigRow, Report
 from .scales import log_axis, span
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 MAX_CURVE_PANELS = 4  # learning-curve metrics drawn side by side, the report's metric first
 MAX_LEGEND = 10  # learning curves named in the legend; more are drawn unnamed
 MAX_CATEGORIES = 40  # beyond this many distinct values, a categorical axis labels every other one
 MAX_TICKS = 12  # numeric axes with at most this many distinct values get a tick at each
 MetricFetcher = Callable[[Sequence[int]], list[tuple[int, int, str, float]]]
+# Each DONE job's id, when it finished and its value of the metric: the order a search found its results in.
+FinishFetcher = Callable[[], list[tuple[int, float, Any]]]
 
 
 def require_matplotlib() -> None:
@@ -46,11 +52,14 @@ def figures(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    finished: FinishFetcher | None = None,
 ) -> list[tuple[str, Any]]:
     """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
 
     ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
-    one); ``searches``: the successive-halving searches, drawn rung by rung.
+    one); ``searches``: the successive-halving searches, drawn rung by rung; ``finished``: for a
+    search (something was drawn or halved), the jobs' results in the order they finished, drawn
+    with the best so far.
     """
     require_matplotlib()
     space = space or {}
@@ -69,6 +78,11 @@ def figures(
         if fig is not None:
             suffix = f"_search{search.search_id}" if len(searches) > 1 else ""
             out.append((_file_name(f"{search.rules.metric}_rungs{suffix}.png"), fig))
+    if finished is not None and (space or searches):
+        shown = {i for r in report.rows for i in r.all_job_ids}  # as the report selected them (--where, phase)
+        fig = best_so_far_figure(report, [(t, v) for i, t, v in finished() if i in shown])
+        if fig is not None:
+            out.append((_file_name(f"{report.metric}_best_so_far.png"), fig))
     if curves:
         top = sorted(rows, key=lambda r: (not r.eligible, r.rank, str(r.outer)))[:curves]
         ids = [i for r in top for i in r.job_ids]
@@ -87,11 +101,12 @@ def write_plots(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    finished: FinishFetcher | None = None,
 ) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches):
+    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches, finished=finished):
         fig.savefig(outdir / name)
         written.append(outdir / name)
     return written
@@ -336,6 +351,49 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
     return fig
+
+
+def finish_order(store: Store, metric: str, phase: int | None = None) -> list[tuple[int, float, Any]]:
+    """(id, finish time, value of ``metric``) of every DONE job of ``store``'s experiment (of one phase)."""
+    jobs = store.jobs(status=[Status.DONE], phase=phase, with_deps=False)
+    return [(j.id, j.finished_at or 0.0, (j.results or {}).get(metric)) for j in jobs]
+
+
+def best_so_far_figure(report: Report, points: Sequence[tuple[float, Any]]) -> Any:
+    """Each finished job's metric in the order the jobs finished, and the best of them so far: how a
+    search converged. A value that is not a finite number is never best and not drawn; None if no
+    job has one."""
+    ordered = [float(v) for _, v in sorted(points, key=lambda p: p[0]) if _finite(v)]
+    if not ordered:
+        return None
+    values = np.array(ordered)
+    best = np.minimum.accumulate(values) if report.mode == "min" else np.maximum.accumulate(values)
+    n = np.arange(1, values.size + 1)
+    fig, ax = _figure()
+    ax.plot(n, values, "o", ms=3, color="tab:gray", alpha=0.6, label=f"{report.metric} of a job")
+    ax.step(n, best, where="post", color="tab:red", lw=2, label="best so far")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if values.size == 1:
+        ax.set_xlim(*span(1.0, 1.0))
+    _fit_single(ax, values, np.zeros(values.size))
+    better = "lower" if report.mode == "min" else "higher"
+    ax.set_title(
+        f"{report.metric} in the order the jobs finished, and the best so far\n"
+        f"{values.size} jobs, each on its own (not averaged over folds or seeds); {better} is better",
+        fontsize=11,
+    )
+    ax.set_xlabel("jobs finished")
+    ax.set_ylabel(report.metric)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
 
 
 def _config_label(params: Mapping[str, Any], space: Mapping[str, Distribution] | None) -> str:
