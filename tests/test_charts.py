@@ -51,6 +51,13 @@ def test_a_one_point_learning_curve_on_the_dashboard_spans_its_value_not_minus_o
     assert "0.027" in labels and "0.033" in labels, labels
     assert not any(label.startswith("-0.97") or label == "1.03" for label in labels), labels
     assert 'class="mark"' in str(svg)  # one point is drawn as a mark, not a line of no length
+    assert labels[0] == "0"  # its one step, ticked alone: no step -1 or 1 that was never logged
+    assert ticks(charts.lines([("job 1", [(s, 1.0 / (s + 1)) for s in range(4)])], "step", "loss"))[:4] == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: s
         return Markup('<p class="empty">no learning curve logged yet</p>')
     xs = [p[0] for _, pts in series for p in pts]
     ys = [p[1] for _, pts in series for p in pts]
-    x = Axis(xs, LEFT, W - RIGHT, log=False)  # steps
+    x = Axis(xs, LEFT, W - RIGHT, log=False, each=True)  # steps: a tick at each of a few
     y = Axis(ys, H - BOTTOM, TOP, log=_orders_apart(ys))
     body = [_frame(x, y, xlabel, ylabel)]
     for i, (name, pts) in enumerate(series):
