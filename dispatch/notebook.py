@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from jobman.jobdb import notebook as views
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.serving import dashboard_link
+from jobman.jobdb.url import mask_password
 
 if TYPE_CHECKING:
     from jobman.jobdb.store import Store
@@ -75,7 +76,7 @@ def experiment_html(exp: Experiment) -> str:
         best,
         link,
         backend=exp.backend,
-        serve_hint=f"jobman serve {shlex.quote(store.target.with_table())}",
+        serve_hint=f"jobman serve {shlex.quote(mask_password(store.target.with_table()))}",  # outputs get shared
     )
 
 

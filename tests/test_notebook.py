@@ -262,3 +262,14 @@ def test_a_future_whose_job_was_deleted_says_so_in_its_view(ran):
     html = gone._repr_html_()
     assert html.startswith("<pre>") and "Traceback" not in html
     assert re.search(rf"job {gone.job_id}\b.*(no|not|does not exist)", html), html
+
+
+def test_a_password_in_the_url_never_reaches_the_view(pg_database, tmp_path, runtime):
+    """A notebook's outputs are saved and shared: the view names the database with its password masked."""
+    url = pg_database.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@") + "?table=pw"
+    assert "s3cret-pw" in url
+    with jobman.Experiment(url, backend="inline", exproot=tmp_path / "runs") as exp:
+        future = exp.call(fit, lr=0.01)
+        for html in (exp._repr_html_(), future._repr_html_()):
+            assert "s3cret-pw" not in html
+        assert "jobman serve" in exp._repr_html_()
