@@ -12,6 +12,7 @@ cannot see (one on another node) and is used as it is.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -78,9 +79,22 @@ def dashboard_link(target: DbTarget, job_id: int | None = None) -> str | None:
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
     for record in _live():
         if record.get("db") == database_key(target):
-            token = record.get("token")
+            token = record.get("token") if _loopback(str(record["base"])) else None
             return f"{record['base']}{path}" + (f"?token={quote(str(token))}" if token else "")
     return None
+
+
+def _loopback(base: str) -> bool:
+    """True for a server only this host can reach. Only its links carry the token: a notebook's
+    outputs are saved and shared, and a browser that opened the link ``jobman serve`` printed
+    already holds the token of a server on the network as a cookie."""
+    host = urlsplit(base).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _live() -> list[dict]:

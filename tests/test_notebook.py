@@ -273,3 +273,22 @@ def test_a_password_in_the_url_never_reaches_the_view(pg_database, tmp_path, run
         for html in (exp._repr_html_(), future._repr_html_()):
             assert "s3cret-pw" not in html
         assert "jobman serve" in exp._repr_html_()
+
+
+def test_a_link_to_a_dashboard_on_the_network_leaves_its_token_out(ran, runtime):
+    """Saved outputs are shared: only a server this host alone can reach gets its token in the link."""
+    from jobman.jobdb import serving
+
+    exp, _ = ran
+    listed = serving.register(exp.store.target, "http://10.1.2.3:8787", "a-token-of-the-network")
+    try:
+        html = exp._repr_html_()
+        assert f'href="http://10.1.2.3:8787/e/{exp.name}"' in html and "a-token-of-the-network" not in html
+    finally:
+        serving.unregister(listed)
+    listed = serving.register(exp.store.target, "http://127.0.0.1:8787", "a-token-of-this-host")
+    try:
+        assert f'href="http://127.0.0.1:8787/e/{exp.name}?token=a-token-of-this-host"' in exp._repr_html_()
+    finally:
+        serving.unregister(listed)
+    assert not list(runtime.glob("serve-*.json"))
