@@ -20,7 +20,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from jobman.jobdb import notebook as views
-from jobman.jobdb.errors import UsageError
+from jobman.jobdb.errors import NoSuchExperiment, UsageError
 from jobman.jobdb.serving import dashboard_link
 from jobman.jobdb.url import mask_password
 
@@ -42,9 +42,13 @@ def in_notebook() -> bool:
 
 
 def status_totals(store: Store) -> dict[str, int]:
-    """Jobs per status over every phase."""
+    """Jobs per status over every phase; none for an experiment not made yet (no call so far)."""
     totals: dict[str, int] = {}
-    for (_, status), n in store.counts().items():
+    try:
+        counts = store.counts()
+    except NoSuchExperiment:
+        return totals
+    for (_, status), n in counts.items():
         totals[status] = totals.get(status, 0) + n
     return totals
 

@@ -292,3 +292,15 @@ def test_a_link_to_a_dashboard_on_the_network_leaves_its_token_out(ran, runtime)
     finally:
         serving.unregister(listed)
     assert not list(runtime.glob("serve-*.json"))
+
+
+def test_an_experiment_whose_jobs_wait_for_workers_shows_them_queued_and_no_best(db_url, tmp_path, runtime):
+    with jobman.Experiment(db_url, backend=None, exproot=tmp_path / "runs") as exp:
+        assert "no job yet" in exp._repr_html_()
+        futures = exp.map(fit, jobman.grid(lr=[0.001, 0.01]))
+        html = exp._repr_html_()
+        assert dict(re.findall(r'class="jobman-seg" data-status="(\w+)" data-count="(\d+)"', html)) == {"QUEUED": "2"}
+        assert "0 of 2 finished" in html and "jobman-best" not in html
+        assert f'data-id="{futures[0].job_id}" data-status="QUEUED"' in futures[0]._repr_html_()
+        for f in futures:
+            f.cancel()
