@@ -168,7 +168,7 @@ def report(
       jobman report 'sqlite:///sweeps.db?table=mlp' --plot report/
     """
     if plot_dir is not None:
-        from . import plots
+        from jobman.jobdb.report import plots
 
         plots.require_matplotlib()
     store = database.open()
@@ -186,7 +186,7 @@ def report(
         keep_all=plot_dir is not None,
     )
     if plot_dir is not None:
-        from . import plots
+        from jobman.jobdb.report import plots
 
         written = plots.write_plots(
             result,
@@ -195,6 +195,7 @@ def report(
             curves=curves,
             space=store.search_space(),
             searches=store.search_rungs(),
+            finished=lambda: plots.finish_order(store, metric, phase),
         )
         names = ", ".join(p.name for p in written) if written else "none (nothing to plot)"
         err.print(f"[dim]plots in {escape(str(plot_dir))}: {escape(names)}[/]")

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import click
 
+from jobman.jobdb import serving
 from jobman.jobdb.errors import UsageError
 
 from .common import Database, with_database
@@ -109,11 +110,13 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=STOP_SECONDS
     )
     logging.getLogger("uvicorn.error").addFilter(_EndedRequests())
+    listed = serving.register(target, f"http://{shown}:{port}", token)  # a notebook links here
     code = 130  # what is left if Ctrl-C ends the server
     try:  # on SIGTERM the server ends the process as the signal would, once it has stopped
         uvicorn.Server(config).run(sockets=[sock])
         code = 0
     finally:
+        serving.unregister(listed)
         leave_stuck_requests(code)
     return 0
 

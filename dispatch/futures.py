@@ -67,6 +67,12 @@ class JobFuture(concurrent.futures.Future):
     def __repr__(self) -> str:
         return f"<JobFuture job {self.job_id} {self.target} {self._state}>"
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the job as it is now, and its page on a serving dashboard."""
+        from .notebook import future_html
+
+        return future_html(self)
+
     def cancel(self) -> bool:
         if self.done():
             return False
@@ -192,6 +198,12 @@ class Experiment:
 
     def __repr__(self) -> str:
         return f"Experiment({self.store.target.with_table()!r}, backend={self.backend!r})"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: jobs by status, a progress bar, the best so far, and the dashboard's link."""
+        from .notebook import experiment_html
+
+        return experiment_html(self)
 
     def __enter__(self) -> Experiment:
         return self
@@ -436,6 +448,27 @@ class Experiment:
         if report.best is None:
             raise NothingEligible(report.why_none().replace("--allow-incomplete", "allow_incomplete=True"))
         return report.best
+
+    def history(self, metric: str | None = None, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
+        """The logged learning curves: a row per job, step and metric (``id``, ``step``, ``metric``,
+        ``value``, then ``params_<name>``); see :func:`.notebook.history`."""
+        from .notebook import history
+
+        return history(self, metric, phase=phase, as_frame=as_frame)
+
+    def plot(
+        self,
+        metric: str | None = None,
+        mode: str | None = None,
+        *,
+        phase: int | None = None,
+        group_over: Sequence[str] | None = None,
+        curves: int = 5,
+    ) -> Any:
+        """What ``jobman report --plot`` draws, as matplotlib figures by name (a notebook shows them all)."""
+        from .notebook import plot
+
+        return plot(self, metric, mode, phase=phase, group_over=group_over, curves=curves)
 
     def schedule(
         self,
@@ -706,4 +739,17 @@ def map(fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], **kwa
 
 
 as_completed = concurrent.futures.as_completed
-wait = concurrent.futures.wait
+
+
+def wait(
+    fs: Iterable[concurrent.futures.Future],
+    timeout: float | None = None,
+    return_when: str = concurrent.futures.ALL_COMPLETED,
+    *,
+    progress: bool | None = None,
+) -> Any:
+    """:func:`concurrent.futures.wait` with a live progress bar in a notebook (text on stderr with
+    ``progress=True``); see :func:`.notebook.wait`."""
+    from .notebook import wait as waiting
+
+    return waiting(fs, timeout, return_when, progress=progress)

@@ -49,6 +49,12 @@ class Job:
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
     ranks: int = 1  # processes that run it together (a gang), rank 0's results being the job's
 
+    def _repr_html_(self) -> str:
+        """The job in a notebook: status, parameters, results or error, times."""
+        from .notebook import job_html
+
+        return job_html(self)
+
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> Job:
         return cls.from_mapping(row._mapping, deps)

@@ -372,7 +372,7 @@ def test_plots_are_valid_pngs_of_a_sensible_size(db_url, tmp_path, capsys):
 
 
 def test_plotting_without_matplotlib_is_one_sentence(monkeypatch):
-    from jobman.cli import plots
+    from jobman.jobdb.report import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(UsageError, match=r"pip install 'jobman-sql\[plot\]'"):

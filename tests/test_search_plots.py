@@ -9,12 +9,10 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pytest
 from search_helpers import by_phase, experiment_module
 
-from jobman.cli import plots
-from jobman.jobdb.report import from_store
+from jobman.jobdb.report import from_store, plots, scales
 from jobman.jobdb.store import Store
 
 MODULE = "jm_plot_exp"
@@ -60,7 +58,14 @@ def run_search(jobman, url, exp, *extra):
 
 def figures_of(store: Store, phase: int | None = None) -> dict:
     report = from_store(store, "err", phase=phase)
-    made = plots.figures(report, store.metrics, curves=3, space=store.search_space(), searches=store.search_rungs())
+    made = plots.figures(
+        report,
+        store.metrics,
+        curves=3,
+        space=store.search_space(),
+        searches=store.search_rungs(),
+        finished=lambda: plots.finish_order(store, "err", phase),
+    )
     return {name: fig for name, fig in made}
 
 
@@ -77,15 +82,22 @@ def test_a_random_search_plots_each_drawn_parameter_on_its_distributions_scale(j
         "err_vs_wd.png",
         "err_vs_mom.png",
         "err_vs_nhid.png",
+        "err_best_so_far.png",
         "err_learning_curves.png",
     }
     scale = {key: figs[f"err_vs_{key}.png"].axes[0].get_xscale() for key in ("lr", "wd", "mom", "nhid")}
     # wd spans less than a factor of 3: its values alone do not look log-spaced, its loguniform() does.
     assert scale == {"lr": "log", "wd": "log", "mom": "linear", "nhid": "linear"}
-    assert plots._looks_log_spaced(np.array([j.params["wd"] for j in store.jobs()])) is False
+    assert scales.looks_log_spaced([j.params["wd"] for j in store.jobs()]) is False
     for key in ("lr", "wd", "mom", "nhid"):
         assert points_drawn(figs[f"err_vs_{key}.png"].axes[0]) == 12
     assert "loguniform(0.0001,1)" in figs["err_vs_lr.png"].axes[0].get_xlabel()
+    # The search's best so far: every job in the order it finished, and the running minimum.
+    jobs = sorted(store.jobs(), key=lambda j: j.finished_at)
+    dots, best = figs["err_best_so_far.png"].axes[0].get_lines()
+    assert list(dots.get_ydata()) == pytest.approx([j.results["err"] for j in jobs])
+    running = [min(j.results["err"] for j in jobs[: i + 1]) for i in range(len(jobs))]
+    assert list(best.get_ydata()) == pytest.approx(running)
     for fig in figs.values():
         plt.close(fig)
     out = jobman("report", db_url, "--metric", "err", "--plot", str(tmp_path / "plots"))

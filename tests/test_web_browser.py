@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from browser import chromium, missing, served
 from conftest import need_service
-from web_data import fill
+from web_data import fill, fill_wide
 
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
@@ -145,3 +145,32 @@ def _alert(driver):
         return driver.switch_to.alert
     except NoAlertPresentException:
         return None
+
+
+def test_every_page_fits_a_1180_pixel_window_without_scrolling_sideways(tmp_path):
+    """Ten parameters, long values and long names: the pages wrap them, a table wider than its card
+    scrolls inside the card, and the window never scrolls sideways."""
+    why = missing()
+    if why:
+        need_service(why)
+    base = f"sqlite:///{tmp_path / 'wide.db'}"
+    store = Store.open(f"{base}?table=wide")
+    ids = fill_wide(store)
+    overflowing = """
+        var width = document.documentElement.clientWidth, out = [];
+        document.querySelectorAll('body *').forEach(function (e) {
+            var box = e.getBoundingClientRect();
+            if (box.right > width + 1 && !e.closest('.wide')) out.push(e.tagName + '.' + e.className);
+        });
+        return [document.documentElement.scrollWidth, width, out.slice(0, 5)];"""
+    with served(base) as link, chromium(width=1180, height=900) as driver:
+        driver.get(link)
+        root = link.split("/?")[0]
+        for path in ("/", "/e/wide", f"/e/wide/job/{ids[0]}"):
+            driver.get(root + path)
+            if path == "/e/wide":
+                settled(driver)
+                assert len(by_css(driver, "figure.scatter svg")) == 8  # all that vary but seed (repeats)
+            scroll_width, width, wider = driver.execute_script(overflowing)
+            assert width >= 1100 and scroll_width <= width and not wider, (path, scroll_width, width, wider)
+    store.dispose()

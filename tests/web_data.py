@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from jobman.jobdb.store import Store, WorkerInfo
@@ -60,3 +61,33 @@ def fill(store: Store, *, running: int = 1, failed: int = 1) -> dict[str, Any]:
             store.finish(job_id, claimed.lease, "DONE", results={"valid_error": err, "train_error": err / 2})
             roles["done"].append(job_id)
     return roles
+
+
+def fill_wide(store: Store, jobs: int = 40) -> list[int]:
+    """An experiment as wide as they come: ten parameters (a long path and a long choice among them),
+    five results, a long host name; every job DONE with a learning curve."""
+    rng = random.Random(0)
+    specs = []
+    for i in range(jobs):
+        params = {
+            "learning_rate": 10 ** rng.uniform(-4, -1),
+            "hidden_units": rng.choice([64, 128, 256, 512]),
+            "dropout_rate": rng.uniform(0, 0.5),
+            "weight_decay": 10 ** rng.uniform(-6, -2),
+            "batch_size": rng.choice([32, 64, 128]),
+            "optimizer": rng.choice(["adam", "sgd_with_nesterov_momentum"]),
+            "dataset_path": "/very/long/path/to/some/dataset/folder/fashion-mnist-train-images.npz",
+            "seed": i,
+            "momentum": rng.uniform(0.5, 0.99),
+            "warmup_steps": rng.choice([0, 100, 1000]),
+        }
+        specs.append(JobSpec(0, "fn", "pkg.train:fit", params, None))
+    ids = store.schedule(specs).job_ids
+    worker = WorkerInfo(host="node-with-a-long-hostname-01.cluster.example.org", pid=4242)
+    for job_id in ids:
+        claimed = store.claim_job(job_id, worker)
+        assert claimed is not None, job_id
+        store.log_metrics(job_id, claimed.lease, [(s, "train_loss", 1.0 / (s + 1)) for s in range(5)])
+        results = {"valid_error": rng.random(), "train_error": rng.random(), "test_accuracy_top5": rng.random()}
+        store.finish(job_id, claimed.lease, "DONE", results={**results, "n_parameters": 123456789})
+    return ids

@@ -13,30 +13,40 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from jobman.jobdb.report.scales import log_axis, span
 from jobman.jobdb.selection import is_number
 
 PALETTE = ("#1f5fa8", "#d4552b", "#2b9a4a", "#8a3fb0", "#c49a00", "#178f99", "#b0306a", "#5a5a5a")
 W, H = 360, 230
+INSET = 6  # pixels between a numeric axis's end and its first or last value
+MAX_TICKS = 5  # numeric axes with at most this many distinct values get a tick at each
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 12, 38
 
 
 class Axis:
-    """Positions along one axis: linear, logarithmic (positive values spanning 100x or more) or categorical."""
+    """Positions along one axis: linear, logarithmic or categorical. ``log`` None decides as
+    ``report --plot`` does (:func:`~jobman.jobdb.report.scales.log_axis`), from the values; a
+    parameter's chart passes what the distribution it was drawn from says."""
 
-    def __init__(self, values: Sequence[Any], lo_px: float, hi_px: float) -> None:
+    def __init__(
+        self, values: Sequence[Any], lo_px: float, hi_px: float, *, log: bool | None = None, each: bool = False
+    ) -> None:
         self.lo_px, self.hi_px = lo_px, hi_px
+        self.each = each  # a parameter's axis: a tick at each of a few values
         numbers = [v for v in values if is_number(v)]
         self.categories: list[Any] | None = None
         self.log = False
+        self.distinct: list[float] = []
         if len(numbers) < len(values) or not values:
             self.categories = sorted({_key(v) for v in values}, key=str)
             return
-        lo, hi = min(numbers), max(numbers)
-        if lo > 0 and hi / lo >= 100:
-            self.log = True
+        inset = INSET if hi_px > lo_px else -INSET  # points clear of the frame, as matplotlib's margins keep them
+        self.lo_px, self.hi_px = lo_px + inset, hi_px - inset
+        self.log = (log_axis(numbers) if log is None else log) and min(numbers) > 0
+        self.distinct = sorted(set(numbers))
+        lo, hi = span(min(numbers), max(numbers), log=self.log)
+        if self.log:
             lo, hi = math.log10(lo), math.log10(hi)
-        if hi == lo:
-            lo, hi = lo - 1, hi + 1
         self.lo, self.hi = lo, hi
 
     def __call__(self, value: Any) -> float:
@@ -53,6 +63,12 @@ class Axis:
             step = math.ceil(len(self.categories) / 8)
             shown = self.categories if len(self.categories) <= 8 else self.categories[::step]
             return [(self(c), _label(c)) for c in shown]
+        if self.each and len(self.distinct) <= MAX_TICKS:  # a sweep's few values: a tick at each
+            return [(self(v), _label(v)) for v in self.distinct]
+        if self.log and self.hi - self.lo >= 2:  # a tick at each power of ten
+            first, last = math.ceil(self.lo - 1e-9), math.floor(self.hi + 1e-9)
+            step = max(1, math.ceil((last - first + 1) / 6))
+            return [(self(10.0**e), _label(10.0**e)) for e in range(first, last + 1, step)]
         out = []
         for i in range(3):
             v = self.lo + (self.hi - self.lo) * i / 2
@@ -61,14 +77,20 @@ class Axis:
 
 
 def scatter(
-    points: Sequence[tuple[Any, float | None, str]], xlabel: str, ylabel: str, *, best: str | None = None
+    points: Sequence[tuple[Any, float | None, str]],
+    xlabel: str,
+    ylabel: str,
+    *,
+    best: str | None = None,
+    log: bool | None = None,
 ) -> Markup:
-    """One point per (x, y, title); the point titled ``best`` is ringed, a point without a y is left out."""
+    """One point per (x, y, title); the point titled ``best`` is ringed, a point without a y is left out.
+    ``log``: whether x is drawn on a log axis (None: as its values suggest)."""
     pts = [p for p in points if is_number(p[1])]
     if not pts:
         return Markup('<p class="empty">nothing to plot yet</p>')
-    x = Axis([p[0] for p in pts], LEFT, W - RIGHT)
-    y = Axis([p[1] for p in pts], H - BOTTOM, TOP)
+    x = Axis([p[0] for p in pts], LEFT, W - RIGHT, log=log, each=True)
+    y = Axis([p[1] for p in pts], H - BOTTOM, TOP, log=False)  # as report --plot draws the metric
     body = [_frame(x, y, xlabel, ylabel)]
     for px, py, title in pts:
         cls = "pt best" if best is not None and title == best else "pt"
@@ -87,8 +109,8 @@ def lines(series: Sequence[tuple[str, Sequence[tuple[float, float]]]], xlabel: s
         return Markup('<p class="empty">no learning curve logged yet</p>')
     xs = [p[0] for _, pts in series for p in pts]
     ys = [p[1] for _, pts in series for p in pts]
-    x = Axis(xs, LEFT, W - RIGHT)
-    y = Axis(ys, H - BOTTOM, TOP)
+    x = Axis(xs, LEFT, W - RIGHT, log=False, each=True)  # steps: a tick at each of a few
+    y = Axis(ys, H - BOTTOM, TOP, log=_orders_apart(ys))
     body = [_frame(x, y, xlabel, ylabel)]
     for i, (name, pts) in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
@@ -120,7 +142,7 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
     width = max(W, 110 * len(names))
     step = (width - 2 * 40) / max(len(names) - 1, 1)
     columns = [[r[0][i] for r in rows] for i in range(len(axes))] + [[r[1] for r in rows]]
-    scales = [Axis(col, H - BOTTOM, TOP + 6) for col in columns]
+    scales = [Axis(col, H - BOTTOM, TOP + 6, each=i < len(axes)) for i, col in enumerate(columns)]
     m = Axis([r[1] for r in rows], 0.0, 1.0)
     body = []
     for i, (name, scale) in enumerate(zip(names, scales)):
@@ -137,6 +159,11 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
             f'points="{coords}"><title>{escape(title)}</title></polyline>'
         )
     return _svg(body, f"parallel coordinates of {metric}", width=width)
+
+
+def _orders_apart(values: Sequence[float]) -> bool:
+    """A curve's values spanning 100x or more (a loss falling by orders of magnitude): a log axis."""
+    return min(values) > 0 and max(values) / min(values) >= 100
 
 
 def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str) -> str:

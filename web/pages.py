@@ -20,6 +20,8 @@ from jobman.dispatch.jobfiles import read_tail
 from jobman.jobdb import artifacts, dashboard, report, selection
 from jobman.jobdb.engine import bound_lock_waits
 from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.report.choice import Choice, best_of, choose
+from jobman.jobdb.report.scales import log_axis
 from jobman.jobdb.status import Status, parse_status
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, parse_db
@@ -36,8 +38,6 @@ FILE_READ_SECONDS = 2.0  # a page waits this long at most for a job's files
 FILE_READERS = 4  # reads of job files under way at once, stuck ones included
 LOCK_WAIT_SECONDS = 5.0  # a page waits this long at most for a lock held elsewhere (PostgreSQL)
 BEST_TTL = 10.0  # seconds a best result of the experiments page is kept while jobs keep finishing
-_PREFERRED = ("valid_error", "val_error", "valid_loss", "val_loss", "error", "loss", "test_error", "accuracy")
-_HIGHER_IS_BETTER = ("acc", "score", "auc", "f1", "r2", "reward", "precision", "recall")
 
 
 @dataclass
@@ -69,19 +69,6 @@ def lock_wait() -> float:
         return float(given) if given else LOCK_WAIT_SECONDS
     except ValueError:
         raise UsageError(f"JOBMAN_SERVE_LOCK_WAIT must be a number of seconds, not {given!r}") from None
-
-
-def guess_metric(results: dict[str, Any] | None) -> str | None:
-    """The result a researcher most likely ranks by: a validation error if there is one."""
-    numeric = sorted(k for k, v in (results or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-    for name in _PREFERRED:
-        if name in numeric:
-            return name
-    return numeric[0] if numeric else None
-
-
-def guess_mode(metric: str) -> str:
-    return "max" if any(word in metric.lower() for word in _HIGHER_IS_BETTER) else "min"
 
 
 class ReportCache:
@@ -134,66 +121,6 @@ class ReportCache:
         with self._lock:
             self._built[key] = (version, now, built)
         return built
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What a report ranks: a metric, min or max, and a phase (None: every phase)."""
-
-    metric: str | None
-    mode: str
-    phase: int | None
-
-
-def choose(
-    store: Store,
-    metric: str | None = None,
-    mode: str | None = None,
-    phase: str | None = None,
-    *,
-    counts: dict[tuple[int, str], int] | None = None,
-) -> Choice:
-    """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
-    jobs that carry a result, ranked by its validation error if it has one."""
-    if mode not in (None, "min", "max"):
-        raise UsageError("the mode is min or max")
-    asked = None if phase in (None, "", "all") else whole_number(phase, "phase")
-    done: dict[int, int] = {}
-    for (p, status), n in (store.counts() if counts is None else counts).items():
-        if status == Status.DONE.value:
-            done[p] = n
-    chosen: int | None = None
-    for p in [asked] if asked is not None else sorted(done, key=lambda p: (-done[p], p)):
-        # The newest DONE job of the phase by id: read from the end of an index, not sorted.
-        sample = dashboard.job_page(
-            store, status=[Status.DONE], phase=p, sort="id", descending=True, limit=1, count=False
-        )
-        results = sample.jobs[0].results if sample.jobs else None
-        found = metric if metric and metric in (results or {}) else guess_metric(results) if not metric else None
-        if found:
-            metric, chosen = found, p
-            break
-    if asked is None and phase not in (None, ""):
-        chosen = None  # "all"
-    elif asked is not None:
-        chosen = asked
-    return Choice(metric, mode or (guess_mode(metric) if metric else "min"), chosen)
-
-
-def best_of(rep: report.Report | None) -> dict[str, Any] | None:
-    if rep is None:
-        return None
-    winner = rep.best or next(iter(rep.best_by_outer.values()), None)
-    if not winner or winner.mean is None:
-        return None
-    return {
-        "metric": rep.metric,
-        "mode": rep.mode,
-        "value": winner.mean,
-        "std": winner.std,
-        "label": rep.label(winner),
-        "job_id": winner.first_id,
-    }
 
 
 def experiments(db: Database, reports: ReportCache, *, build: bool = True) -> dict[str, Any]:
@@ -304,11 +231,13 @@ def report_view(
     return {
         "report": rep,
         "rows": rep.rows[:REPORT_ROWS],
-        "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep)),
+        "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep, store.search_space())),
     }
 
 
-def _charts(rep: report.Report) -> dict[str, Any]:
+def _charts(rep: report.Report, space: dict[str, Any]) -> dict[str, Any]:
+    """The report's charts; ``space``: the distributions its parameters were drawn from (a log axis for
+    a log-scaled one, as ``report --plot`` draws it)."""
     rows = rep.sample  # at most CHART_POINTS configurations with the metric, evenly spaced over the ranking
     best = rep.best
     # Parameters every plotted configuration has (a one-off extra parameter makes no axis).
@@ -317,7 +246,9 @@ def _charts(rep: report.Report) -> dict[str, Any]:
     scatters = []
     for key in keys:
         pts = [(r.params[key], r.mean, label) for r, label in zip(rows, labels)]
-        scatters.append((key, charts.scatter(pts, key, rep.metric, best=rep.label(best) if best else None)))
+        numbers = [p[0] for p in pts if selection.is_number(p[0])]
+        log = log_axis(numbers, space.get(key)) if len(numbers) == len(pts) else False
+        scatters.append((key, charts.scatter(pts, key, rep.metric, best=rep.label(best) if best else None, log=log)))
     lines = rows[:PARALLEL_LINES]
     par = (
         charts.parallel(

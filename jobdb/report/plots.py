@@ -1,8 +1,11 @@
-"""PNG plots of a report: the metric against each hyperparameter, the rungs of a successive-halving
+"""The plots of a report, as matplotlib figures (``report --plot`` writes them to PNG, ``Experiment.plot``
+returns them to a notebook): the metric against each hyperparameter, the rungs of a successive-halving
 search, and learning curves of the best configurations.
 
-matplotlib is an optional extra (``pip install 'jobman-sql[plot]'``); the Agg backend
-draws without a display, on a cluster node as well as on a laptop.
+matplotlib is an optional extra (``pip install 'jobman-sql[plot]'``). The figures are made without
+pyplot, so they draw without a display, on a cluster node as well as on a laptop, and a notebook shows
+the ones it is given, not every one made along the way. How each axis is scaled is
+:mod:`.scales`' decision, shared with the dashboard.
 """
 
 from __future__ import annotations
@@ -10,29 +13,36 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jobman.jobdb.distributions import Distribution
-from jobman.jobdb.errors import UsageError
-from jobman.jobdb.halving import Rungs
-from jobman.jobdb.report import ConfigRow, Report, format_param
+from ..distributions import Distribution
+from ..errors import UsageError
+from ..halving import Rungs
+from ..selection import format_param
+from ..status import Status
+from .model import ConfigRow, Report
+from .scales import log_axis, span
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 MAX_CURVE_PANELS = 4  # learning-curve metrics drawn side by side, the report's metric first
 MAX_LEGEND = 10  # learning curves named in the legend; more are drawn unnamed
 MAX_CATEGORIES = 40  # beyond this many distinct values, a categorical axis labels every other one
 MAX_TICKS = 12  # numeric axes with at most this many distinct values get a tick at each
 MetricFetcher = Callable[[Sequence[int]], list[tuple[int, int, str, float]]]
+# Each DONE job's id, when it finished and its value of the metric: the order a search found its results in.
+FinishFetcher = Callable[[], list[tuple[int, float, Any]]]
 
 
 def require_matplotlib() -> None:
     """Fail in one sentence when the plotting extra is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("plotting needs matplotlib, which is not installed: pip install 'jobman-sql[plot]'") from None
-    matplotlib.use("Agg")
 
 
 def figures(
@@ -42,11 +52,14 @@ def figures(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    finished: FinishFetcher | None = None,
 ) -> list[tuple[str, Any]]:
     """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
 
     ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
-    one); ``searches``: the successive-halving searches, drawn rung by rung.
+    one); ``searches``: the successive-halving searches, drawn rung by rung; ``finished``: for a
+    search (something was drawn or halved), the jobs' results in the order they finished, drawn
+    with the best so far.
     """
     require_matplotlib()
     space = space or {}
@@ -65,6 +78,11 @@ def figures(
         if fig is not None:
             suffix = f"_search{search.search_id}" if len(searches) > 1 else ""
             out.append((_file_name(f"{search.rules.metric}_rungs{suffix}.png"), fig))
+    if finished is not None and (space or searches):
+        shown = {i for r in report.rows for i in r.all_job_ids}  # as the report selected them (--where, phase)
+        fig = best_so_far_figure(report, [(t, v) for i, t, v in finished() if i in shown])
+        if fig is not None:
+            out.append((_file_name(f"{report.metric}_best_so_far.png"), fig))
     if curves:
         top = sorted(rows, key=lambda r: (not r.eligible, r.rank, str(r.outer)))[:curves]
         ids = [i for r in top for i in r.job_ids]
@@ -83,15 +101,13 @@ def write_plots(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    finished: FinishFetcher | None = None,
 ) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
-    import matplotlib.pyplot as plt
-
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches):
+    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches, finished=finished):
         fig.savefig(outdir / name)
-        plt.close(fig)
         written.append(outdir / name)
     return written
 
@@ -109,8 +125,6 @@ def metric_vs_figure(  # noqa: C901
     one, a log axis when the values look log-spaced). ``by``: a parameter whose values get a colour
     each (the resource of a successive-halving search: one colour per rung).
     """
-    import matplotlib.pyplot as plt
-
     rows = [r for r in rows if key in r.params]
     if not rows:
         return None
@@ -119,14 +133,11 @@ def metric_vs_figure(  # noqa: C901
     stds = np.array([r.std if r.std is not None else 0.0 for r in rows], dtype=float)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     continuous = drawn is not None and drawn.name not in ("choice", "randint")
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    fig, ax = _figure()
     rng = np.random.default_rng(0)
     if numeric:
         x = np.array(values, dtype=float)
-        if drawn is not None and drawn.name != "choice":
-            log = drawn.log_scale and bool(np.all(x > 0))
-        else:
-            log = _looks_log_spaced(x)
+        log = log_axis(x.tolist(), drawn)
         tx = np.log10(x) if log else x  # where the values sit, in axis units
         distinct = np.unique(tx)
         if distinct.size > 1:
@@ -175,7 +186,7 @@ def metric_vs_figure(  # noqa: C901
         sorted({r.params.get(by) for r in rows}, key=lambda v: (v is None, _natural(format_param(v)))) if by else []
     )
     if by and len(levels) > 1:  # one colour per rung: the configurations that went on stand out
-        colors = plt.get_cmap("viridis", len(levels))
+        colors = _colormap("viridis", len(levels))
         for i, level in enumerate(levels):
             here = eligible & np.array([r.params.get(by) == level for r in rows])
             if here.any():
@@ -252,6 +263,9 @@ def metric_vs_figure(  # noqa: C901
     )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(report.metric)
+    if numeric and distinct.size == 1:  # one value: centred in a range that says which, not ± 0.05
+        ax.set_xlim(*span(float(x[0]), float(x[0]), log=log))
+    _fit_single(ax, means[np.isfinite(means)], stds)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
@@ -261,8 +275,6 @@ def metric_vs_figure(  # noqa: C901
 def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None) -> Any:
     """A successive-halving search rung by rung: each configuration's mean metric against the resource,
     one line per configuration, coloured by the highest rung it reached; None if nothing finished."""
-    import matplotlib.pyplot as plt
-
     rules = search.rules
     points = {
         c: [(rules.rungs[k], m) for k, m in sorted(by_rung.items()) if m is not None and k < len(rules.rungs)]
@@ -273,8 +285,8 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
         return None
     reached = {c: max(search.means[c]) for c in points}
     last = len(rules.rungs) - 1
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
-    colors = plt.get_cmap("viridis", max(2, last + 1))
+    fig, ax = _figure()
+    colors = _colormap("viridis", max(2, last + 1))
     sign = -1.0 if rules.mode == "max" else 1.0
     labelled: set[int] = set()
     for config in sorted(points, key=lambda c: (reached[c], -sign * points[c][-1][1])):
@@ -341,6 +353,49 @@ def rungs_figure(search: Rungs, space: Mapping[str, Distribution] | None = None)
     return fig
 
 
+def finish_order(store: Store, metric: str, phase: int | None = None) -> list[tuple[int, float, Any]]:
+    """(id, finish time, value of ``metric``) of every DONE job of ``store``'s experiment (of one phase)."""
+    jobs = store.jobs(status=[Status.DONE], phase=phase, with_deps=False)
+    return [(j.id, j.finished_at or 0.0, (j.results or {}).get(metric)) for j in jobs]
+
+
+def best_so_far_figure(report: Report, points: Sequence[tuple[float, Any]]) -> Any:
+    """Each finished job's metric in the order the jobs finished, and the best of them so far: how a
+    search converged. A value that is not a finite number is never best and not drawn; None if no
+    job has one."""
+    ordered = [float(v) for _, v in sorted(points, key=lambda p: p[0]) if _finite(v)]
+    if not ordered:
+        return None
+    values = np.array(ordered)
+    best = np.minimum.accumulate(values) if report.mode == "min" else np.maximum.accumulate(values)
+    n = np.arange(1, values.size + 1)
+    fig, ax = _figure()
+    ax.plot(n, values, "o", ms=3, color="tab:gray", alpha=0.6, label=f"{report.metric} of a job")
+    ax.step(n, best, where="post", color="tab:red", lw=2, label="best so far")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if values.size == 1:
+        ax.set_xlim(*span(1.0, 1.0))
+    _fit_single(ax, values, np.zeros(values.size))
+    better = "lower" if report.mode == "min" else "higher"
+    ax.set_title(
+        f"{report.metric} in the order the jobs finished, and the best so far\n"
+        f"{values.size} jobs, each on its own (not averaged over folds or seeds); {better} is better",
+        fontsize=11,
+    )
+    ax.set_xlabel("jobs finished")
+    ax.set_ylabel(report.metric)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best", framealpha=0.8)
+    fig.tight_layout()
+    return fig
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+
+
 def _config_label(params: Mapping[str, Any], space: Mapping[str, Distribution] | None) -> str:
     """A configuration in a few words: its drawn parameters (all of them when nothing was drawn)."""
     keys = [k for k in params if space and k in space] or list(params)
@@ -353,8 +408,6 @@ def _spelled(drawn: Distribution) -> str:
 
 def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[tuple[int, int, str, float]]) -> Any:
     """Per logged metric, the mean over a configuration's runs at each step (band: ± std); None if none."""
-    import matplotlib.pyplot as plt
-
     names = sorted({name for _, _, name, _ in points})
     if not names:
         return None
@@ -365,13 +418,13 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
     for job_id, step, name, value in points:
         if name in names and job_id in config_of:
             series.setdefault((config_of[job_id], name), {}).setdefault(int(step), []).append(float(value))
-    fig, axes = plt.subplots(
-        1, len(names), figsize=(6 * len(names) if len(names) > 1 else 8, 5), dpi=100, squeeze=False
-    )
+    fig, axes = _figure(6 * len(names) if len(names) > 1 else 8, panels=len(names))
     from matplotlib.ticker import MaxNLocator
 
-    colors = plt.get_cmap("tab10" if len(rows) <= 10 else "viridis", max(len(rows), 10))
+    colors = _colormap("tab10" if len(rows) <= 10 else "viridis", max(len(rows), 10))
     for ax, name in zip(axes[0], names):
+        drawn_steps: list[float] = []
+        drawn_values: list[float] = []
         for i, row in enumerate(rows):
             by_step = series.get((i, name))
             if not by_step:
@@ -384,8 +437,21 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
                 + (f" ({report.outer}={format_param(row.outer)})" if report.outer else "")
             )
             color = colors(i)
-            ax.plot(steps, mean, "-", color=color, lw=2 if row.best else 1.2, label=label if i < MAX_LEGEND else None)
+            ax.plot(
+                steps,
+                mean,
+                "-o" if steps.size <= 3 else "-",  # too short to read as a line
+                ms=4,
+                color=color,
+                lw=2 if row.best else 1.2,
+                label=label if i < MAX_LEGEND else None,
+            )
             ax.fill_between(steps, mean - spread, mean + spread, color=color, alpha=0.15, lw=0)
+            drawn_steps.extend(steps.tolist())
+            drawn_values.extend(mean[np.isfinite(mean)].tolist())
+        if len(set(drawn_steps)) == 1:
+            ax.set_xlim(*span(drawn_steps[0], drawn_steps[0]))
+        _fit_single(ax, np.array(drawn_values), np.zeros(len(drawn_values)))
         ax.set_title(name, fontsize=11)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
@@ -400,17 +466,25 @@ def learning_curves_figure(report: Report, rows: list[ConfigRow], points: list[t
     return fig
 
 
-def _looks_log_spaced(x: np.ndarray) -> bool:
-    """Positive values spanning a factor of 4 or more, more evenly spaced in log than in linear terms."""
-    distinct = np.unique(x)
-    if distinct.size < 2 or distinct[0] <= 0:
-        return False
-    if distinct.size == 2:
-        return bool(distinct[1] / distinct[0] >= 100)
-    if distinct[-1] / distinct[0] < 4:
-        return False
-    lin, log = np.diff(distinct), np.diff(np.log(distinct))
-    return bool(np.std(log) / np.mean(log) < np.std(lin) / np.mean(lin))
+def _figure(width: float = 8, panels: int | None = None) -> tuple[Any, Any]:
+    """A figure and its axes (a row of ``panels`` of them), made without pyplot: nothing to close, and
+    shown by a notebook only when returned."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, 5), dpi=100)
+    return fig, fig.subplots() if panels is None else fig.subplots(1, panels, squeeze=False)
+
+
+def _colormap(name: str, n: int) -> Any:
+    import matplotlib
+
+    return matplotlib.colormaps[name].resampled(n)
+
+
+def _fit_single(ax: Any, values: np.ndarray, spreads: np.ndarray) -> None:
+    """One value on the y axis (one point, or all equal): the range :func:`.scales.span` gives it."""
+    if values.size and not np.any(spreads[np.isfinite(spreads)] > 0) and np.unique(values).size == 1:
+        ax.set_ylim(*span(float(values[0]), float(values[0])))
 
 
 def _plain(value: float) -> float | int:
