@@ -57,18 +57,35 @@ def original_forms(tokens: list[str], *, later_wins: bool = False) -> list[str]:
     return expand_tokens(tokens, evaluate=evaluate, later_wins=later_wins)
 
 
-def check_targets(targets: list[tuple[str, list[str]]]) -> None:
+def check_targets(targets: list[tuple[str, list[str]]]) -> dict[str, tuple[str | None, str | None]]:
     """Refuse a sweep whose function targets cannot be imported here, or cannot take a parameter
-    the sweep gives them (``--no-check`` skips this)."""
+    the sweep gives them (``--no-check`` skips this). Returns, per target, the directory it was
+    found from and the digest of its source."""
     from jobman.dispatch.experiment import TargetError, resolve, unaccepted
+    from jobman.dispatch.provenance import found_at, source_digest
 
+    found = {}
     for target, names in targets:
         try:
-            refused = unaccepted(resolve(target), names)
+            fn = resolve(target)
         except TargetError as exc:
             raise UsageError(f"{exc} (use --no-check if it only exists where the jobs run)") from None
+        refused = unaccepted(fn, names)
         if refused is not None:
             raise UsageError(refused)
+        found[target] = (found_at(fn), source_digest(fn))
+    return found
+
+
+def changed_code(store: Any, found: dict[str, tuple[str | None, str | None]], ids: list[int]) -> dict[str, list[int]]:
+    """Per target, the DONE jobs among ``ids`` that ran another version of it than the one here."""
+    stale = {}
+    for target, (_where, source) in found.items():
+        if source is not None and ids:
+            ran_other = store.ran_other_source(ids, source)
+            if ran_other:
+                stale[target] = ran_other
+    return stale
 
 
 def parse_after(selectors: tuple[str, ...]) -> dict:
@@ -193,6 +210,12 @@ def _bad_after(sel: str) -> NoReturn:
     "jobs of this sweep at that step; it ends DONE with pruned=True.",
 )
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
+@click.option(
+    "--rerun-changed",
+    is_flag=True,
+    help="Queue again the DONE jobs of this sweep that ran an older version of their target "
+    "(their results are kept in the event log).",
+)
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(  # noqa: C901
     sweep: tuple[str, ...],
@@ -215,6 +238,7 @@ def sqlschedule(  # noqa: C901
     prune: str | None,
     no_check: bool,
     dry_run: bool,
+    rerun_changed: bool,
 ) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
@@ -268,8 +292,9 @@ def sqlschedule(  # noqa: C901
     rules = sampled(sweep_space(parsed), rules)  # the distributions drawn, kept for report --plot
     # Made as the store reads it: a million-job grid is never held whole.
     specs = Expansion(parsed, samples=samples, seed=seed, sampler=sampler)
-    if not no_check:
-        check_targets(specs.function_parameters())
+    found = {} if no_check else check_targets(specs.function_parameters())
+    if rerun_changed and no_check:
+        raise UsageError("--rerun-changed compares the targets as imported here: it cannot go with --no-check")
     if dry_run:
         click.echo(f"{len(specs) * repeat} jobs in {len(parsed.phases)} phase(s); nothing written (--dry-run)")
         if rules is not None and rules.rungs:
@@ -296,7 +321,8 @@ def sqlschedule(  # noqa: C901
         halving=rules,
         duplicate=force,
         repeat=repeat,
-        keep_ids=False,
+        keep_ids=any(source for _where, source in found.values()),  # to compare the code they ran
+        where={target: where for target, (where, _source) in found.items() if where},
     )
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -321,6 +347,7 @@ def sqlschedule(  # noqa: C901
     else:
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
+    _changed_code(store, found, result.job_ids, rerun_changed)
     if rules is not None and rules.rungs:
         click.echo(_rungs_line(rules, list(specs), repeat if result.repeated else 1))
     if rules is not None and rules.prune:
@@ -328,6 +355,18 @@ def sqlschedule(  # noqa: C901
             f"pruning by {rules.metric}: a running job worse than the median of the finished ones at "
             f"the same step is stopped (once {PRUNE_MIN_FINISHED} have finished)"
         )
+
+
+def _changed_code(store: Any, found: dict[str, tuple[str | None, str | None]], ids: list[int], rerun: bool) -> None:
+    """Say which DONE jobs of the sweep ran an older version of their target; with ``rerun``,
+    queue them again (a reset: their results go to the event log)."""
+    for target, stale in changed_code(store, found, ids).items():
+        name = target.replace(":", ".")
+        if rerun:
+            store.reset(stale, why=f"ran an older version of {name}; scheduled again with --rerun-changed")
+            click.echo(f"{len(stale)} of these jobs ran an older {name}: queued again (old results in their events)")
+        else:
+            click.echo(f"{len(stale)} of these jobs ran an older {name}; --rerun-changed runs them again")
 
 
 def _halving_rules(

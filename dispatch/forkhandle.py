@@ -59,6 +59,7 @@ class ForkServer:
         self.ctrl: socket.socket | None = None
         self._path_sent: list[str] | None = None
         self.last_cgroup: Path | None = None  # of the job last started, if it could have one
+        self.last_code: dict[str, Any] | None = None  # the code record of the job last started
         self.process: JobProcess | None = None  # with jobs_per_process > 1: the one that takes the next job
 
     def _start(self) -> None:
@@ -126,6 +127,7 @@ class ForkServer:
             mine.close()
             raise TargetError(answer["error"])
         self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
+        self.last_code = answer.get("code")
         return answer["pid"], mine
 
     def run_in_process(self, request: dict[str, Any]) -> JobProcess:
@@ -164,6 +166,7 @@ class ForkServer:
                 process.close()
                 continue
             process.left -= 1
+            self.last_code = reply[0].get("code")
             return process
         raise ForkServerGone("the worker's job process exited before starting its job")
 

@@ -33,7 +33,7 @@ from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
-from .calls import json_params, source_version, target_of
+from .calls import code_version, json_params, source_version, target_of
 from .channel import DD, Channel
 from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
@@ -230,14 +230,22 @@ class Experiment:
             version = source_version(fn)
         target = target_of(fn, version)
         points = list(params)
-        _refuse_unaccepted(resolve(target.partition("@")[0]) if isinstance(fn, str) else fn, points)
+        function = resolve(target.partition("@")[0]) if isinstance(fn, str) else fn
+        _refuse_unaccepted(function, points)
+        # A function's code is part of its call's identity (a changed function is a new call), unless
+        # a version pins it; a call recorded before code was, under the plain target, still answers.
+        legacy = None
+        if version is None and not by_value(target):
+            automatic = code_version(function)
+            if automatic is not None:
+                legacy, target = target, target_of(target, automatic)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, points, runnable, retry=retry, code=None)
+            return self._submit(target, points, runnable, retry=retry, code=None, legacy=legacy)
         code = None
         if by_value(target):
             target, code = self._by_value(target, fn)
-        return self._submit(target, points, fn, retry=retry, code=code)
+        return self._submit(target, points, fn, retry=retry, code=code, legacy=legacy)
 
     def _submit(
         self,
@@ -248,6 +256,7 @@ class Experiment:
         retry: bool,
         code: bytes | None,
         unwrap: Callable[[dict[str, Any]], Any] | None = None,
+        legacy: str | None = None,
     ) -> list[JobFuture]:
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
@@ -256,6 +265,13 @@ class Experiment:
             raise UsageError(f"{target!r} cannot be imported by name: pass the function itself")
         found = self.store.find(hashes)
         missing = [i for i, h in enumerate(hashes) if h not in found]
+        if missing and legacy is not None:
+            old = {i: params_hash(0, "fn", legacy, encoded[i]) for i in missing}
+            recorded = self.store.find(list(old.values()))
+            for i, h in old.items():
+                if h in recorded:
+                    found[hashes[i]] = recorded[h]
+            missing = [i for i in missing if old[i] not in recorded]
         if missing:
             if code is not None:
                 self._store_code(target, code)
@@ -600,7 +616,9 @@ def cached(
         def experiment() -> Experiment:
             if "exp" not in state:
                 state["exp"] = Experiment(url, backend="inline", exproot=exproot)
-                state["target"] = target_of(fn, source_version(fn) if cache == "source" else version)
+                pinned = version if version is not None else None if by_value(target_of(fn)) else code_version(fn)
+                state["target"] = target_of(fn, pinned)
+                state["legacy"] = target_of(fn) if version is None and pinned is not None else None
             return state["exp"]
 
         @functools.wraps(fn)
@@ -622,6 +640,7 @@ def cached(
                 retry=retry,
                 code=None,
                 unwrap=lambda results: results.get("return", results),
+                legacy=state["legacy"],
             )
             return future[0].result()
 
@@ -640,6 +659,7 @@ def _returning(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(state: DD, channel: Channel) -> dict[str, Any]:
         return {"return": to_jsonable(fn(**channel.params))}
 
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  # its code record is the function's own
     return run
 
 

@@ -13,6 +13,14 @@ from .canonical import load_json, load_results
 from .status import Status
 
 
+def code_of(raw: Any) -> dict[str, Any] | None:
+    """A job's ``code`` column decoded (text on SQLite, already text from jsonb on PostgreSQL)."""
+    if raw is None:
+        return None
+    value = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    return value if isinstance(value, dict) else None
+
+
 @dataclass
 class Job:
     """One row of ``job``, decoded."""
@@ -47,6 +55,7 @@ class Job:
     resume: bool = False
     depends_on: list[int] = field(default_factory=list)
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
+    code: dict[str, Any] | None = None  # what it ran: where found, code and environment (``coderecord``)
 
     @classmethod
     def from_row(cls, row: Any, deps: list[int] | None = None) -> Job:
@@ -85,6 +94,7 @@ class Job:
             resume=bool(m["resume"]),
             depends_on=deps or [],
             gpus=m.get("gpus"),
+            code=code_of(m.get("code")),
         )
 
     @classmethod
@@ -93,6 +103,7 @@ class Job:
         the values it set itself (the claiming worker, ``now``)."""
         m = dict(zip(CLAIMED_COLUMNS, row))
         params, results = m.pop("params"), m.pop("results")
+        m["code"] = code_of(m["code"])
         return cls(
             **m,
             params=load_json(params),
@@ -134,6 +145,7 @@ CLAIMED_COLUMNS = (
     "workdir",
     "created_at",
     "queued_at",
+    "code",
 )
 CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
 

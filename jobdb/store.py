@@ -22,9 +22,10 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import browse, connections, graph, scheduling, transitions
+from . import browse, coderecord, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
+from .canonical import dump_json
 from .clock import ServerClock
 from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
@@ -106,6 +107,7 @@ class Store:
         duplicate: bool = False,
         repeat: int = 1,
         keep_ids: bool = True,
+        where: dict[str, str] | None = None,
     ) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
@@ -120,6 +122,8 @@ class Store:
         experiment's identity index and inserted before the next is made: memory stays flat however
         large the sweep (a :class:`~.sweep.Expansion` is made as it is read). Without ``keep_ids`` the
         result lists no ids, and nothing grows with the sweep but 8 bytes per job of a sweep with phases.
+        ``where`` (target: directory) records on the new jobs where their target was found, so that a
+        worker started from another directory finds it there.
         """
         check_priority(priority)
         sweep = scheduling.ReadySweep(specs, duplicate, repeat)
@@ -137,8 +141,17 @@ class Store:
                 progress=progress,
                 halving=halving,
                 keep_ids=keep_ids,
+                where=where,
             )
         )
+
+    def versions_run(self, ids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
+        """The version of the code each job ran, (source, commit, diff), for jobs recorded with it."""
+        return self._read(lambda conn: coderecord.versions_run(conn, ids))
+
+    def ran_other_source(self, ids: Sequence[int], source: str) -> list[int]:
+        """Of the jobs ``ids``, the DONE ones recorded running another source of their target."""
+        return self._read(lambda conn: coderecord.ran_other_source(conn, ids, source))
 
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
@@ -235,13 +248,16 @@ class Store:
         exit_code: int | None = None,
         why: str | None = None,
         relaunch: bool = True,
+        code: dict[str, Any] | None = None,
     ) -> Status:
         """Record how an owned run ended and move the graph on; returns the job's new status.
 
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
+        ``code``: what the run ran (its code and environment record), kept on the job.
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
+        code_blob = dump_json(code, "code record") if code else None
         status = self._write(
             lambda conn: transitions.finish(
                 conn,
@@ -255,6 +271,7 @@ class Store:
                 exit_code,
                 why,
                 relaunch,
+                code=code_blob,
                 **self._ends,
             )
         )
@@ -274,6 +291,7 @@ class Store:
         error: str | None = None,
         exit_code: int | None = None,
         why: str | None = None,
+        code: dict[str, Any] | None = None,
     ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
@@ -281,6 +299,7 @@ class Store:
         if the finish is refused (LeaseLost, as from ``finish``).
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
+        code_blob = dump_json(code, "code record") if code else None
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
@@ -297,6 +316,7 @@ class Store:
                 why,
                 True,
                 log,
+                code=code_blob,
                 **self._ends,
             )
             claimed = (
@@ -605,6 +625,16 @@ class Store:
     def function_code(self, target: str) -> bytes | None:
         """The stored code of a function run by value, or None."""
         return self._read(lambda conn: scheduling.function_code(conn, self._exp(conn), target))
+
+    def keep_texts(self, texts: dict[str, tuple[str, str]]) -> None:
+        """Keep texts jobs' code records name (a diff, a package list: ``{digest: (kind, body)}``),
+        each once, whoever kept it first."""
+        if texts:
+            self._write(lambda conn: coderecord.keep_texts(conn, texts, time.time()))
+
+    def code_text(self, digest: str) -> tuple[str, str] | None:
+        """A text a code record names, as ``(kind, body)``, or None if none is kept under ``digest``."""
+        return self._read(lambda conn: coderecord.code_text(conn, digest))
 
 
 __all__ = [
