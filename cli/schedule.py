@@ -321,8 +321,10 @@ def sqlschedule(  # noqa: C901
         halving=rules,
         duplicate=force,
         repeat=repeat,
-        keep_ids=any(source for _where, source in found.values()),  # to compare the code they ran
-        where={target: where for target, (where, _source) in found.items() if where},
+        # The sweep's ids, to compare the code its DONE jobs ran, only where some ran already.
+        keep_ids=store.ran_before([t for t, (_where, source) in found.items() if source]),
+        where={target: where for target, (where, _source) in found.items() if where}
+        | ({command: os.getcwd()} if command is not None else {}),
     )
     if len(specs) >= 20_000 and err.is_terminal:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

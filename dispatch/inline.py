@@ -4,7 +4,6 @@ would claim it, heartbeat from a thread, recorded under its lease.
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
@@ -87,7 +86,7 @@ class InlineRunner:
     def _what_ran(self, job: Job, fn: Callable[..., Any]) -> dict[str, Any]:
         """The code and environment a job run here ran (a cached call's own function, not its
         wrapper); the texts it names kept first, once per runner."""
-        ran = self._records.message(job.target, job.target, inspect.unwrap(fn))
+        ran = self._records.message(job.target, job.target, getattr(fn, "code_of", fn))
         record, texts = what_ran(ran, job.target, where_of(job.code))
         new = {k: v for k, v in texts.items() if k not in self._texts_kept}
         if new:

@@ -135,18 +135,34 @@ def _jobman_version() -> str | None:
     return __version__
 
 
+def installed_packages(path: list[str] | None = None) -> dict[str, str]:
+    """The packages installed on ``path`` (default ``sys.path``), name to version, read from the names
+    of their metadata folders (``name-version.dist-info``, ``name-version-pyX.egg-info``): a directory
+    listing per path entry, not a read of every package's metadata. The first of a name wins, as
+    for an import."""
+    import sys
+
+    seen: dict[str, str] = {}
+    for entry in sys.path if path is None else path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip, or gone
+            continue
+        for name in sorted(names):
+            stem, dot, kind = name.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            package, _, version = stem.partition("-")
+            key = package.lower().replace("_", "-").replace(".", "-")
+            seen.setdefault(key, version.partition("-")[0] or "?")
+    return seen
+
+
 @functools.cache
 def environment() -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
     """This interpreter's environment: Python and jobman versions, the digest of its installed
     packages (``name==version``, sorted; the list is returned by digest) and the host. Read once."""
-    from importlib import metadata
-
-    seen: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"] if dist.metadata else None
-        if name:
-            seen.setdefault(name.lower().replace("_", "-"), dist.version)
-    listing = "".join(f"{name}=={version}\n" for name, version in sorted(seen.items()))
+    listing = "".join(f"{name}=={version}\n" for name, version in sorted(installed_packages().items()))
     key = digest(listing)
     record = {
         "python": platform.python_version(),

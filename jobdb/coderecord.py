@@ -36,6 +36,22 @@ def code_text(conn: Connection, digest: str) -> tuple[str, str] | None:
     return (row.kind, row.body) if row is not None else None
 
 
+def ran_before(conn: Connection, exp: int, targets: Iterable[str]) -> bool:
+    """Whether any DONE job of these targets in experiment ``exp`` has its code recorded: only then
+    can scheduling them again meet jobs that ran older code."""
+    found = conn.execute(
+        sa.select(t_job.c.id)
+        .where(
+            t_job.c.experiment_id == exp,
+            t_job.c.target.in_(list(targets)),
+            t_job.c.status == Status.DONE.value,
+            t_job.c.code.is_not(None),
+        )
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def ran_other_source(conn: Connection, ids: Iterable[int], source: str) -> list[int]:
     """Of the jobs ``ids``, the DONE ones whose run recorded a source digest other than ``source``
     (a job recorded before code was kept, whose code is unknown, is not among them)."""
@@ -50,15 +66,16 @@ def ran_other_source(conn: Connection, ids: Iterable[int], source: str) -> list[
     return sorted(stale)
 
 
-def where_found(conn: Connection, exp: int, target: str, folder: str, after_id: int) -> None:
-    """Record on the jobs of ``target`` just scheduled (ids past ``after_id``) the directory their
-    target was found from, for workers that run elsewhere; a job that has a record keeps it."""
+def where_found(conn: Connection, exp: int, targets: set[str], folder: str, after_id: int) -> None:
+    """Record on the jobs of a target (``targets``: its spellings) just scheduled (ids past
+    ``after_id``) the directory it was found from (a command's: where it was scheduled), for workers
+    that run elsewhere; a job that has a record keeps it."""
     conn.execute(
         sa.update(t_job)
         .where(
             t_job.c.experiment_id == exp,
             t_job.c.id > after_id,
-            t_job.c.target == target,
+            t_job.c.target.in_(sorted(targets)),
             t_job.c.code.is_(None),
         )
         .values(code=json.dumps({"where": folder}))

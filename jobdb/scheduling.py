@@ -203,7 +203,7 @@ def schedule(
     if halving is not None and writer.members is not None:  # members are kept for a search
         _halving.register(conn, exp, halving, list(writer.members), list(writer.members.values()))
     for target, folder in (where or {}).items():
-        coderecord.where_found(conn, exp, canonical_target(target), folder, before)
+        coderecord.where_found(conn, exp, {target, canonical_target(target)}, folder, before)
     return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
 
 

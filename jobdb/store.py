@@ -34,7 +34,7 @@ from .priority import check_priority
 from .records import CLAIMED_COLUMNS, Claimed, Event, Found, Job, RunningJob, ScheduleResult, WorkerInfo, to_claimed
 from .scheduling import params_hash
 from .status import Status
-from .sweep import JobSpec
+from .sweep import JobSpec, canonical_target
 from .transitions import MAX_STATE_BYTES
 from .txn import Transactions, source_tag
 from .url import DbTarget, parse_db
@@ -144,6 +144,19 @@ class Store:
                 where=where,
             )
         )
+
+    def ran_before(self, targets: Sequence[str]) -> bool:
+        """Whether a DONE job of one of these targets has its code recorded (none in a new experiment)."""
+        canonical = [canonical_target(t) for t in targets]
+
+        def read(conn: Connection) -> bool:
+            try:
+                exp = self._exp(conn)
+            except NoSuchExperiment:  # a sweep's first schedule
+                return False
+            return coderecord.ran_before(conn, exp, canonical)
+
+        return bool(canonical) and self._read(read)
 
     def versions_run(self, ids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
         """The version of the code each job ran, (source, commit, diff), for jobs recorded with it."""

@@ -291,3 +291,18 @@ def test_report_says_when_the_runs_of_one_configuration_ran_different_code(db_ur
     assert mixed.code == 0, mixed.err
     lines = [line for line in mixed.out.splitlines() if "versions of the code" in line]
     assert len(lines) == 1 and lines[0].startswith("lr=0.1: its runs ran 2 versions of the code (jobs "), mixed.out
+
+
+def test_a_command_job_records_the_git_state_of_the_directory_it_was_scheduled_from(db_url, repo, tmp_path, jobman):
+    (repo / "train_cli.py").write_text("import sys\nprint(sys.argv)\n")
+    git(repo, "add", "train_cli.py")
+    git(repo, "commit", "-q", "-m", "cli")
+    (repo / "train_cli.py").write_text("import sys\nprint('changed', sys.argv)\n")
+    out = jobman("sqlschedule", db_url, "--cmd", "python3 train_cli.py", "lr={{1,2}}", cwd=repo, env=NO_PATH)
+    assert out.code == 0, out.err
+    out = jobman("dispatch", db_url, "-j", "1", "--no-progress", "--exproot", str(tmp_path / "runs"), cwd=tmp_path)
+    assert out.code == 0, out.err
+    data = shown(jobman, db_url, job_ids(jobman, db_url)[0])
+    assert data["status"] == "DONE"
+    assert data["code"]["commit"] == git(repo, "rev-parse", "HEAD").strip() and data["code"]["dirty"] is True
+    assert data["code"]["where"] == str(repo) and data["environment"]["python"] == platform.python_version()
