@@ -115,15 +115,16 @@ def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any])
 
 
 # The code each loaded target runs (its source digest, its tree's git state), worked out once per
-# process when the target is first loaded, and told to the worker with every job it starts.
+# process when the target is first loaded, and told to the worker with the first job it starts.
 _code_records = CodeRecords()
 
 
-def code_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> dict[str, Any]:
-    """The code record of the request's function (loaded by :func:`function_of`), for the worker."""
+def code_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> dict[str, Any] | None:
+    """The code record of the request's function (loaded by :func:`function_of`), for the worker,
+    the first time it is asked for only: the worker keeps it for the target's next jobs."""
     target, code = request["target"], request.get("code")
     key = target if code is None else f"{target}\x1f{code}"
-    return _code_records.message(key, target, targets[key])
+    return _code_records.news(key, target, targets[key])
 
 
 def _discard_pending_stops() -> None:

@@ -208,8 +208,10 @@ class Experiment:
         """Call ``fn(**params)`` as a job; a future of its results dict.
 
         Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
-        answered from the database; a FAILED one raises its error unless ``retry``. ``version``
-        (or ``cache="source"``: a hash of the function's source) makes a changed function a new call.
+        answered from the database; a FAILED one raises its error unless ``retry``. The function's
+        source is part of the call's identity (an edited function is a new call; ``cache="source"``
+        says so explicitly); ``version`` pins one whatever the source. A call recorded before the
+        source was part of it still answers.
         """
         merged = {**(params or {}), **kwargs}
         return self.map(fn, [merged], retry=retry, version=version, cache=cache)[0]
@@ -602,7 +604,8 @@ def cached(
     ``features("mnist")`` runs once, then is read back, across processes and runs. Arguments
     are bound to the signature with defaults applied, so ``features("mnist", pca=32)`` is the same
     call. The return value is stored as JSON and returned as JSON gives it back (lists for tuples
-    and arrays). ``version`` (or ``cache="source"``) makes a changed function a new call.
+    and arrays). An edited function is a new call (its source is part of the identity); ``version``
+    pins one whatever the source.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -116,6 +116,7 @@ class CodeRecords:
     def __init__(self) -> None:
         self._records: dict[str, dict[str, Any]] = {}
         self._texts_given: set[str] = set()
+        self._told: set[str] = set()
 
     def message(self, key: str, target: str, fn: Callable[..., Any]) -> dict[str, Any]:
         """The record of ``fn`` for a message to the worker: ``{"record": ..., "texts": ...}``."""
@@ -127,6 +128,14 @@ class CodeRecords:
         fresh = {k: v for k, v in texts.items() if k not in self._texts_given}
         self._texts_given.update(fresh)
         return {"record": record, "texts": fresh} if fresh else {"record": record}
+
+    def news(self, key: str, target: str, fn: Callable[..., Any]) -> dict[str, Any] | None:
+        """:meth:`message` the first time ``key`` is asked for in this process (and the processes it
+        forks after), None after: its receiver keeps it, and a job's messages stay as small as before."""
+        if key in self._told:
+            return None
+        self._told.add(key)
+        return self.message(key, target, fn)
 
 
 def _jobman_version() -> str | None:

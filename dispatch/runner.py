@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.status import LOST
 
@@ -455,6 +456,7 @@ class Runner:
         self.gpus: GpuPool | None = None  # the host's devices, when the worker was given some
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
         self._texts_kept: set[str] = set()  # digests of the diffs and package lists this worker kept
+        self._ran_json: dict[tuple[str, str | None], tuple[dict[str, Any] | None, str]] = {}
         self.cannot_import: str | None = None  # why the last job's target could not be imported, if so
 
     def close(self) -> None:
@@ -795,14 +797,21 @@ class Runner:
             code=self._what_ran(job, ran),
         )
 
-    def _what_ran(self, job: Job, ran: dict[str, Any] | None) -> dict[str, Any]:
-        """The job's code and environment record; the texts it names are kept first, once per worker."""
-        record, texts = what_ran(ran, job.target, where_of(job.code))
+    def _what_ran(self, job: Job, ran: dict[str, Any] | None) -> str:
+        """The job's code and environment record, as JSON: made once per code record and directory
+        (the texts it names kept first), then the same text for every job that ran the same."""
+        where = where_of(job.code)
+        cached = self._ran_json.get((job.target, where))
+        if cached is not None and cached[0] is ran:
+            return cached[1]
+        record, texts = what_ran(ran, job.target, where)
         new = {k: v for k, v in texts.items() if k not in self._texts_kept}
         if new:
             self.outage.call(lambda: self.store.keep_texts(new), "keeping the job's code record")
             self._texts_kept.update(new)
-        return record
+        encoded = dump_json(record, "code record")
+        self._ran_json[(job.target, where)] = (ran, encoded)
+        return encoded
 
     def _finish(
         self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str, **kwargs: Any

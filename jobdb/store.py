@@ -261,16 +261,16 @@ class Store:
         exit_code: int | None = None,
         why: str | None = None,
         relaunch: bool = True,
-        code: dict[str, Any] | None = None,
+        code: dict[str, Any] | str | None = None,
     ) -> Status:
         """Record how an owned run ended and move the graph on; returns the job's new status.
 
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
-        ``code``: what the run ran (its code and environment record), kept on the job.
+        ``code``: what the run ran (its code and environment record, or its JSON), kept on the job.
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
-        code_blob = dump_json(code, "code record") if code else None
+        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
         status = self._write(
             lambda conn: transitions.finish(
                 conn,
@@ -304,7 +304,7 @@ class Store:
         error: str | None = None,
         exit_code: int | None = None,
         why: str | None = None,
-        code: dict[str, Any] | None = None,
+        code: dict[str, Any] | str | None = None,
     ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
@@ -312,7 +312,7 @@ class Store:
         if the finish is refused (LeaseLost, as from ``finish``).
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
-        code_blob = dump_json(code, "code record") if code else None
+        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
