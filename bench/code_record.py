@@ -3,8 +3,8 @@
     python bench/code_record.py [--jobs 1000] [--turns 3] [--before REF]
 
 Each turn runs ``jobman dispatch -j 2`` over no-op function jobs (``bench/dispatch_overhead.py``'s
-``timed_dispatch``) twice: once with the commit before code records (``--before``, default: where this
-branch left ``main``, exported with ``git archive`` and put first on ``PYTHONPATH``), once with this
+``timed_dispatch``) twice: once with the commit before code records (``--before``, default: the parent
+of the commit that added them, exported with ``git archive`` and put first on ``PYTHONPATH``), once with this
 tree. The jobs' module sits in a git working tree with uncommitted changes, so every fact is captured:
 source digest, commit, diff, package list. The figure is CPU per job, every process counted
 (dispatcher, workers, fork servers, jobs); CPU hardly depends on what else the machine runs.
@@ -54,6 +54,16 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
+def commit_before_code_records() -> str:
+    """The commit before the one that added code records (``dispatch/provenance.py``)."""
+    git = ["git", "log", "--diff-filter=A", "--format=%H", "--", "dispatch/provenance.py"]
+    added = subprocess.run(git, cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    if not added:
+        raise SystemExit("no commit adds dispatch/provenance.py here: give --before REF")
+    parent = ["git", "rev-parse", f"{added[-1]}^"]
+    return subprocess.run(parent, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
 def one_run(jobs: int, pythonpath: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="jobman-code-bench-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -70,14 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--before", default=None, help="the commit before code records (default: merge-base with main)")
+    parser.add_argument("--before", help="the commit to compare with (default: the one before code records)")
     args = parser.parse_args(argv)
-    before = (
-        args.before
-        or subprocess.run(
-            ["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True, capture_output=True, text=True
-        ).stdout.strip()
-    )
+    before = args.before or commit_before_code_records()
     per_job: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="jobman-before-") as scratch:
         base = export(before, Path(scratch))

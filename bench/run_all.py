@@ -32,6 +32,7 @@ BENCHES = [
     ("report", "report_bench.py", [], ["--jobs", "10000"]),
     ("web dashboard", "web.py", ["--no-write"], ["--no-write", "--jobs", "20000", "--repeat", "2"]),
     ("calls from Python", "python_api.py", [], ["--quick"]),
+    ("code records", "code_record.py", [], ["--jobs", "300", "--turns", "1"]),
 ]
 
 
