@@ -5,7 +5,7 @@
 Each turn runs ``jobman dispatch -j 2`` over no-op function jobs (``bench/dispatch_overhead.py``'s
 ``timed_dispatch``) twice: once with the commit before code records (``--before``, default: the parent
 of the commit that added them, exported with ``git archive`` and put first on ``PYTHONPATH``), once with this
-tree. The jobs' module sits in a git working tree with uncommitted changes, so every fact is captured:
+tree at ``--after`` (default HEAD), exported the same way. The jobs' module sits in a git working tree with uncommitted changes, so every fact is captured:
 source digest, commit, diff, package list. The figure is CPU per job, every process counted
 (dispatcher, workers, fork servers, jobs); CPU hardly depends on what else the machine runs.
 """
@@ -64,11 +64,10 @@ def commit_before_code_records() -> str:
     return subprocess.run(parent, cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def one_run(jobs: int, pythonpath: str | None) -> dict:
+def one_run(jobs: int, pythonpath: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="jobman-code-bench-") as tmp:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
+        env["PYTHONPATH"] = pythonpath
         code = DRIVER.format(bench=str(HERE), tmp=tmp, jobs=jobs)
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -81,14 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--before", help="the commit to compare with (default: the one before code records)")
+    parser.add_argument("--after", default="HEAD", help="the commit measured (default: HEAD; commit first)")
     args = parser.parse_args(argv)
     before = args.before or commit_before_code_records()
+    after = args.after
     per_job: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="jobman-before-") as scratch:
-        base = export(before, Path(scratch))
-        print(f"{args.jobs} no-op jobs, jobman dispatch -j 2, {args.turns} turns; before = {before[:12]}")
+        # Both sides imported the same way (an editable install's import hook costs CPU of its own).
+        trees = {
+            "before": str(export(before, Path(scratch) / "before")),
+            "after": str(export(after, Path(scratch) / "after")),
+        }
+        print(
+            f"{args.jobs} no-op jobs, jobman dispatch -j 2, {args.turns} turns; before = {before[:12]}, after = {after}"
+        )
         for turn in range(1, args.turns + 1):
-            for label, path in (("before", str(base)), ("after", None)):
+            for label, path in trees.items():
                 got = one_run(args.jobs, path)
                 ms = 1000 * got["cpu"] / args.jobs
                 per_job[label].append(ms)
