@@ -1,13 +1,14 @@
 """The cost of recording the code and environment each job ran, measured in turns beside the code before it.
 
-    python bench/code_record.py [--jobs 1000] [--turns 3] [--before REF]
+    python bench/code_record.py [--jobs 1000] [--turns 3] [--before REF] [--after REF]
 
 Each turn runs ``jobman dispatch -j 2`` over no-op function jobs (``bench/dispatch_overhead.py``'s
-``timed_dispatch``) twice: once with the commit before code records (``--before``, default: the parent
-of the commit that added them, exported with ``git archive`` and put first on ``PYTHONPATH``), once with this
-tree at ``--after`` (default HEAD), exported the same way. The jobs' module sits in a git working tree with uncommitted changes, so every fact is captured:
-source digest, commit, diff, package list. The figure is CPU per job, every process counted
-(dispatcher, workers, fork servers, jobs); CPU hardly depends on what else the machine runs.
+``timed_dispatch``) twice: once with the commit before code records (``--before``, default: the
+parent of the commit that added them), once with ``--after`` (default HEAD: commit first), each
+exported with ``git archive`` and put first on ``PYTHONPATH``, so both are imported the same way
+(an editable install's import hook costs CPU of its own). The jobs' module sits in a git working
+tree with uncommitted changes, so every fact is captured: source digest, commit, diff, package
+list. The figure is CPU per job, every process counted (dispatcher, workers, fork servers, jobs).
 """
 
 from __future__ import annotations
@@ -86,14 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     after = args.after
     per_job: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="jobman-before-") as scratch:
-        # Both sides imported the same way (an editable install's import hook costs CPU of its own).
         trees = {
             "before": str(export(before, Path(scratch) / "before")),
             "after": str(export(after, Path(scratch) / "after")),
         }
-        print(
-            f"{args.jobs} no-op jobs, jobman dispatch -j 2, {args.turns} turns; before = {before[:12]}, after = {after}"
-        )
+        print(f"{args.jobs} no-op jobs, dispatch -j 2, {args.turns} turns; before {before[:12]}, after {after}")
         for turn in range(1, args.turns + 1):
             for label, path in trees.items():
                 got = one_run(args.jobs, path)
