@@ -33,6 +33,7 @@ BENCHES = [
     ("web dashboard", "web.py", ["--no-write"], ["--no-write", "--jobs", "20000", "--repeat", "2"]),
     ("calls from Python", "python_api.py", [], ["--quick"]),
     ("an experiment in a notebook", "notebook.py", [], ["--jobs", "5000", "--repeat", "2"]),
+    ("code records", "code_record.py", [], ["--jobs", "300", "--turns", "1"]),
 ]
 
 

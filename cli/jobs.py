@@ -38,6 +38,7 @@ from .common import (
     styled_status,
     with_database,
 )
+from .provenance import code_json, code_lines, named_text
 
 PANEL_EDGES = 4  # a panel's border and padding, left and right
 
@@ -263,18 +264,29 @@ def _param_filter(given: tuple[str, ...]) -> dict:
 @click.argument("args", nargs=-1, required=True, metavar="[DB] ID")
 @with_database("args")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def show(args: tuple[str, ...], database: Database, fmt: str) -> None:
-    """One job, whole: parameters, results, dependencies, where it ran, its status history.
+@click.option(
+    "--diff", "diff", is_flag=True, help="Print the uncommitted changes of the tree the job's code came from."
+)
+@click.option("--packages", is_flag=True, help="Print the packages installed where the job ran (name==version).")
+def show(args: tuple[str, ...], database: Database, fmt: str, diff: bool, packages: bool) -> None:
+    """One job, whole: parameters, results, dependencies, where it ran, the code and environment it
+    ran, its status history.
 
     \b
     Example:
       jobman show 7 --db 'sqlite:///sweeps.db?table=mlp'
+      jobman show 7 --diff > job7.patch
     """
     ids = parse_ids(args)
     if len(ids) != 1:
         raise click.UsageError("give exactly one job id")
+    if diff and packages:
+        raise click.UsageError("give --diff or --packages, not both")
     store = database.open()
     job = store.job(ids[0])
+    if diff or packages:
+        click.echo(named_text(store, job, "diff" if diff else "packages"), nl=False)
+        return
     children = store.children(job.id)
     events = store.events(job.id)
     if fmt == "json":
@@ -308,6 +320,7 @@ def show_json(store: Store, job: Job, children: list[int], events: list[Any]) ->
     data["children"] = children
     rung = store.rungs([job.id]).get(job.id)
     data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
+    data["code"], data["environment"] = code_json(job)
     data["events"] = [e.__dict__ for e in events]
     data["artifacts"] = [
         {"name": name, "digest": ref[REF], **{k: v for k, v in ref.items() if k != REF}}
@@ -328,6 +341,7 @@ def show_lines(store: Store, job: Job, children: list[int]) -> list[str]:
         f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
         + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",
+        *code_lines(job),
     ]
     rung = store.rungs([job.id]).get(job.id)
     if rung is not None:

@@ -63,9 +63,27 @@ def run_report(
     ) as report:
         writer(report, stream or sys.stdout, top=top, experiment=store.experiment, where=where)
     if fmt in ("table", "markdown"):
-        for line in store.search_summaries():
+        for line in [*store.search_summaries(), *mixed_code_lines(store, report.rows)]:
             print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
     return report
+
+
+MIXED_SHOWN = 5
+
+
+def mixed_code_lines(store: Store, rows: list[ConfigRow]) -> list[str]:
+    """A line per configuration shown whose runs ran different code (source, commit or diff)."""
+    versions = store.versions_run([i for row in rows for i in row.job_ids])
+    lines = []
+    for row in rows:
+        ran = {versions[i] for i in row.job_ids if i in versions}
+        if len(ran) > 1:
+            name = " ".join(f"{k}={format_param(v)}" for k, v in row.params.items()) or "the configuration"
+            ids = ", ".join(str(i) for i in row.job_ids)
+            lines.append(f"{name}: its runs ran {len(ran)} versions of the code (jobs {ids}; jobman show ID)")
+    if len(lines) > MIXED_SHOWN:
+        lines[MIXED_SHOWN:] = [f"… and {len(lines) - MIXED_SHOWN} more configurations whose runs ran different code"]
+    return lines
 
 
 def _group_option(value: str | None) -> list[str] | None:

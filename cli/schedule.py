@@ -61,18 +61,35 @@ def original_forms(tokens: list[str], *, later_wins: bool = False) -> list[str]:
     return expand_tokens(tokens, evaluate=evaluate, later_wins=later_wins)
 
 
-def check_targets(targets: list[tuple[str, list[str]]]) -> None:
+def check_targets(targets: list[tuple[str, list[str]]]) -> dict[str, tuple[str | None, str | None]]:
     """Refuse a sweep whose function targets cannot be imported here, or cannot take a parameter
-    the sweep gives them (``--no-check`` skips this)."""
+    the sweep gives them (``--no-check`` skips this). Returns, per target, the directory it was
+    found from and the digest of its source."""
     from jobman.dispatch.experiment import TargetError, resolve, unaccepted
+    from jobman.dispatch.provenance import found_at, source_digest
 
+    found = {}
     for target, names in targets:
         try:
-            refused = unaccepted(resolve(target), names)
+            fn = resolve(target)
         except TargetError as exc:
             raise UsageError(f"{exc} (use --no-check if it only exists where the jobs run)") from None
+        refused = unaccepted(fn, names)
         if refused is not None:
             raise UsageError(refused)
+        found[target] = (found_at(fn), source_digest(fn))
+    return found
+
+
+def changed_code(store: Any, found: dict[str, tuple[str | None, str | None]], ids: list[int]) -> dict[str, list[int]]:
+    """Per target, the DONE jobs among ``ids`` that ran another version of it than the one here."""
+    stale = {}
+    for target, (_where, source) in found.items():
+        if source is not None and ids:
+            ran_other = store.ran_other_source(ids, source)
+            if ran_other:
+                stale[target] = ran_other
+    return stale
 
 
 def parse_after(selectors: tuple[str, ...]) -> dict:
@@ -206,6 +223,12 @@ def _bad_after(sel: str) -> NoReturn:
     "jobs of this sweep at that step; it ends DONE with pruned=True.",
 )
 @click.option("--no-check", is_flag=True, help="Do not import the targets here to check them.")
+@click.option(
+    "--rerun-changed",
+    is_flag=True,
+    help="Queue again the DONE jobs of this sweep that ran an older version of their target "
+    "(their results are kept in the event log).",
+)
 @click.option("--dry-run", is_flag=True, help="Print how many jobs the sweep makes; write nothing.")
 def sqlschedule(  # noqa: C901
     sweep: tuple[str, ...],
@@ -229,6 +252,7 @@ def sqlschedule(  # noqa: C901
     prune: str | None,
     no_check: bool,
     dry_run: bool,
+    rerun_changed: bool,
 ) -> None:
     """Schedule a sweep: one job per point of the grid, phases joined by '--'.
 
@@ -283,8 +307,9 @@ def sqlschedule(  # noqa: C901
     rules = sampled(sweep_space(parsed), rules)  # the distributions drawn, kept for report --plot
     # Made as the store reads it: a million-job grid is never held whole.
     specs = Expansion(parsed, samples=samples, seed=seed, sampler=sampler)
-    if not no_check:
-        check_targets(specs.function_parameters())
+    found = {} if no_check else check_targets(specs.function_parameters())
+    if rerun_changed and no_check:
+        raise UsageError("--rerun-changed compares the targets as imported here: it cannot go with --no-check")
     for note in repeated_values(parsed):
         click.echo(f"note: {note}", err=True)
     store = _preview_store(database) if dry_run else database.open()
@@ -309,10 +334,14 @@ def sqlschedule(  # noqa: C901
         halving=rules,
         duplicate=force,
         repeat=repeat,
-        keep_ids=False,
+        # The sweep's ids, to compare the code its DONE jobs ran, only where some ran already.
+        keep_ids=store.ran_before([t for t, (_where, source) in found.items() if source]),
+        where={target: where for target, (where, _source) in found.items() if where}
+        | ({command: os.getcwd()} if command is not None else {}),
     )
     if dry_run:
         keep.pop("keep_ids")
+        keep.pop("where")
         _print_preview(store, store.preview_schedule(specs, first=DRY_RUN_SHOWN, **keep), len(parsed.phases))
         if rules is not None and rules.rungs:
             click.echo(_rungs_line(rules, list(specs), repeat))
@@ -340,6 +369,7 @@ def sqlschedule(  # noqa: C901
     else:
         extra = f" ({result.existing} already present)" if result.existing else ""
         click.echo(f"added {result.added} jobs to {where}{extra}")
+    _changed_code(store, found, result.job_ids, rerun_changed)
     if rules is not None and rules.rungs:
         click.echo(_rungs_line(rules, list(specs), repeat if result.repeated else 1))
     if rules is not None and rules.prune:
@@ -380,6 +410,18 @@ def _print_preview(store: Store, preview: SchedulePreview, phases: int) -> None:
         click.echo(f"  phase {job.phase}  {job.target}  {fmt_params(job.params) or '-'}")
     if preview.added > len(preview.first):
         click.echo(f"  ... and {preview.added - len(preview.first)} more")
+
+
+def _changed_code(store: Any, found: dict[str, tuple[str | None, str | None]], ids: list[int], rerun: bool) -> None:
+    """Say which DONE jobs of the sweep ran an older version of their target; with ``rerun``,
+    queue them again (a reset: their results go to the event log)."""
+    for target, stale in changed_code(store, found, ids).items():
+        name = target.replace(":", ".")
+        if rerun:
+            store.reset(stale, why=f"ran an older version of {name}; scheduled again with --rerun-changed")
+            click.echo(f"{len(stale)} of these jobs ran an older {name}: queued again (old results in their events)")
+        else:
+            click.echo(f"{len(stale)} of these jobs ran an older {name}; --rerun-changed runs them again")
 
 
 def _halving_rules(

@@ -94,6 +94,15 @@ def source_version(fn: Callable[..., Any]) -> str:
     return "src-" + hashlib.sha256(source.encode()).hexdigest()[:12]
 
 
+def code_version(fn: Callable[..., Any]) -> str | None:
+    """The version a call of ``fn`` gets when none is given: made of its source, as joblib keys its
+    cache; None when its source cannot be read (a builtin, code made at run time)."""
+    try:
+        return source_version(fn)
+    except UsageError:
+        return None
+
+
 def grid(**axes: Any) -> list[dict[str, Any]]:
     """The product of the axes, as one params dict per point, in the order ``sqlschedule`` makes them.
 

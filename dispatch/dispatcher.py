@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost
+from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, TargetUnimportable
 from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
 from jobman.jobdb.store import Store
 
@@ -199,6 +199,8 @@ class Dispatcher:
                 continue
             self.failed_in_a_row += 1
             cause = last_line or f"worker {backend_id} exited with code {code}"
+            if code == TargetUnimportable.exit_code:  # another worker would fail the same way
+                raise TargetUnimportable(cause.removeprefix("jobman: "))
             if self.failed_in_a_row >= self.options.max_failed_starts:
                 raise DispatchError(
                     f"{self.failed_in_a_row} workers in a row failed, the last one with: "

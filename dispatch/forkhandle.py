@@ -82,6 +82,8 @@ class ForkServer:
         self.ctrl: socket.socket | None = None
         self._path_sent: list[str] | None = None
         self.last_cgroup: Path | None = None  # of the job last started, if it could have one
+        self.last_code: dict[str, Any] | None = None  # the code record of the job last started
+        self.codes: dict[str, dict[str, Any]] = {}  # code records by target, as the server told them once
         self.process: JobProcess | None = None  # with jobs_per_process > 1: the one that takes the next job
 
     def _start(self) -> None:
@@ -152,6 +154,7 @@ class ForkServer:
             mine.close()
             raise TargetError(answer["error"])
         self.last_cgroup = Path(answer["cgroup"]) if answer.get("cgroup") else None
+        self.last_code = self._code(request.get("target"), answer.get("code"))
         return answer["pid"], mine
 
     def run_in_process(self, request: dict[str, Any]) -> JobProcess:
@@ -190,8 +193,17 @@ class ForkServer:
                 process.close()
                 continue
             process.left -= 1
+            self.last_code = self._code(request["target"], reply[0].get("code"))
             return process
         raise ForkServerGone("the worker's job process exited before starting its job")
+
+    def _code(self, target: str | None, told: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The code record of a job of ``target`` just started: the one told now, else the one kept."""
+        if target is None:  # a command
+            return None
+        if told is not None:
+            self.codes[target] = told
+        return self.codes.get(target)
 
     def close(self) -> None:
         """Hang up: the server exits at the end of its stream (killed if it does not)."""

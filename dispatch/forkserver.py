@@ -61,6 +61,7 @@ from .gang import Gang, GangError, RankFailed, launch_of
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
 from .messages import recv_msg, send_msg
+from .provenance import CodeRecords
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
@@ -190,6 +191,19 @@ def function_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any])
     return fn
 
 
+# The code each loaded target runs (its source digest, its tree's git state), worked out once per
+# process when the target is first loaded, and told to the worker with the first job it starts.
+_code_records = CodeRecords()
+
+
+def code_of(targets: dict[str, Callable[..., Any]], request: dict[str, Any]) -> dict[str, Any] | None:
+    """The code record of the request's function (loaded by :func:`function_of`), for the worker,
+    the first time it is asked for only: the worker keeps it for the target's next jobs."""
+    target, code = request["target"], request.get("code")
+    key = target if code is None else f"{target}\x1f{code}"
+    return _code_records.news(key, target, targets[key])
+
+
 def _discard_pending_stops() -> None:
     """Drop stop signals that came for the job before (they are blocked between jobs)."""
     while signal.sigtimedwait(STOP_SIGNALS, 0) is not None:
@@ -233,7 +247,7 @@ def _reused_process(targets: dict[str, Callable[..., Any]], link: socket.socket,
             send_msg(link, {"op": "error", "error": str(exc)})
             continue
         _discard_pending_stops()
-        send_msg(link, {"op": "started"})
+        send_msg(link, {"op": "started", "code": code_of(targets, request)})
         report = job_main(fn, request, link, mask)
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         if mine:  # the next job does not inherit this one's processes
@@ -389,6 +403,7 @@ def _next_request(
         sock.close()
         send_msg(ctrl, {"error": str(exc)})
         return True
+    request["code_record"] = code_of(targets, request)
     return request, sock
 
 
@@ -406,7 +421,7 @@ def _serve_requests(ctrl: socket.socket) -> None:
         pid = _fork_job(ctrl, functools.partial(_job_process, targets, request, job_sock))
         job_sock.close()
         _running_jobs.add(pid)
-        send_msg(ctrl, {"pid": pid, "cgroup": str(slot) if slot else None})
+        send_msg(ctrl, {"pid": pid, "cgroup": str(slot) if slot else None, "code": request["code_record"]})
         status = os.waitpid(pid, 0)[1]
         _slot.empty()
         end_job_processes(pid)
@@ -450,7 +465,7 @@ def _serve_reused(ctrl: socket.socket, jobs_per_process: int) -> None:
                 alive[pid] = os.pidfd_open(pid)
             except (AttributeError, OSError):
                 alive[pid] = -1
-            send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid)})
+            send_msg(ctrl, {"pid": pid, "cgroup": _cgroup_text(pid), "code": got[0]["code_record"]})
     finally:  # the worker hung up: its job processes (idle, or it would be waiting for them) go too
         for pid in alive:
             end_job_processes(pid, keep=tuple(p for p in alive if p != pid), cgroup=cgroup_of(pid, _cgroup_folder))

@@ -35,7 +35,7 @@ from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 
-from .calls import json_params, source_version, target_of
+from .calls import code_version, json_params, source_version, target_of
 from .channel import DD, NOT_KEPT, Channel
 from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
@@ -238,9 +238,11 @@ class Experiment:
         """Call ``fn(**params)`` as a job; a future of its results dict.
 
         Parameters are keywords (or a dict first, for names such as ``retry``). A DONE call is
-        answered from the database; a FAILED one raises its error unless ``retry``. ``version``
-        (or ``cache="source"``: a hash of the function's source) makes a changed function a new call.
-        ``ranks`` N runs it as N processes started together (a gang); rank 0's results are the call's.
+        answered from the database; a FAILED one raises its error unless ``retry``. The function's
+        source is part of the call's identity (an edited function is a new call; ``cache="source"``
+        says so explicitly); ``version`` pins one whatever the source. A call recorded before the
+        source was part of it still answers. ``ranks`` N runs it as N processes started together (a
+        gang); rank 0's results are the call's.
         """
         merged = {**(params or {}), **kwargs}
         return self.map(fn, [merged], retry=retry, version=version, cache=cache, ranks=ranks)[0]
@@ -265,14 +267,22 @@ class Experiment:
             version = source_version(fn)
         target = target_of(fn, version)
         points = list(params)
-        _refuse_unaccepted(resolve(target.partition("@")[0]) if isinstance(fn, str) else fn, points)
+        function = resolve(target.partition("@")[0]) if isinstance(fn, str) else fn
+        _refuse_unaccepted(function, points)
+        # A function's code is part of its call's identity (a changed function is a new call), unless
+        # a version pins it; a call recorded before code was, under the plain target, still answers.
+        legacy = None
+        if version is None and not by_value(target):
+            automatic = code_version(function)
+            if automatic is not None:
+                legacy, target = target, target_of(target, automatic)
         if isinstance(fn, str):
             runnable = resolve(target) if self.backend == "inline" else None
-            return self._submit(target, points, runnable, retry=retry, code=None, ranks=ranks)
+            return self._submit(target, points, runnable, retry=retry, code=None, ranks=ranks, legacy=legacy)
         code = None
         if by_value(target):
             target, code = self._by_value(target, fn)
-        return self._submit(target, points, fn, retry=retry, code=code, ranks=ranks)
+        return self._submit(target, points, fn, retry=retry, code=code, ranks=ranks, legacy=legacy)
 
     def _submit(
         self,
@@ -284,6 +294,7 @@ class Experiment:
         code: bytes | None,
         unwrap: Callable[[dict[str, Any]], Any] | None = None,
         ranks: int = 1,
+        legacy: str | None = None,
     ) -> list[JobFuture]:
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
@@ -292,6 +303,13 @@ class Experiment:
             raise UsageError(f"{target!r} cannot be imported by name: pass the function itself")
         found = self.store.find(hashes)
         missing = [i for i, h in enumerate(hashes) if h not in found]
+        if missing and legacy is not None:
+            old = {i: params_hash(0, "fn", legacy, encoded[i]) for i in missing}
+            recorded = self.store.find(list(old.values()))
+            for i, h in old.items():
+                if h in recorded:
+                    found[hashes[i]] = recorded[h]
+            missing = [i for i in missing if old[i] not in recorded]
         if missing:
             if code is not None:
                 self._store_code(target, code)
@@ -648,7 +666,8 @@ def cached(
     are bound to the signature with defaults applied, so ``features("mnist", pca=32)`` is the same
     call. The return value is stored as JSON (a tuple comes back a list), or, when JSON cannot
     hold it (a NumPy array, any picklable object), in the database's artifact store and given back
-    as itself. ``version`` (or ``cache="source"``) makes a changed function a new call.
+    as itself. An edited function is a new call (its source is part of the identity); ``version``
+    pins one whatever the source.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -662,7 +681,9 @@ def cached(
         def experiment() -> Experiment:
             if "exp" not in state:
                 state["exp"] = Experiment(url, backend="inline", exproot=exproot)
-                state["target"] = target_of(fn, source_version(fn) if cache == "source" else version)
+                pinned = version if version is not None else None if by_value(target_of(fn)) else code_version(fn)
+                state["target"] = target_of(fn, pinned)
+                state["legacy"] = target_of(fn) if version is None and pinned is not None else None
             return state["exp"]
 
         @functools.wraps(fn)
@@ -684,6 +705,7 @@ def cached(
                 retry=retry,
                 code=None,
                 unwrap=lambda results: _returned(fn, results),
+                legacy=state["legacy"],
             )
             return future[0].result()
 
@@ -702,6 +724,7 @@ def _returning(fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(state: DD, channel: Channel) -> dict[str, Any]:
         return {"return": fn(**channel.params)}
 
+    run.code_of = fn  # type: ignore[attr-defined]  # its code record is the function's (not __wrapped__: the signature)
     return run
 
 

@@ -19,6 +19,7 @@ from jobman.jobdb.url import DbTarget
 
 from .channel import Parent, StoreChannel, job_info
 from .experiment import failure_why
+from .provenance import CodeRecords, what_ran, where_of
 from .runner import run_here
 
 
@@ -28,6 +29,8 @@ class InlineRunner:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._heartbeats: _Heartbeats | None = None
+        self._records = CodeRecords()  # the code each function run here runs, worked out once
+        self._texts_kept: set[str] = set()
 
     def run(self, job_id: int, fn: Callable[..., Any], exproot: Path, timeout: float | None) -> dict[str, Any] | None:
         """Run the job here if it is QUEUED (claimed, as a worker would), else leave it to whoever has it;
@@ -68,11 +71,30 @@ class InlineRunner:
             finally:
                 self._heartbeats.running.pop(job.id, None)
             why = failure_why(ending.error) if ending.status == "FAILED" else None
-            status = store.finish(job.id, lease, ending.status, results=ending.results, error=ending.error, why=why)
+            status = store.finish(
+                job.id,
+                lease,
+                ending.status,
+                results=ending.results,
+                error=ending.error,
+                why=why,
+                code=self._what_ran(job, fn),
+            )
             if status is Status.DONE:
                 return ending.results
             if status is not Status.QUEUED:  # QUEUED: it returned INCOMPLETE, resume it here at once
                 return None
+
+    def _what_ran(self, job: Job, fn: Callable[..., Any]) -> dict[str, Any]:
+        """The code and environment a job run here ran (a cached call's own function, not its
+        wrapper); the texts it names kept first, once per runner."""
+        ran = self._records.message(job.target, job.target, getattr(fn, "code_of", fn))
+        record, texts = what_ran(ran, job.target, where_of(job.code))
+        new = {k: v for k, v in texts.items() if k not in self._texts_kept}
+        if new:
+            self.store.keep_texts(new)
+            self._texts_kept.update(new)
+        return record
 
 
 def _parent(job: Job) -> Parent:

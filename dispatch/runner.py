@@ -26,6 +26,7 @@ import select
 import shlex
 import signal
 import socket
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.status import LOST
 
@@ -47,6 +49,7 @@ from .machine import GpuPool, SlotPool, gpus_asked
 from .messages import Frames, MalformedMessage, job_request, send_nowait
 from .oom import OomWatch
 from .outage import Outage
+from .provenance import what_ran, where_of
 
 if TYPE_CHECKING:  # annotations only: the runner itself needs no database code
     from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
@@ -288,6 +291,7 @@ class _Forked(_Child):
         self.status: int | None = None
         self.server_gone = False
         self.malformed: str | None = None  # how the job broke the protocol with its worker, if it did
+        self.code: dict[str, Any] | None = None  # the code record its fork server sent (function jobs)
         self.oom = OomWatch()
         self._frames, self._ctrl_frames = Frames(), Frames()
 
@@ -460,6 +464,9 @@ class Runner:
         self.slots: SlotPool | None = None  # its dispatch's -j slots, when ranks are counted
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
         self.artifacts: str | None = None  # where the jobs' artifact store is (the worker says)
+        self._texts_kept: set[str] = set()  # digests of the diffs and package lists this worker kept
+        self._ran_json: dict[tuple[str, str | None], tuple[dict[str, Any] | None, str]] = {}
+        self.cannot_import: str | None = None  # why the last job's target could not be imported, if so
 
     def close(self) -> None:
         """Stop the fork server (it also stops by itself when the worker exits)."""
@@ -552,7 +559,15 @@ class Runner:
                 child: _Forked = self._start_function(job, lease, parents, workdir, start)
             else:
                 child = self._spawn_command(job, parents, workdir)
-        except (TargetError, JobmanError, OSError, ForkServerGone) as exc:
+        except TargetError as exc:  # its other jobs would fail so too: this worker claims no more
+            where = where_of(job.code)
+            self.cannot_import = (
+                f"job {job.id} FAILED: {exc}"
+                + (f" (its module was found in {where} when scheduled)" if where else "")
+                + "; its other jobs are left QUEUED"
+            )
+            return self._finish(job, lease, None, "FAILED", error=str(exc), why=f"could not start: {exc}")
+        except (JobmanError, OSError, ForkServerGone) as exc:
             return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
         try:
             kill_reason = self._supervise(child, job, lease)
@@ -566,7 +581,7 @@ class Runner:
         finally:
             if child.server_gone:  # the server could not end what the job left: it is ours to end
                 self._end_leftovers(child, before)
-        return self._record(child, job, lease, workdir, kill_reason, then)
+        return self._record(child, job, lease, workdir, kill_reason, then, child.code)
 
     def _end_leftovers(self, child: _Forked, keep: tuple[int, ...]) -> None:
         """The fork server died under a job: kill the job's cgroup (with the server's folder of them)
@@ -626,6 +641,9 @@ class Runner:
             request["env"] = self.job_env
         if job.ranks > 1:
             request["ranks"] = job.ranks
+        where = where_of(job.code)
+        if where and where not in sys.path:  # found there when scheduled: found so here too, after the rest
+            sys.path.append(where)
         if by_value(job.target):
             request["code"] = self._code_of(job.target)
         answer = lambda message: self._answer(job, lease, message)  # noqa: E731
@@ -634,12 +652,16 @@ class Runner:
                 process = self.server.run_in_process(request)
             except ForkServerGone:  # killed between two jobs: a new one, once
                 process = self.server.run_in_process(request)
-            return _InProcess(process, deadline, self.server.control, answer)
+            in_process = _InProcess(process, deadline, self.server.control, answer)
+            in_process.code = self.server.last_code
+            return in_process
         try:
             pid, sock = self.server.start_job(request)
         except ForkServerGone:  # killed between two jobs: a new one, once
             pid, sock = self.server.start_job(request)
-        return _Forked(pid, deadline, sock, self.server.control, answer, self.server.last_cgroup)
+        forked = _Forked(pid, deadline, sock, self.server.control, answer, self.server.last_cgroup)
+        forked.code = self.server.last_code
+        return forked
 
     def _code_of(self, target: str) -> str:
         """The stored code of a function run by value, as text for the fork server's JSON request."""
@@ -777,9 +799,11 @@ class Runner:
         workdir: Path,
         reason: str | None,
         then: tuple[WorkerInfo, str] | None,
+        ran: dict[str, Any] | None = None,
     ) -> tuple[str, Claimed | None]:
         """Record how the job ended: what only files and the kernel's log can say is read here,
-        only where it counts; the verdict is :func:`classify_end`'s."""
+        only where it counts; the verdict is :func:`classify_end`'s. ``ran``: the code record the
+        fork server sent when it started a function job."""
         code, killed_by = child.exit_code, child.signal
         command_results = command_error = oom_cause = None
         stderr_tail = ""
@@ -804,8 +828,32 @@ class Runner:
             ranks=job.ranks,
         )
         return self._finish(
-            job, lease, then, end.outcome, results=end.results, error=end.error, exit_code=end.exit_code, why=end.why
+            job,
+            lease,
+            then,
+            end.outcome,
+            results=end.results,
+            error=end.error,
+            exit_code=end.exit_code,
+            why=end.why,
+            code=self._what_ran(job, ran),
         )
+
+    def _what_ran(self, job: Job, ran: dict[str, Any] | None) -> str:
+        """The job's code and environment record, as JSON: made once per code record and directory
+        (the texts it names kept first), then the same text for every job that ran the same."""
+        where = where_of(job.code)
+        cached = self._ran_json.get((job.target, where))
+        if cached is not None and cached[0] is ran:
+            return cached[1]
+        record, texts = what_ran(ran, job.target, where)
+        new = {k: v for k, v in texts.items() if k not in self._texts_kept}
+        if new:
+            self.outage.call(lambda: self.store.keep_texts(new), "keeping the job's code record")
+            self._texts_kept.update(new)
+        encoded = dump_json(record, "code record")
+        self._ran_json[(job.target, where)] = (ran, encoded)
+        return encoded
 
     def _finish(
         self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str, **kwargs: Any

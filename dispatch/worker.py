@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobman.jobdb import artifacts
-from jobman.jobdb.errors import JobmanError, ServerFull
+from jobman.jobdb.errors import JobmanError, ServerFull, TargetUnimportable
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .forkhandle import ForkServer
@@ -184,11 +184,15 @@ class Worker(StoppableLoop):
                 summary.by_status[status] = summary.by_status.get(status, 0) + 1
                 self.log(f"job {job.id} {'was taken from this worker' if status == LOST else status}")
                 idle_since = time.time()
+                if self.runner.cannot_import is not None:  # nothing was claimed with its record
+                    break
         finally:
             if claimed is not None:  # claimed with the last record, never started: back to the queue
                 self._put_back(claimed)
             self.runner.close()
         summary.stopped_by_signal = self._stop_signal is not None
+        if self.runner.cannot_import is not None:
+            raise TargetUnimportable(self.runner.cannot_import)
         return summary
 
     def _put_back(self, claimed: Claimed) -> None:

@@ -50,6 +50,12 @@ class NoSuchExperiment(UsageError):
     """No experiment of that name is in the database."""
 
 
+class TargetUnimportable(JobmanError):
+    """A job's target cannot be imported where it runs: its other jobs are left QUEUED."""
+
+    exit_code = 4  # a worker's exit code its dispatch reads: stop, do not start another
+
+
 class LeaseLost(JobmanError):
     """This worker no longer owns the job: it was reset, cancelled or declared crashed."""
 

@@ -193,6 +193,7 @@ class HotStatements:
                 results=sa.func.coalesce(b("results", type_=t_job.c.results.type), t_job.c.results),
                 error=sa.null(),
                 exit_code=sa.func.coalesce(b("exit_code", type_=sa.Integer), t_job.c.exit_code),
+                code=sa.func.coalesce(b("code", type_=t_job.c.code.type), t_job.c.code),
             )
             .returning(t_job.c.attempt, _has_children(), _in_search()),
             dialect,

@@ -13,6 +13,14 @@ from .canonical import load_json, load_results
 from .status import Status
 
 
+def code_of(raw: Any) -> dict[str, Any] | None:
+    """A job's ``code`` column decoded (text on SQLite, already text from jsonb on PostgreSQL)."""
+    if raw is None:
+        return None
+    value = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    return value if isinstance(value, dict) else None
+
+
 @dataclass
 class Job:
     """One row of ``job``, decoded."""
@@ -48,6 +56,7 @@ class Job:
     depends_on: list[int] = field(default_factory=list)
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
     ranks: int = 1  # processes that run it together (a gang), rank 0's results being the job's
+    code: dict[str, Any] | None = None  # what it ran: where found, code and environment (``coderecord``)
 
     def _repr_html_(self) -> str:
         """The job in a notebook: status, parameters, results or error, times."""
@@ -93,6 +102,7 @@ class Job:
             depends_on=deps or [],
             gpus=m.get("gpus"),
             ranks=m.get("ranks") or 1,
+            code=code_of(m.get("code")),
         )
 
     @classmethod
@@ -101,6 +111,7 @@ class Job:
         the values it set itself (the claiming worker, ``now``)."""
         m = dict(zip(CLAIMED_COLUMNS, row))
         params, results = m.pop("params"), m.pop("results")
+        m["code"] = code_of(m["code"])
         return cls(
             **m,
             params=load_json(params),
@@ -143,6 +154,7 @@ CLAIMED_COLUMNS = (
     "created_at",
     "queued_at",
     "ranks",
+    "code",
 )
 CLAIMED_ATTEMPT = CLAIMED_COLUMNS.index("attempt")
 

@@ -15,13 +15,13 @@ import itertools
 import pickle
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import graph
+from . import coderecord, graph
 from . import halving as _halving
 from .canonical import check_nul_all, dump_json
 from .errors import NoSuchJob, UsageError
@@ -156,6 +156,7 @@ def schedule(
     progress: Callable[[int], None] | None,
     halving: _halving.Halving | None,
     keep_ids: bool = True,
+    where: Mapping[str, str] | None = None,
 ) -> ScheduleResult:
     """Insert a sweep's new jobs and their dependencies into experiment ``exp`` (named ``experiment``),
     in the caller's write transaction, a chunk at a time; see :meth:`Store.schedule`."""
@@ -204,6 +205,8 @@ def schedule(
                 progress(done)
     if halving is not None and writer.members is not None:  # members are kept for a search
         _halving.register(conn, exp, halving, list(writer.members), list(writer.members.values()))
+    for target, folder in (where or {}).items():
+        coderecord.where_found(conn, exp, {target, canonical_target(target)}, folder, before)
     return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
 
 

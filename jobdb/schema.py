@@ -116,6 +116,9 @@ job = Table(
     Column("exit_code", Integer),
     Column("gpus", String(255)),  # the devices given to its last run (CUDA_VISIBLE_DEVICES)
     Column("ranks", Integer, nullable=False, server_default=text("1")),  # processes that run it together
+    # What ran (JSON): where the target was found when scheduled, then, from its worker, the target's
+    # source digest, the git state of its tree and the environment (texts shared by jobs: ``code_text``).
+    Column("code", JSON_TEXT),
     UniqueConstraint("experiment_id", "params_hash", name="uq_job_experiment_hash"),
 )
 # The claim: the first QUEUED job of an experiment by priority and order.
@@ -209,6 +212,17 @@ search_job = Table(
 )
 Index("ix_search_job_rung", search_job.c.search_id, search_job.c.rung)
 
+# Texts many jobs share, kept once each by the digest of their content: a working tree's
+# uncommitted diff (``kind`` 'diff'), an environment's installed packages ('packages').
+code_text = Table(
+    "code_text",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("stored_at", Float, nullable=False),
+)
+
 VERSION_TABLE = "jobman_alembic_version"
 # The newest migration in migrations/versions; a test keeps the two equal.
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"

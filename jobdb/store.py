@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import browse, connections, graph, scheduling, transitions
+from . import browse, coderecord, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
 from .artifacts import digests_in_text
+from .canonical import dump_json
 from .clock import ServerClock
 from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
@@ -45,7 +46,7 @@ from .records import (
 )
 from .scheduling import params_hash
 from .status import Status
-from .sweep import JobSpec
+from .sweep import JobSpec, canonical_target
 from .transitions import MAX_STATE_BYTES
 from .txn import Transactions, source_tag
 from .url import DbTarget, parse_db
@@ -119,6 +120,7 @@ class Store:
         duplicate: bool = False,
         repeat: int = 1,
         keep_ids: bool = True,
+        where: dict[str, str] | None = None,
     ) -> ScheduleResult:
         """Insert a sweep's jobs and their dependencies in one transaction; skip jobs already present.
 
@@ -133,6 +135,8 @@ class Store:
         experiment's identity index and inserted before the next is made: memory stays flat however
         large the sweep (a :class:`~.sweep.Expansion` is made as it is read). Without ``keep_ids`` the
         result lists no ids, and nothing grows with the sweep but 8 bytes per job of a sweep with phases.
+        ``where`` (target: directory) records on the new jobs where their target was found, so that a
+        worker started from another directory finds it there.
         """
         check_priority(priority)
         check_ranks(ranks)
@@ -140,7 +144,7 @@ class Store:
         options = dict(
             after=after, priority=priority, max_attempts=max_attempts, ranks=ranks, progress=progress, halving=halving
         )
-        return self._write(lambda conn: self._schedule_in(conn, sweep, keep_ids=keep_ids, **options))
+        return self._write(lambda conn: self._schedule_in(conn, sweep, keep_ids=keep_ids, where=where, **options))
 
     def preview_schedule(
         self,
@@ -180,6 +184,27 @@ class Store:
         return scheduling.schedule(
             conn, self._events, self.hot, self._exp(conn, create=True), self.experiment, sweep, **options
         )
+
+    def ran_before(self, targets: Sequence[str]) -> bool:
+        """Whether a DONE job of one of these targets has its code recorded (none in a new experiment)."""
+        canonical = [canonical_target(t) for t in targets]
+
+        def read(conn: Connection) -> bool:
+            try:
+                exp = self._exp(conn)
+            except NoSuchExperiment:  # a sweep's first schedule
+                return False
+            return coderecord.ran_before(conn, exp, canonical)
+
+        return bool(canonical) and self._read(read)
+
+    def versions_run(self, ids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
+        """The version of the code each job ran, (source, commit, diff), for jobs recorded with it."""
+        return self._read(lambda conn: coderecord.versions_run(conn, ids))
+
+    def ran_other_source(self, ids: Sequence[int], source: str) -> list[int]:
+        """Of the jobs ``ids``, the DONE ones recorded running another source of their target."""
+        return self._read(lambda conn: coderecord.ran_other_source(conn, ids, source))
 
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
@@ -276,13 +301,16 @@ class Store:
         exit_code: int | None = None,
         why: str | None = None,
         relaunch: bool = True,
+        code: dict[str, Any] | str | None = None,
     ) -> Status:
         """Record how an owned run ended and move the graph on; returns the job's new status.
 
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
+        ``code``: what the run ran (its code and environment record, or its JSON), kept on the job.
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
+        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
         status = self._write(
             lambda conn: transitions.finish(
                 conn,
@@ -296,6 +324,7 @@ class Store:
                 exit_code,
                 why,
                 relaunch,
+                code=code_blob,
                 **self._ends,
             )
         )
@@ -315,6 +344,7 @@ class Store:
         error: str | None = None,
         exit_code: int | None = None,
         why: str | None = None,
+        code: dict[str, Any] | str | None = None,
     ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
@@ -322,6 +352,7 @@ class Store:
         if the finish is refused (LeaseLost, as from ``finish``).
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
+        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
             log: list[dict[str, Any]] = []  # both events in one statement
@@ -338,6 +369,7 @@ class Store:
                 why,
                 True,
                 log,
+                code=code_blob,
                 **self._ends,
             )
             claimed = (
@@ -646,6 +678,16 @@ class Store:
     def function_code(self, target: str) -> bytes | None:
         """The stored code of a function run by value, or None."""
         return self._read(lambda conn: scheduling.function_code(conn, self._exp(conn), target))
+
+    def keep_texts(self, texts: dict[str, tuple[str, str]]) -> None:
+        """Keep texts jobs' code records name (a diff, a package list: ``{digest: (kind, body)}``),
+        each once, whoever kept it first."""
+        if texts:
+            self._write(lambda conn: coderecord.keep_texts(conn, texts, time.time()))
+
+    def code_text(self, digest: str) -> tuple[str, str] | None:
+        """A text a code record names, as ``(kind, body)``, or None if none is kept under ``digest``."""
+        return self._read(lambda conn: coderecord.code_text(conn, digest))
 
 
 __all__ = [

@@ -317,6 +317,7 @@ def finish(
     *,
     clock: Clock = _local_time,
     after_end: Ended | None = None,
+    code: str | None = None,
 ) -> Status | None:
     """Record how the run at ``lease`` ended; None if the caller no longer owns the job.
 
@@ -327,7 +328,7 @@ def finish(
     statement found it in a search."""
     if outcome == Outcome.DONE:  # the hot path: one statement
         return finish_done(
-            conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock, after_end=after_end
+            conn, log, hot, job_id, lease, blob, exit_code, why, pending, clock=clock, after_end=after_end, code=code
         )
     try:
         outcome = Outcome(outcome)
@@ -343,6 +344,8 @@ def finish(
     values: dict[str, Any] = {"heartbeat_at": now}
     if blob is not None:
         values["results"] = blob
+    if code is not None:
+        values["code"] = code
     if row.stop_requested:  # whatever else the run did, it was asked to stop
         new, reason = Status.CANCELED, why or "cancelled while running"
     elif outcome is Outcome.FAILED:
@@ -391,9 +394,12 @@ def finish_done(
     *,
     clock: Clock = _local_time,
     after_end: Ended | None = None,
+    code: str | None = None,
 ) -> Status | None:
     """The common end: mark DONE, log it (or leave its event in ``pending``), queue ready dependents."""
-    rows = hot.finish_done.rows(conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code)
+    rows = hot.finish_done.rows(
+        conn, id=job_id, lease=lease, now=clock(conn), results=blob, exit_code=exit_code, code=code
+    )
     if not rows:
         return None
     attempt, has_children, in_search = rows[0]

@@ -307,6 +307,7 @@ def job_view(store: Store, job_id: int) -> dict[str, Any]:
         "tails": job_tails,
         "files_unread": seen is None,
         "file_seconds": f"{FILE_READ_SECONDS:g}",
+        "diff": code_diff(store, job.code),
         **curves(store, [job_id]),
     }
 
@@ -356,6 +357,19 @@ def artifact_download(store: Store, target: DbTarget, job_id: int, name: str) ->
 
 class NoSuchArtifact(JobmanError):
     """No such artifact."""
+
+
+DIFF_SHOWN = 200_000  # characters of a diff shown on the page; all of it from ``jobman show ID --diff``
+
+
+def code_diff(store: Store, record: dict[str, Any] | None) -> str | None:
+    """The uncommitted changes the job's code record names, cut for the page, or None."""
+    key = ((record or {}).get("code") or {}).get("diff")
+    found = store.code_text(key) if isinstance(key, str) else None
+    if found is None:
+        return None
+    body = found[1]
+    return body if len(body) <= DIFF_SHOWN else body[:DIFF_SHOWN] + "\n[cut: jobman show ID --diff prints all of it]"
 
 
 def own_workdir(workdir: str | None, job_id: int, experiment: str) -> Path | None:
