@@ -21,5 +21,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("job") as batch:
-        batch.drop_column("ranks")
+    op.drop_column("job", "ranks")  # plain, as added: a batch copy would cascade to curves and events

@@ -18,8 +18,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("job") as batch:
-        batch.add_column(sa.Column("code", sa.Text().with_variant(postgresql.JSONB(), "postgresql")))
+    # Plain ADD and DROP COLUMN on both engines: a batch copy of the table on SQLite would rebuild the
+    # claim index without its descending priority, and dropping the old table would cascade to the
+    # jobs' curves and events.
+    op.add_column("job", sa.Column("code", sa.Text().with_variant(postgresql.JSONB(), "postgresql")))
     op.create_table(
         "code_text",
         sa.Column("digest", sa.String(64), primary_key=True),
@@ -31,5 +33,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("code_text")
-    with op.batch_alter_table("job") as batch:
-        batch.drop_column("code")
+    op.drop_column("job", "code")
