@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from . import graph
 from . import halving as _halving
+from . import learn as _learn
 from .canonical import check_nul_all, dump_json
 from .errors import NoSuchJob, UsageError
 from .graph import Log
@@ -422,6 +423,15 @@ def lock_experiment(conn: Connection, exp: int) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k1, :k2)"), {"k1": 0x6A6F62, "k2": exp})
 
 
+def start_learning(
+    conn: Connection, exp: int, rules: _halving.Halving, plan: _learn.Plan, now: float
+) -> tuple[int, list[int], int]:
+    """Record a learning search and make its first proposals (see :func:`.learn.start`), schedulers
+    of the experiment serialised as for a sweep."""
+    lock_experiment(conn, exp)
+    return _learn.start(conn, exp, rules, plan, params_hash, now)
+
+
 def canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
     if all(s.kind != "fn" or ":" in s.target for s in specs):
@@ -437,6 +447,7 @@ def search_moves_on(log: Log, now: Callable[[Connection], float]) -> Ended:
         _halving.after_finish(
             conn, job_id, lambda c, ids, why: graph.refresh(c, log, ids, why=why), params_hash, lambda: now(conn)
         )
+        _learn.after_end(conn, job_id, params_hash, lambda: now(conn))
 
     return after_end
 

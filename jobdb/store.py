@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import browse, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
+from . import learn as _learn
 from .clock import ServerClock
 from .connections import ConnectionUse
 from .errors import DatabaseError, LeaseLost, NoSuchExperiment
@@ -137,6 +138,17 @@ class Store:
                 progress=progress,
                 halving=halving,
                 keep_ids=keep_ids,
+            )
+        )
+
+    def start_search(self, rules: _halving.Halving, plan: _learn.Plan) -> tuple[int, list[int], int]:
+        """Record a learning search (:class:`.learn.Plan`) or grow the one the same command made, and
+        propose its first configurations, in one transaction; (search id, new job ids, configurations
+        it held before)."""
+        check_priority(plan.priority)
+        return self._write(
+            lambda conn: scheduling.start_learning(
+                conn, self._exp(conn, create=True), rules, plan, self.clock.now(conn)
             )
         )
 
@@ -383,6 +395,7 @@ class Store:
                     relaunch=relaunch,
                     max_attempts=max_attempts,
                     now=self.clock.now(conn),
+                    after_end=self._ends["after_end"],
                 )
             )
             if wanted
@@ -524,7 +537,9 @@ class Store:
 
     def search_summaries(self) -> list[str]:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
-        return self._read(lambda conn: _halving.summaries(conn, self._exp(conn)))
+        return self._read(
+            lambda conn: _halving.summaries(conn, self._exp(conn)) + _learn.summaries(conn, self._exp(conn))
+        )
 
     def search_space(self) -> dict[str, _halving.Distribution]:
         """The parameters this experiment's sweeps drew, and the distribution of each (for plots)."""
