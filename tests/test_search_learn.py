@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -167,7 +168,11 @@ def study_states(store) -> dict[int, str]:
     from jobman.jobdb import learn
 
     def read(conn):
-        search_id, spec = conn.execute(learn.sa.select(learn.t_search.c.id, learn.t_search.c.spec)).first()
+        search_id, spec = conn.execute(
+            learn.sa.select(learn.t_search.c.id, learn.t_search.c.spec).where(
+                learn.t_search.c.experiment_id == store._exp(conn)
+            )
+        ).one()
         data = json.loads(spec)
         configs = learn._configs(conn, search_id)
         study, _ = learn.build_study(
@@ -291,3 +296,19 @@ def test_without_optuna_one_sentence_names_the_extra_and_random_search_still_run
     assert jobman("sqlschedule", url, f"{MODULE}:quad", *SPACE, "--samples", "3", env=env).code == 0
     ran = jobman("worker", url, "--exproot", str(exp.runs), env=env, timeout=240)
     assert ran.code == 0 and "Traceback" not in ran.err, ran
+
+
+def test_the_readme_example_runs_as_written(jobman, tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("### Search that learns", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    commands = [(k, line) for k, line in enumerate(lines) if line.startswith("jobman ")]
+    assert [c.split()[1] for _, c in commands] == ["sqlschedule", "dispatch", "report"]
+    outputs = []
+    for _, command in commands:
+        got = jobman(*shlex.split(command)[1:], cwd=tmp_path, timeout=600)
+        assert got.code == 0 and "Traceback" not in got.err, got
+        outputs.append(got.out + got.err)
+    assert outputs[0].strip() == lines[commands[0][0] + 1]  # what it prints, word for word
+    assert "mlp: 8 DONE" in outputs[1]
+    assert lines[commands[2][0] + 3] in outputs[2]  # the search's summary line
