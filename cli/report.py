@@ -65,7 +65,24 @@ def run_report(
     if fmt in ("table", "markdown"):
         for line in store.search_summaries():
             print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
+        for front in store.search_fronts():
+            for line in front_lines(front):
+                print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
     return report
+
+
+def front_lines(front: Any) -> list[str]:
+    """A multi-objective search's Pareto front: a heading, then one line per configuration on it."""
+    goals = ", ".join(f"{m} {'highest' if d == 'max' else 'lowest'} best" for m, d in front.objectives)
+    lines = [f"search {front.search_id}: Pareto front ({goals}): {len(front.points)} configurations"]
+    for point in front.points:
+        params = " ".join(
+            f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(point.params.items())
+        )
+        values = ", ".join(f"{m} {v:.4g}" for m, v in point.values.items())
+        jobs = ",".join(map(str, point.job_ids))
+        lines.append(f"  {params} — {values} (job{'s' if len(point.job_ids) > 1 else ''} {jobs})")
+    return lines
 
 
 def _group_option(value: str | None) -> list[str] | None:

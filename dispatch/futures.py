@@ -393,7 +393,7 @@ class Experiment:
 
     def best(
         self,
-        metric: str,
+        metric: str | None = None,
         mode: str = "min",
         *,
         phase: int | None = None,
@@ -401,9 +401,21 @@ class Experiment:
         allow_incomplete: bool = False,
     ) -> Any:
         """The best configuration by ``metric``, chosen as ``jobman report`` does (folds and seeds
-        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
+        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``.
+
+        Without ``metric``, the experiment's learning search says what is best: the Pareto front of
+        a multi-objective search (a list of ``.params``, ``.values``, ``.job_ids``), else the best by
+        its one metric and direction."""
         from jobman.jobdb.report import NothingEligible, from_store
 
+        if metric is None:
+            fronts = self.store.search_fronts()
+            if fronts:
+                return list(fronts[-1].points)
+            goals = self.store.search_objectives()
+            if not goals:
+                raise UsageError("best() needs a metric: this experiment has no learning search to take one from")
+            metric, mode = goals[0]
         if mode not in ("min", "max"):
             raise UsageError(f"mode {mode!r} is 'min' or 'max'")
         report = from_store(

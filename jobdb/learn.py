@@ -438,6 +438,7 @@ def build_study(
                 params=point,
                 distributions=dists,
                 system_attrs=trial_attrs.get(config.key, {}),
+                user_attrs={"config": config.key},
                 **trial_outcome(config.jobs, plan.objectives, curves, optuna.trial.TrialState),
             )
         )
@@ -506,3 +507,63 @@ def summaries(conn: Connection, exp: int) -> list[str]:
             f"proposed, {ended} ended"
         )
     return lines
+
+
+@dataclass(frozen=True)
+class FrontPoint:
+    """One configuration on a multi-objective search's Pareto front."""
+
+    params: dict[str, Any]  # the proposed parameters
+    values: dict[str, float]  # each metric's mean over the configuration's runs
+    job_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Front:
+    """The configurations of a learning search that no other beats on every metric."""
+
+    search_id: int
+    objectives: tuple[tuple[str, str], ...]
+    points: tuple[FrontPoint, ...]
+
+
+def fronts(conn: Connection, exp: int) -> list[Front]:
+    """The Pareto front of each multi-objective learning search of the experiment (Optuna's
+    ``best_trials`` over the same trials a proposal sees); empty when Optuna is not installed."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return []
+    out = []
+    for search_id, spec in conn.execute(
+        sa.select(t_search.c.id, t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
+    ).all():
+        data = json.loads(spec)
+        if "learn" not in data or len(data["learn"]["objectives"]) < 2:
+            continue
+        plan, rules = Plan.from_dict(data["learn"]), Halving.from_json(spec)
+        configs = _configs(conn, search_id)
+        study, _ = build_study(conn, plan, rules, configs, {})
+        points = []
+        for trial in sorted(study.best_trials, key=lambda t: t.values):
+            config = configs[trial.user_attrs["config"]]
+            points.append(
+                FrontPoint(
+                    dict(trial.params),
+                    {m: float(v) for (m, _), v in zip(plan.objectives, trial.values)},
+                    tuple(j.id for j in config.jobs),
+                )
+            )
+        out.append(Front(search_id, plan.objectives, tuple(points)))
+    return out
+
+
+def objectives_of(conn: Connection, exp: int) -> list[tuple[str, str]]:
+    """The (metric, direction) pairs of the experiment's latest learning search; empty when none."""
+    for (spec,) in conn.execute(
+        sa.select(t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id.desc())
+    ):
+        data = json.loads(spec)
+        if "learn" in data:
+            return [(m, d) for m, d in data["learn"]["objectives"]]
+    return []

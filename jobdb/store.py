@@ -535,6 +535,14 @@ class Store:
         """The workdir a promoted job of a search starts from (its parent's), or None."""
         return self._read(lambda conn: _halving.continues_from(conn, job_id))
 
+    def search_fronts(self) -> list[_learn.Front]:
+        """The Pareto front of each multi-objective learning search of this experiment."""
+        return self._read(lambda conn: _learn.fronts(conn, self._exp(conn)))
+
+    def search_objectives(self) -> list[tuple[str, str]]:
+        """The metrics and directions of this experiment's latest learning search (none: empty)."""
+        return self._read(lambda conn: _learn.objectives_of(conn, self._exp(conn)))
+
     def search_summaries(self) -> list[str]:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
         return self._read(

@@ -40,6 +40,11 @@ TRAINER = textwrap.dedent('''
         if fail_above is not None and x > fail_above:
             raise ValueError("x too large")
         return {"loss": (x - 0.3) ** 2 + (y - 2) ** 2 + (0.5 if c == "b" else 0.0), "seconds": abs(x)}
+
+
+    def two(x, y):
+        """Two objectives whose Pareto front is known: every x in [0, 2], whatever y."""
+        return {"f1": x**2, "f2": (x - 2) ** 2 + 0 * y}
 ''')
 SPACE = ["x=uniform(-2,2)", "y=uniform(0,4)", "c=choice(a,b)"]
 
@@ -178,7 +183,7 @@ def study_states(store) -> dict[int, str]:
         study, _ = learn.build_study(
             conn, learn.Plan.from_dict(data["learn"]), learn.Halving.from_json(spec), configs, {}
         )
-        return {c.jobs[0].id: t.state.name for c, t in zip(configs.values(), study.get_trials(deepcopy=False))}
+        return {configs[t.user_attrs["config"]].jobs[0].id: t.state.name for t in study.get_trials(deepcopy=False)}
 
     return store._read(read)
 
@@ -233,7 +238,40 @@ def test_folds_of_a_configuration_are_one_trial_by_their_mean(jobman, db_url, st
     assert sorted(j.params["seed"] for j in jobs) == [1, 1, 1, 2, 2, 2]
 
 
-def test_multi_objective_search_runs(jobman, db_url, store, exp):
+def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store, exp):
+    done = jobman(
+        "sqlschedule", db_url, f"{MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "14",
+        "--sampler", "tpe", "--metric", "f1", "--metric", "f2", "--parallel", "2", env=exp.env,
+    )  # fmt: skip
+    assert done.code == 0, done
+    ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    jobs = store.jobs()
+    assert len(jobs) == 14 and all(j.status is Status.DONE for j in jobs)
+    # Every x in [0, 2] is on the front; one outside only when no point evaluated beats it on both
+    # (x < 0 loses to any x' in (x, -x], x > 2 to any x' in [4 - x, x)).
+    xs = {j.id: j.params["x"] for j in jobs}
+    on_front = {
+        i
+        for i, x in xs.items()
+        if 0 <= x <= 2
+        or (x < 0 and not any(x < o <= -x for k, o in xs.items() if k != i))
+        or (x > 2 and not any(4 - x <= o < x for k, o in xs.items() if k != i))
+    }
+    assert 2 <= len(on_front) < len(jobs), sorted(xs.values())  # the check tells points apart
+    from jobman import Experiment
+
+    with Experiment(db_url) as ex:
+        front = ex.best()
+    assert {p.job_ids[0] for p in front} == on_front
+    assert all(set(p.values) == {"f1", "f2"} for p in front)
+    report = jobman("report", db_url, "--metric", "f1", env=exp.env)
+    assert report.code == 0 and f"Pareto front (f1 lowest best, f2 lowest best): {len(on_front)} configurations" in (
+        report.out
+    ), report
+
+
+def test_nsga2_keeps_its_state_in_the_search(jobman, db_url, store, exp):
     done = jobman(
         "sqlschedule", db_url, f"{MODULE}:quad", *SPACE, "--samples", "6", "--sampler", "nsga2",
         "--metric", "loss", "--metric", "seconds", "--parallel", "2", env=exp.env,
@@ -242,6 +280,16 @@ def test_multi_objective_search_runs(jobman, db_url, store, exp):
     ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
     assert ran.code == 0, ran
     assert len(store.jobs()) == 6 and len(set(points(store))) == 6
+    from jobman.jobdb import learn
+
+    spec = json.loads(
+        store._read(
+            lambda conn: conn.execute(
+                learn.sa.select(learn.t_search.c.spec).where(learn.t_search.c.experiment_id == store._exp(conn))
+            ).scalar_one()
+        )
+    )
+    assert any("nsga2:generation" in attrs for attrs in spec["state"]["trials"].values())
 
 
 @pytest.mark.parametrize(
