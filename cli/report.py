@@ -74,7 +74,10 @@ def run_report(
 def front_lines(front: Any) -> list[str]:
     """A multi-objective search's Pareto front: a heading, then one line per configuration on it."""
     goals = ", ".join(f"{m} {'highest' if d == 'max' else 'lowest'} best" for m, d in front.objectives)
-    lines = [f"search {front.search_id}: Pareto front ({goals}): {len(front.points)} configurations"]
+    if front.constraints:
+        goals += "; feasible: " + ", ".join(f"{n}{op}{b:g}" for n, op, b in front.constraints)
+    what = "Pareto front" if len(front.objectives) > 1 else "best"
+    lines = [f"search {front.search_id}: {what} ({goals}): {len(front.points)} configurations"]
     for point in front.points:
         params = " ".join(
             f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(point.params.items())

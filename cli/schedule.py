@@ -197,6 +197,14 @@ def _bad_after(sel: str) -> NoReturn:
 )
 @click.option("--max", "maximize", is_flag=True, help="The highest --metric is best.")
 @click.option(
+    "--constraint",
+    "constraints",
+    multiple=True,
+    metavar="RESULT<=X",
+    help="With a learning --sampler: a configuration is feasible when its RESULT (mean over its runs) is "
+    "<= X (or >= X); infeasible ones are steered away from and never reported best. Repeatable.",
+)
+@click.option(
     "--async",
     "asynchronous",
     is_flag=True,
@@ -229,6 +237,7 @@ def sqlschedule(  # noqa: C901
     eta: int,
     metrics: tuple[str, ...],
     maximize: bool,
+    constraints: tuple[str, ...],
     asynchronous: bool,
     prune: str | None,
     no_check: bool,
@@ -273,11 +282,13 @@ def sqlschedule(  # noqa: C901
     if sampler in LEARNING:
         _schedule_learning(
             database, parsed, samples, seed, sampler, parallel, metrics, maximize, priority, max_attempts,
-            no_check=no_check, dry_run=dry_run,
+            no_check=no_check, dry_run=dry_run, constraints=constraints,
             refused=[("--halving", halving), ("--prune", prune), ("--after", after), ("-f", force),
                      ("-r", repeat > 1), ("--async", asynchronous)],
         )  # fmt: skip
         return
+    if constraints:
+        raise UsageError("--constraint goes with a learning --sampler (tpe, gp, nsga2, auto)")
     if parallel is not None:
         raise UsageError("--parallel goes with a learning --sampler (tpe, gp, cmaes, nsga2, qmc, auto)")
     if len(metrics) > 1:
@@ -379,9 +390,10 @@ def _schedule_learning(
     no_check: bool,
     dry_run: bool,
     refused: list[tuple[str, Any]],
+    constraints: tuple[str, ...] = (),
 ) -> None:
     """A learning search: its first configurations now, the others proposed as jobs end."""
-    from jobman.jobdb.learn import Plan, check_plan, parse_objectives, resolve_auto
+    from jobman.jobdb.learn import Plan, check_plan, parse_constraints, parse_objectives, resolve_auto
     from jobman.jobdb.selection import default_group_keys
 
     for option, given in refused:
@@ -412,6 +424,7 @@ def _schedule_learning(
         tuple(s.params for s in template),
         priority,
         max_attempts,
+        parse_constraints(constraints),
     )
     check_plan(plan, space)
     if not no_check:

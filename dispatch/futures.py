@@ -404,14 +404,18 @@ class Experiment:
         averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``.
 
         Without ``metric``, the experiment's learning search says what is best: the Pareto front of
-        a multi-objective search (a list of ``.params``, ``.values``, ``.job_ids``), else the best by
-        its one metric and direction."""
+        a multi-objective search (a list of ``.params``, ``.values``, ``.job_ids``), the best feasible
+        configuration of one under ``--constraint`` (one such point), else the best by its metric."""
         from jobman.jobdb.report import NothingEligible, from_store
 
         if metric is None:
             fronts = self.store.search_fronts()
-            if fronts:
+            if fronts and len(fronts[-1].objectives) > 1:
                 return list(fronts[-1].points)
+            if fronts:  # one metric under constraints: the best feasible configuration
+                if not fronts[-1].points:
+                    raise NothingEligible("no configuration of the search is feasible and finished yet")
+                return fronts[-1].points[0]
             goals = self.store.search_objectives()
             if not goals:
                 raise UsageError("best() needs a metric: this experiment has no learning search to take one from")

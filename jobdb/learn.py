@@ -50,6 +50,7 @@ _BAD = {s.value for s in (Status.FAILED, Status.CRASHED, Status.CANCELED, Status
 # parameter is categorical or the study has several objectives, CMA-ES for large numeric budgets.
 GP_BUDGET = 250
 GP_LIMIT = 1000  # the GP's cost grows as the cube of the trials: past this, a proposal takes seconds
+MISSING = 1e9  # the violation of a constraint whose result is missing: large, and finite for the GP's model
 _RETRIES = 20  # asks before a space whose points are all taken is declared exhausted
 
 
@@ -67,6 +68,7 @@ class Plan:
     runs: tuple[dict[str, Any], ...]  # the fixed parameters of each run of a configuration (folds, seeds)
     priority: float = 0.0
     max_attempts: int = 3
+    constraints: tuple[tuple[str, str, float], ...] = ()  # (result, "<=" or ">=", bound)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,7 @@ class Plan:
             "runs": list(self.runs),
             "priority": self.priority,
             "max_attempts": self.max_attempts,
+            **({"constraints": [list(c) for c in self.constraints]} if self.constraints else {}),
         }
 
     @classmethod
@@ -95,6 +98,7 @@ class Plan:
             tuple(data["runs"]),
             float(data.get("priority", 0.0)),
             int(data.get("max_attempts", 3)),
+            tuple((n, op, float(b)) for n, op, b in data.get("constraints", ())),
         )
 
     def identity(self, rules: Halving) -> str:
@@ -122,6 +126,44 @@ def parse_objectives(metrics: Sequence[str], maximize: bool) -> tuple[tuple[str,
     return tuple(out.items())
 
 
+def parse_constraints(texts: Sequence[str]) -> tuple[tuple[str, str, float], ...]:
+    """``--constraint 'memory_mb<=4000'`` (or ``>=``), repeated; a UsageError naming the bad one."""
+    out = []
+    for text in texts:
+        op = "<=" if "<=" in text else ">=" if ">=" in text else None
+        name, _, bound = text.partition(op) if op else ("", "", "")
+        try:
+            value = float(bound)
+        except ValueError:
+            value = math.nan
+        if op is None or not name.strip() or not math.isfinite(value):
+            raise UsageError(f"--constraint {text!r}: write RESULT<=NUMBER or RESULT>=NUMBER, such as memory_mb<=4000")
+        out.append((name.strip(), op, value))
+    return tuple(out)
+
+
+def constraint_values(
+    results: Sequence[Mapping[str, Any]], constraints: Sequence[tuple[str, str, float]]
+) -> list[float]:
+    """Optuna's constraint values of a configuration (feasible when every one is <= 0), by the mean of
+    each result over its runs; a result missing or not a number is a violation."""
+    out = []
+    for name, op, bound in constraints:
+        got = [r.get(name) for r in results]
+        if not got or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in got
+        ):
+            out.append(MISSING)
+            continue
+        mean = sum(float(v) for v in got if v is not None) / len(got)
+        out.append(mean - bound if op == "<=" else bound - mean)
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def check_plan(plan: Plan, space: Mapping[str, Distribution]) -> None:
     """Refuse, in one sentence, a plan whose sampler cannot handle its space or budget."""
     if plan.sampler not in SAMPLERS:
@@ -139,6 +181,9 @@ def check_plan(plan: Plan, space: Mapping[str, Distribution]) -> None:
         raise UsageError("--sampler cmaes cannot sample choice(...): use --sampler tpe, or give the parameter a range")
     if plan.sampler == "cmaes" and len(plan.objectives) > 1:
         raise UsageError("--sampler cmaes optimises one metric: use --sampler nsga2 or tpe for several")
+    chosen = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
+    if plan.constraints and chosen in ("cmaes", "qmc"):
+        raise UsageError(f"--sampler {plan.sampler} cannot steer away from --constraint: use tpe, gp or nsga2")
     if plan.sampler == "gp" and plan.samples > GP_LIMIT:
         raise UsageError(
             f"--sampler gp slows as the cube of the evaluations: past {GP_LIMIT} use --sampler tpe or cmaes"
@@ -394,6 +439,8 @@ def make_sampler(name: str, seed: int, plan: Plan) -> Any:
     import optuna
 
     samplers = optuna.samplers
+    # Constraints need nothing here: their values are in each trial's system attributes (build_study),
+    # where Optuna's samplers read them.
     if name == "tpe":
         return samplers.TPESampler(seed=seed, multivariate=len(plan.objectives) == 1, constant_liar=True)
     if name == "gp":
@@ -437,12 +484,20 @@ def build_study(
             optuna.trial.create_trial(
                 params=point,
                 distributions=dists,
-                system_attrs=trial_attrs.get(config.key, {}),
+                system_attrs={**trial_attrs.get(config.key, {}), **_constraint_attrs(config, plan)},
                 user_attrs={"config": config.key},
                 **trial_outcome(config.jobs, plan.objectives, curves, optuna.trial.TrialState),
             )
         )
     return study, dists
+
+
+def _constraint_attrs(config: Config, plan: Plan) -> dict[str, Any]:
+    if not plan.constraints or any(j.status != Status.DONE.value for j in config.jobs):
+        return {}
+    results = [load_json(j.results) if j.results else {} for j in config.jobs]
+    values = constraint_values(results, plan.constraints)
+    return {f"constraints:{n}{op}{b:g}": v for (n, op, b), v in zip(plan.constraints, values)}
 
 
 def _pruned(job: Any) -> bool:
@@ -520,16 +575,18 @@ class FrontPoint:
 
 @dataclass(frozen=True)
 class Front:
-    """The configurations of a learning search that no other beats on every metric."""
+    """The feasible configurations of a learning search that no other beats on every metric."""
 
     search_id: int
     objectives: tuple[tuple[str, str], ...]
     points: tuple[FrontPoint, ...]
+    constraints: tuple[tuple[str, str, float], ...] = ()
 
 
 def fronts(conn: Connection, exp: int) -> list[Front]:
-    """The Pareto front of each multi-objective learning search of the experiment (Optuna's
-    ``best_trials`` over the same trials a proposal sees); empty when Optuna is not installed."""
+    """The Pareto front of each multi-objective or constrained learning search of the experiment
+    (Optuna's ``best_trials`` over the same trials a proposal sees: feasible ones only, under
+    constraints; with one metric, the best); empty when Optuna is not installed."""
     try:
         import optuna  # noqa: F401
     except ImportError:
@@ -539,7 +596,7 @@ def fronts(conn: Connection, exp: int) -> list[Front]:
         sa.select(t_search.c.id, t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
     ).all():
         data = json.loads(spec)
-        if "learn" not in data or len(data["learn"]["objectives"]) < 2:
+        if "learn" not in data or (len(data["learn"]["objectives"]) < 2 and not data["learn"].get("constraints")):
             continue
         plan, rules = Plan.from_dict(data["learn"]), Halving.from_json(spec)
         configs = _configs(conn, search_id)
@@ -554,7 +611,7 @@ def fronts(conn: Connection, exp: int) -> list[Front]:
                     tuple(j.id for j in config.jobs),
                 )
             )
-        out.append(Front(search_id, plan.objectives, tuple(points)))
+        out.append(Front(search_id, plan.objectives, tuple(points), plan.constraints))
     return out
 
 

@@ -271,6 +271,30 @@ def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store
     ), report
 
 
+def test_a_constraint_keeps_infeasible_points_from_being_best(jobman, db_url, store, exp):
+    # loss is lowest at x = 0.3, y = 2, which seconds = |x| >= 0.5 makes infeasible.
+    done = schedule(
+        jobman, db_url, exp, "--samples", "16", "--sampler", "tpe", "--parallel", "1", "--constraint", "seconds>=0.5"
+    )
+    assert done.code == 0, done
+    ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    jobs = store.jobs()
+    assert len(jobs) == 16
+    feasible = [j for j in jobs if j.results["seconds"] >= 0.5]
+    assert feasible and len(feasible) < len(jobs), "all or none feasible: the check below would tell nothing"
+    from jobman import Experiment
+
+    with Experiment(db_url) as ex:
+        best = ex.best()
+    expected = min(feasible, key=lambda j: j.results["loss"])
+    assert best.job_ids == (expected.id,) and abs(best.params["x"]) >= 0.5
+    report = jobman("report", db_url, "--metric", "loss", env=exp.env)
+    assert report.code == 0 and "best (loss lowest best; feasible: seconds>=0.5): 1 configurations" in report.out, (
+        report
+    )
+
+
 def test_nsga2_keeps_its_state_in_the_search(jobman, db_url, store, exp):
     done = jobman(
         "sqlschedule", db_url, f"{MODULE}:quad", *SPACE, "--samples", "6", "--sampler", "nsga2",
@@ -289,7 +313,8 @@ def test_nsga2_keeps_its_state_in_the_search(jobman, db_url, store, exp):
             ).scalar_one()
         )
     )
-    assert any("nsga2:generation" in attrs for attrs in spec["state"]["trials"].values())
+    assert all("NSGAIISampler:generation" in attrs for attrs in spec["state"]["trials"].values())
+    assert len(spec["state"]["trials"]) == 6  # every proposal's own state, kept to be given back
 
 
 @pytest.mark.parametrize(
@@ -305,6 +330,8 @@ def test_nsga2_keeps_its_state_in_the_search(jobman, db_url, store, exp):
         (["--samples", "5", "--metric", "loss", "--parallel", "2"], "--parallel goes with"),
         (["--samples", "5", "--sampler", "tpe", "--metric", "loss", "--parallel", "0"], "at least 1"),
         (["--sampler", "tpe", "--metric", "loss"], "needs --samples"),
+        (["--samples", "5", "--sampler", "tpe", "--metric", "loss", "--constraint", "mem<4000"], "RESULT<=NUMBER"),
+        (["--samples", "5", "--metric", "loss", "--constraint", "mem<=4000"], "--constraint goes with"),
         (["--samples", "5", "--sampler", "tpe", "--metric", "loss", "-r", "2"], "does not combine"),
     ],
 )
