@@ -445,9 +445,11 @@ def _schedule_learning(
         rest = "" if before >= samples else f"; the rest of the {samples} are proposed as jobs end"
         click.echo(f"search {search_id} holds {before} configurations in {where}; nothing added{rest}")
         return
+    configs = len(new) // max(1, per)
     click.echo(
-        f"search {search_id}: {how} proposed {len(new) // max(1, per)} configurations ({len(new)} jobs) to {where}; "
-        f"the rest of the {samples} are proposed as jobs end, {plan.parallel} pending at most"
+        f"search {search_id}: {how} proposed {configs} configuration{'s' if configs != 1 else ''} ({len(new)} "
+        f"job{'s' if len(new) != 1 else ''}) to {where}; the rest of the {samples} are proposed as jobs end, "
+        f"{plan.parallel} pending at most"
     )
 
 
