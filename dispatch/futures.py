@@ -391,6 +391,38 @@ class Experiment:
             return rows
         return pandas.DataFrame(rows)
 
+    def search(
+        self,
+        space: Mapping[str, Any],
+        *,
+        metric: str | Sequence[str],
+        sampler: str = "tpe",
+        samples: int | None = None,
+        seed: int = 0,
+        maximize: bool = False,
+        constraints: Sequence[str] = (),
+        name: str = "told",
+    ) -> Any:
+        """An ask/tell search over ``space`` (distributions such as ``jobman.loguniform(1e-4, 1e-1)``,
+        and fixed values): ``point = search.ask()``, then ``search.tell(point, loss=0.3)``. Each point
+        is a job of this experiment, so ``report`` and the next proposals see it. The same arguments
+        again continue the same search; ``samples`` caps the points asked (none: no cap)."""
+        from .asktell import UNBOUNDED, Search, learning_plan
+
+        rules, plan = learning_plan(
+            space,
+            sampler,
+            metric,
+            samples=samples if samples is not None else UNBOUNDED,
+            parallel=0,
+            seed=seed,
+            kind="asked",
+            target=name,
+            maximize=maximize,
+            constraints=constraints,
+        )
+        return Search(self.store, rules, plan)
+
     def best(
         self,
         metric: str | None = None,

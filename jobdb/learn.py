@@ -41,6 +41,8 @@ from .schema import search_job as t_sjob
 from .status import Status
 
 SAMPLERS = ("tpe", "gp", "cmaes", "nsga2", "qmc", "auto")
+# The kind of the jobs of an ask/tell search: evaluated elsewhere, recorded here, never run by a worker.
+ASKED = "asked"
 INSTALL = "pip install 'jobman-sql[search]'"
 # Statuses after which a run of a configuration will not change by itself (CRASHED: the monitor has
 # relaunched it already when it had attempts left).
@@ -172,7 +174,7 @@ def check_plan(plan: Plan, space: Mapping[str, Distribution]) -> None:
         raise UsageError(f"--sampler {plan.sampler} needs --metric M: the result it minimises (M:max to maximise)")
     if not space:
         raise UsageError(f"--sampler {plan.sampler} needs distributions to draw from, such as lr=loguniform(1e-4,1e-1)")
-    if plan.parallel < 1:
+    if plan.parallel < 1 and plan.kind != ASKED:
         raise UsageError(f"--parallel must be at least 1, not {plan.parallel}")
     for key, dist in space.items():
         optuna_distribution(key, dist)  # refuses what Optuna cannot sample
@@ -335,8 +337,15 @@ def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
     return out
 
 
-def propose(conn: Connection, search_id: int, hash_of: Callable[[int, str, str, dict], str], now: float) -> list[int]:
+def propose(
+    conn: Connection,
+    search_id: int,
+    hash_of: Callable[[int, str, str, dict], str],
+    now: float,
+    wanted: int | None = None,
+) -> list[int]:
     """Fill the search up to its budget and its ``parallel`` pending configurations; the new job ids.
+    With ``wanted``, that many configurations whatever is pending (an ``ask``), within the budget.
 
     The search's row is locked first (PostgreSQL; SQLite's writer holds the database), so that two
     workers ending jobs of one search at once propose one after the other, the second seeing the
@@ -348,7 +357,7 @@ def propose(conn: Connection, search_id: int, hash_of: Callable[[int, str, str, 
     plan, rules, state = Plan.from_dict(data["learn"]), Halving.from_json(spec), data.get("state") or {}
     configs = _configs(conn, search_id)
     pending = sum(c.pending for c in configs.values())
-    room = min(plan.parallel - pending, plan.samples - len(configs))
+    room = min(plan.parallel - pending if wanted is None else wanted, plan.samples - len(configs))
     if room <= 0:
         return []
     space = rules.distributions()

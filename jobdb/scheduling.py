@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import graph
+from . import graph, transitions
 from . import halving as _halving
 from . import learn as _learn
 from .canonical import check_nul_all, dump_json
@@ -29,7 +29,7 @@ from .errors import NoSuchJob, UsageError
 from .graph import Log
 from .hot import HotStatements
 from .identity import canonical_specs, duplicate_hashes
-from .records import ScheduleResult
+from .records import Claimed, ScheduleResult, WorkerInfo
 from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
@@ -430,6 +430,16 @@ def start_learning(
     of the experiment serialised as for a sweep."""
     lock_experiment(conn, exp)
     return _learn.start(conn, exp, rules, plan, params_hash, now)
+
+
+def ask_learning(
+    conn: Connection, log: Log, exp: int, search_id: int, worker: WorkerInfo, now: float
+) -> Claimed | None:
+    """The next point of an ask/tell search, as a job proposed and claimed by the asking process in
+    one transaction (so that no worker takes it, and the monitor sees it die with its process);
+    None when the budget is spent or every point has been asked."""
+    new = _learn.propose(conn, search_id, params_hash, now, wanted=1)
+    return transitions.claim_job(conn, log, exp, new[0], worker, None, now) if new else None
 
 
 def canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:

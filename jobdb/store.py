@@ -152,6 +152,15 @@ class Store:
             )
         )
 
+    def ask(self, search_id: int, worker: WorkerInfo) -> Claimed | None:
+        """The next point of an ask/tell search, claimed by ``worker`` (its lease proves it when the
+        result is told through :meth:`finish`); None when the search's budget is spent."""
+        return self._write(
+            lambda conn: scheduling.ask_learning(
+                conn, self._events, self._exp(conn), search_id, worker, self.clock.now(conn)
+            )
+        )
+
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""

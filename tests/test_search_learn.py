@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from search_helpers import experiment_module
 
+from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import Status
 
 MODULE = "jm_learn_exp"
@@ -387,3 +388,33 @@ def test_the_readme_example_runs_as_written(jobman, tmp_path):
     assert outputs[0].strip() == lines[commands[0][0] + 1]  # what it prints, word for word
     assert "mlp: 8 DONE" in outputs[1]
     assert lines[commands[2][0] + 3] in outputs[2]  # the search's summary line
+
+
+def test_ask_and_tell_from_python_are_jobs_the_report_sees(db_url, store, jobman):
+    import jobman as jm
+    from jobman import Experiment
+
+    space = {"x": jm.uniform(-2, 2), "y": jm.uniform(0, 4), "tag": "t"}
+    with Experiment(db_url, backend=None) as ex:
+        search = ex.search(space, metric="loss", samples=14, seed=3)
+        told = []
+        for k in range(14):
+            point = search.ask()
+            assert set(point) == {"x", "y"} and -2 <= point["x"] <= 2
+            if k == 4:
+                assert search.tell(point, failed="diverged") is Status.FAILED
+                continue
+            assert search.tell(point, loss=(point["x"] - 0.3) ** 2 + (point["y"] - 2) ** 2) is Status.DONE
+            told.append(point)
+        with pytest.raises(UsageError, match="spent its budget of 14 points"):
+            search.ask()
+        with pytest.raises(UsageError, match="needs loss="):
+            ex.search(space, metric="loss", samples=15, seed=3).tell(told[0], other=1.0)
+        best = ex.best("loss")
+    jobs = store.jobs()
+    assert len(jobs) == 14 and sum(j.status is Status.FAILED for j in jobs) == 1
+    assert all(j.params["tag"] == "t" for j in jobs) and len({(j.params["x"], j.params["y"]) for j in jobs}) == 14
+    expected = min((j for j in jobs if j.status is Status.DONE), key=lambda j: j.results["loss"])
+    assert best.job_ids == [expected.id] or tuple(best.job_ids) == (expected.id,)
+    report = jobman("report", db_url, "--metric", "loss")
+    assert report.code == 0 and "14 of 15 configurations proposed, 14 ended" in report.out  # grown to 15 above, report
