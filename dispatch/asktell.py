@@ -43,6 +43,7 @@ def learning_plan(
     target: str,
     maximize: bool = False,
     constraints: Sequence[str] = (),
+    max_attempts: int = 3,
 ) -> tuple[Halving, Plan]:
     """The rules and plan of a learning search over ``space`` (distributions, and fixed values)."""
     from jobman.jobdb.learn import parse_constraints
@@ -62,7 +63,7 @@ def learning_plan(
         target,
         (fixed,),
         constraints=parse_constraints(constraints),
-        max_attempts=1 if kind == ASKED else 3,
+        max_attempts=1 if kind == ASKED else max_attempts,
     )
     check_plan(plan, drawn)
     rules = sampled(drawn, Halving("", (), 0, plan.objectives[0][0], plan.objectives[0][1]))

@@ -633,3 +633,15 @@ def objectives_of(conn: Connection, exp: int) -> list[tuple[str, str]]:
         if "learn" in data:
             return [(m, d) for m, d in data["learn"]["objectives"]]
     return []
+
+
+def members(conn: Connection, search_id: int) -> tuple[int, list[tuple[int, str]]]:
+    """A learning search's budget, and its jobs as (id, status), in id order."""
+    data = json.loads(conn.execute(sa.select(t_search.c.spec).where(t_search.c.id == search_id)).scalar_one())
+    rows = conn.execute(
+        sa.select(t_job.c.id, t_job.c.status)
+        .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
+        .where(t_sjob.c.search_id == search_id)
+        .order_by(t_job.c.id)
+    ).all()
+    return int(data["learn"]["samples"]) * len(data["learn"]["runs"]), [(r.id, r.status) for r in rows]

@@ -161,6 +161,10 @@ class Store:
             )
         )
 
+    def search_members(self, search_id: int) -> tuple[int, list[tuple[int, str]]]:
+        """A learning search's budget in jobs, and its jobs so far as (id, status)."""
+        return self._read(lambda conn: _learn.members(conn, search_id))
+
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
         """Atomically take the first QUEUED job (by priority, then order, then id), or None."""

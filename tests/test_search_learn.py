@@ -418,3 +418,26 @@ def test_ask_and_tell_from_python_are_jobs_the_report_sees(db_url, store, jobman
     assert best.job_ids == [expected.id] or tuple(best.job_ids) == (expected.id,)
     report = jobman("report", db_url, "--metric", "loss")
     assert report.code == 0 and "14 of 15 configurations proposed, 14 ended" in report.out  # grown to 15 above, report
+
+
+def bowl(x, y):
+    return {"loss": (x - 0.3) ** 2 + (y - 2) ** 2}
+
+
+def test_optimize_runs_a_search_to_its_budget_and_returns_the_best(db_url, store, tmp_path):
+    import jobman as jm
+    from jobman import Experiment
+
+    with Experiment(db_url, backend="inline", exproot=tmp_path / "runs") as ex:
+        futures, best = ex.optimize(
+            bowl, {"x": jm.uniform(-2, 2), "y": jm.uniform(0, 4)}, samples=12, metric="loss", parallel=2, seed=1
+        )
+        again, _ = ex.optimize(
+            bowl, {"x": jm.uniform(-2, 2), "y": jm.uniform(0, 4)}, samples=12, metric="loss", parallel=2, seed=1
+        )
+    jobs = store.jobs()
+    assert len(futures) == 12 and all(f.done() for f in futures) and len(jobs) == 12
+    assert [f.job_id for f in again] == [f.job_id for f in futures]  # the same call again runs nothing
+    assert len({(j.params["x"], j.params["y"]) for j in jobs}) == 12
+    expected = min(jobs, key=lambda j: j.results["loss"])
+    assert best.mean == expected.results["loss"] and list(best.job_ids) == [expected.id]
