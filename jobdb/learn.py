@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from .schema import search as t_search
 from .schema import search_job as t_sjob
 from .status import Status
 
+_log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "gp", "cmaes", "nsga2", "qmc", "auto")
 # The kind of the jobs of an ask/tell search: evaluated elsewhere, recorded here, never run by a worker.
 ASKED = "asked"
@@ -308,8 +310,19 @@ def after_end(
         .join(t_sjob, t_sjob.c.search_id == t_search.c.id)
         .where(t_sjob.c.job_id == job_id)
     ).all():
-        if "learn" in json.loads(spec):
+        if "learn" not in json.loads(spec):
+            continue
+        try:
             new += propose(conn, search_id, hash_of, now())
+        except sa.exc.SQLAlchemyError:
+            raise  # the transaction is lost with it: the caller's retry records the end again
+        except Exception:  # noqa: BLE001 - the sampler's failure (Optuna missing here, a bug) must not
+            # lose the end being recorded: the next end asks again, as does scheduling the search again.
+            _log.exception(
+                "search %s: no point proposed after job %s ended (schedule the search again to go on)",
+                search_id,
+                job_id,
+            )
     return new
 
 

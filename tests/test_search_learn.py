@@ -368,6 +368,21 @@ def test_without_optuna_one_sentence_names_the_extra_and_random_search_still_run
     )
     assert got.code != 0 and "pip install 'jobman-sql[search]'" in got.err and "Traceback" not in got.err, got
     assert len(got.err.strip().splitlines()) == 1 and not db.exists()
+    # A worker without Optuna still records the end of a learning search's job (no point proposed then);
+    # scheduling the search again, where Optuna is, goes on.
+    other = f"sqlite:///{tmp_path / 'y.db'}?table=t"
+    learn = ["--samples", "3", "--sampler", "tpe", "--metric", "loss", "--parallel", "1"]
+    assert jobman("sqlschedule", other, f"{MODULE}:quad", *SPACE, *learn, env=exp.env).code == 0
+    ran = jobman("worker", other, "--exproot", str(exp.runs), env=env, timeout=240)
+    assert ran.code == 0, ran
+    from jobman.jobdb.store import Store
+
+    s = Store.open(other)
+    assert [j.status for j in s.jobs()] == [Status.DONE]
+    again = jobman("sqlschedule", other, f"{MODULE}:quad", *SPACE, *learn, env=exp.env)
+    assert again.code == 0 and "proposed 1 configuration (1 job)" in again.out, again
+    assert len(s.jobs()) == 2
+    s.dispose()
     # Jobs of other searches never need Optuna: a random search schedules and runs without it.
     assert jobman("sqlschedule", url, f"{MODULE}:quad", *SPACE, "--samples", "3", env=env).code == 0
     ran = jobman("worker", url, "--exproot", str(exp.runs), env=env, timeout=240)
