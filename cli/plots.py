@@ -42,11 +42,14 @@ def figures(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    learned: Sequence[Any] = (),
 ) -> list[tuple[str, Any]]:
     """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
 
     ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
-    one); ``searches``: the successive-halving searches, drawn rung by rung.
+    one); ``searches``: the successive-halving searches, drawn rung by rung; ``learned``: the
+    learning searches (``Front``s), each drawn as its best so far against evaluations and, with
+    several metrics, as its Pareto front.
     """
     require_matplotlib()
     space = space or {}
@@ -65,6 +68,14 @@ def figures(
         if fig is not None:
             suffix = f"_search{search.search_id}" if len(searches) > 1 else ""
             out.append((_file_name(f"{search.rules.metric}_rungs{suffix}.png"), fig))
+    for front in learned:
+        suffix = f"_search{front.search_id}" if len(learned) > 1 else ""
+        fig = best_so_far_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"{front.objectives[0][0]}_best_so_far{suffix}.png"), fig))
+        fig = front_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"pareto_front{suffix}.png"), fig))
     if curves:
         top = sorted(rows, key=lambda r: (not r.eligible, r.rank, str(r.outer)))[:curves]
         ids = [i for r in top for i in r.job_ids]
@@ -83,17 +94,60 @@ def write_plots(
     curves: int = 5,
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
+    learned: Sequence[Any] = (),
 ) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
     import matplotlib.pyplot as plt
 
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches):
+    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches, learned=learned):
         fig.savefig(outdir / name)
         plt.close(fig)
         written.append(outdir / name)
     return written
+
+
+def best_so_far_figure(front: Any) -> Any:
+    """A learning search's best value of its first metric after each finished evaluation."""
+    import matplotlib.pyplot as plt
+
+    metric, direction = front.objectives[0]
+    values = [p.values[metric] for p in front.evaluated]
+    if not values:
+        return None
+    best: list[float] = []
+    pick = max if direction == "max" else min
+    for v in values:
+        best.append(v if not best else pick(best[-1], v))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(range(1, len(values) + 1), values, "o", color="0.7", markersize=3, label="each evaluation")
+    ax.step(range(1, len(best) + 1), best, where="post", color="C0", label="best so far")
+    ax.set_xlabel("evaluations (finished, in the order proposed)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"search {front.search_id}: {metric}, {'highest' if direction == 'max' else 'lowest'} best")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def front_figure(front: Any) -> Any:
+    """A multi-objective search's evaluations on its first two metrics, its Pareto front marked."""
+    import matplotlib.pyplot as plt
+
+    if len(front.objectives) < 2 or not front.evaluated:
+        return None
+    (m1, _), (m2, _) = front.objectives[:2]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    ax.plot([p.values[m1] for p in front.evaluated], [p.values[m2] for p in front.evaluated], "o", color="0.7")
+    on = sorted(front.points, key=lambda p: p.values[m1])
+    ax.plot([p.values[m1] for p in on], [p.values[m2] for p in on], "o-", color="C3", label="Pareto front")
+    ax.set_xlabel(m1)
+    ax.set_ylabel(m2)
+    ax.set_title(f"search {front.search_id}: {len(on)} of {len(front.evaluated)} on the front")
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 def metric_vs_figure(  # noqa: C901

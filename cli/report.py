@@ -215,6 +215,7 @@ def report(
             curves=curves,
             space=store.search_space(),
             searches=store.search_rungs(),
+            learned=store.search_fronts(every=True),
         )
         names = ", ".join(p.name for p in written) if written else "none (nothing to plot)"
         err.print(f"[dim]plots in {escape(str(plot_dir))}: {escape(names)}[/]")

@@ -603,14 +603,15 @@ class Front:
     objectives: tuple[tuple[str, str], ...]
     points: tuple[FrontPoint, ...]
     constraints: tuple[tuple[str, str, float], ...] = ()
+    evaluated: tuple[FrontPoint, ...] = ()  # every finished configuration, in the order proposed
 
 
-def fronts(conn: Connection, exp: int) -> list[Front]:
+def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
     """The Pareto front of each multi-objective or constrained learning search of the experiment
     (Optuna's ``best_trials`` over the same trials a proposal sees: feasible ones only, under
     constraints; with one metric, the best); empty when Optuna is not installed."""
     try:
-        import optuna  # noqa: F401
+        import optuna
     except ImportError:
         return []
     out = []
@@ -618,7 +619,9 @@ def fronts(conn: Connection, exp: int) -> list[Front]:
         sa.select(t_search.c.id, t_search.c.spec).where(t_search.c.experiment_id == exp).order_by(t_search.c.id)
     ).all():
         data = json.loads(spec)
-        if "learn" not in data or (len(data["learn"]["objectives"]) < 2 and not data["learn"].get("constraints")):
+        if "learn" not in data:
+            continue
+        if not every and len(data["learn"]["objectives"]) < 2 and not data["learn"].get("constraints"):
             continue
         plan, rules = Plan.from_dict(data["learn"]), Halving.from_json(spec)
         configs = _configs(conn, search_id)
@@ -633,7 +636,15 @@ def fronts(conn: Connection, exp: int) -> list[Front]:
                     tuple(j.id for j in config.jobs),
                 )
             )
-        out.append(Front(search_id, plan.objectives, tuple(points), plan.constraints))
+        evaluated = tuple(
+            FrontPoint(
+                dict(t.params),
+                {m: float(v) for (m, _), v in zip(plan.objectives, t.values)},
+                tuple(j.id for j in configs[t.user_attrs["config"]].jobs),
+            )
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        )
+        out.append(Front(search_id, plan.objectives, tuple(points), plan.constraints, evaluated))
     return out
 
 

@@ -548,9 +548,10 @@ class Store:
         """The workdir a promoted job of a search starts from (its parent's), or None."""
         return self._read(lambda conn: _halving.continues_from(conn, job_id))
 
-    def search_fronts(self) -> list[_learn.Front]:
-        """The Pareto front of each multi-objective learning search of this experiment."""
-        return self._read(lambda conn: _learn.fronts(conn, self._exp(conn)))
+    def search_fronts(self, every: bool = False) -> list[_learn.Front]:
+        """The Pareto front of each multi-objective (or constrained) learning search of this experiment;
+        with ``every``, of each learning search (with one metric, its best)."""
+        return self._read(lambda conn: _learn.fronts(conn, self._exp(conn), every))
 
     def search_objectives(self) -> list[tuple[str, str]]:
         """The metrics and directions of this experiment's latest learning search (none: empty)."""

@@ -239,7 +239,7 @@ def test_folds_of_a_configuration_are_one_trial_by_their_mean(jobman, db_url, st
     assert sorted(j.params["seed"] for j in jobs) == [1, 1, 1, 2, 2, 2]
 
 
-def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store, exp):
+def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store, exp, tmp_path):
     done = jobman(
         "sqlschedule", db_url, f"{MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "14",
         "--sampler", "tpe", "--metric", "f1", "--metric", "f2", "--parallel", "2", env=exp.env,
@@ -270,6 +270,9 @@ def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store
     assert report.code == 0 and f"Pareto front (f1 lowest best, f2 lowest best): {len(on_front)} configurations" in (
         report.out
     ), report
+    plotted = jobman("report", db_url, "--metric", "f1", "--plot", str(tmp_path / "plots"), env=exp.env)
+    assert plotted.code == 0 and "pareto_front.png" in plotted.err and "f1_best_so_far.png" in plotted.err, plotted
+    assert (tmp_path / "plots" / "pareto_front.png").stat().st_size > 10_000
 
 
 def test_a_constraint_keeps_infeasible_points_from_being_best(jobman, db_url, store, exp):
