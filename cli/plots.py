@@ -76,6 +76,9 @@ def figures(
         fig = front_figure(front)
         if fig is not None:
             out.append((_file_name(f"pareto_front{suffix}.png"), fig))
+        fig = importances_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"{front.objectives[0][0]}_importances{suffix}.png"), fig))
     if curves:
         top = sorted(rows, key=lambda r: (not r.eligible, r.rank, str(r.outer)))[:curves]
         ids = [i for r in top for i in r.job_ids]
@@ -127,6 +130,21 @@ def best_so_far_figure(front: Any) -> Any:
     ax.set_ylabel(metric)
     ax.set_title(f"search {front.search_id}: {metric}, {'highest' if direction == 'max' else 'lowest'} best")
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def importances_figure(front: Any) -> Any:
+    """A learning search's parameters by their importance for its first metric (Optuna's evaluator)."""
+    import matplotlib.pyplot as plt
+
+    if not front.importances:
+        return None
+    names = [n for n, _ in front.importances][::-1]
+    fig, ax = plt.subplots(figsize=(6, 1 + 0.4 * len(names)))
+    ax.barh(names, [v for _, v in front.importances][::-1], color="C0")
+    ax.set_xlabel(f"importance for {front.objectives[0][0]} (sums to 1)")
+    ax.set_title(f"search {front.search_id}: {len(front.evaluated)} evaluations")
     fig.tight_layout()
     return fig
 

@@ -604,6 +604,7 @@ class Front:
     points: tuple[FrontPoint, ...]
     constraints: tuple[tuple[str, str, float], ...] = ()
     evaluated: tuple[FrontPoint, ...] = ()  # every finished configuration, in the order proposed
+    importances: tuple[tuple[str, float], ...] = ()  # each parameter's, for the first metric, largest first
 
 
 def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
@@ -644,8 +645,20 @@ def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
             )
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         )
-        out.append(Front(search_id, plan.objectives, tuple(points), plan.constraints, evaluated))
+        importances = _importances(optuna, study) if every and len(evaluated) >= 2 else {}
+        out.append(
+            Front(search_id, plan.objectives, tuple(points), plan.constraints, evaluated, tuple(importances.items()))
+        )
     return out
+
+
+def _importances(optuna: Any, study: Any) -> dict[str, float]:
+    """Optuna's importance of each parameter for the first metric, over the finished trials; empty
+    when they are too few or too alike to tell."""
+    try:
+        return dict(optuna.importance.get_param_importances(study, target=lambda t: t.values[0]))
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        return {}
 
 
 def objectives_of(conn: Connection, exp: int) -> list[tuple[str, str]]:

@@ -272,6 +272,7 @@ def test_a_multi_objective_front_is_right_on_a_known_front(jobman, db_url, store
     ), report
     plotted = jobman("report", db_url, "--metric", "f1", "--plot", str(tmp_path / "plots"), env=exp.env)
     assert plotted.code == 0 and "pareto_front.png" in plotted.err and "f1_best_so_far.png" in plotted.err, plotted
+    assert "f1_importances.png" in plotted.err, plotted
     assert (tmp_path / "plots" / "pareto_front.png").stat().st_size > 10_000
 
 
