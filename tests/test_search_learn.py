@@ -113,11 +113,13 @@ def test_exactly_n_distinct_points_with_concurrent_workers(jobman, db_url, store
 
 def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, store, exp, tmp_path):
     n = 30
-    done = schedule(jobman, db_url, exp, "--samples", str(n), "--sampler", "tpe", "--parallel", "2", "pause=0.1")
+    # Attempts enough that no job's crashes are final: the attempt limit is not what is tested here.
+    extra = ["--parallel", "2", "pause=0.1", "--max-attempts", "100"]
+    done = schedule(jobman, db_url, exp, "--samples", str(n), "--sampler", "tpe", *extra)
     assert done.code == 0, done
     rng = random.Random(7)
     kills = 0
-    deadline = time.time() + 300
+    deadline = time.time() + 480
     while time.time() < deadline:
         jobs = store.jobs()
         if len(jobs) >= n and all(j.status is Status.DONE for j in jobs):
@@ -142,7 +144,7 @@ def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, st
     jobs = store.jobs()
     assert kills >= 4
     assert len(jobs) == n, [(j.id, j.status) for j in jobs]
-    assert all(j.status is Status.DONE for j in jobs)
+    assert all(j.status is Status.DONE for j in jobs), [(j.id, j.status, j.attempt) for j in jobs]
     assert len(set(points(store))) == n
     assert "Traceback" not in (tmp_path / "w.log").read_text()
 
@@ -460,3 +462,25 @@ def test_optimize_runs_a_search_to_its_budget_and_returns_the_best(db_url, store
     assert len({(j.params["x"], j.params["y"]) for j in jobs}) == 12
     expected = min(jobs, key=lambda j: j.results["loss"])
     assert best.mean == expected.results["loss"] and list(best.job_ids) == [expected.id]
+
+
+def test_cmaes_keeps_its_optimizer_in_the_search(jobman, db_url, store, exp):
+    done = jobman(
+        "sqlschedule", db_url, f"{MODULE}:quad", "x=uniform(-2,2)", "y=uniform(0,4)", "--samples", "8",
+        "--sampler", "cmaes", "--metric", "loss", "--parallel", "2", env=exp.env,
+    )  # fmt: skip
+    assert done.code == 0, done
+    ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0 and "no point proposed" not in ran.err, ran
+    assert len(store.jobs()) == 8 and len(set((j.params["x"], j.params["y"]) for j in store.jobs())) == 8
+    from jobman.jobdb import learn
+
+    spec = json.loads(
+        store._read(
+            lambda conn: conn.execute(
+                learn.sa.select(learn.t_search.c.spec).where(learn.t_search.c.experiment_id == store._exp(conn))
+            ).scalar_one()
+        )
+    )
+    # CMA-ES's optimizer, pickled into its trials' attributes, is kept and given back to each proposal.
+    assert sum("cma:optimizer:0" in attrs for attrs in spec["state"]["trials"].values()) >= 5
