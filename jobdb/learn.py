@@ -391,9 +391,9 @@ def propose(
         configs[config] = Config(config, [])
         why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}"
         for params in runs:
-            job_id = _insert(conn, exp, plan, params, hash_of, why, now)
-            if job_id is not None:
-                conn.execute(sa.insert(t_sjob).values(job_id=job_id, search_id=search_id, rung=0, config=config))
+            job_id, made = _insert(conn, exp, plan, params, hash_of, why, now)
+            conn.execute(sa.insert(t_sjob).values(job_id=job_id, search_id=search_id, rung=0, config=config))
+            if made:
                 new.append(job_id)
         attrs = study._storage.get_trial_system_attrs(trial._trial_id)
         if attrs:
@@ -416,10 +416,15 @@ def _insert(
     hash_of: Callable[[int, str, str, dict], str],
     why: str,
     now: float,
-) -> int | None:
+) -> tuple[int, bool]:
+    """The job of ``params``: (its id, whether it was made now). One that exists already (made by hand
+    or by another search) is the same job: it joins this search as it is, and is run once."""
     digest = hash_of(0, plan.kind, plan.target, params)
-    if conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.params_hash == digest)).first():
-        return None  # the same job made by hand: it is run once, and not counted twice
+    found = conn.execute(
+        sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.params_hash == digest)
+    ).scalar()
+    if found is not None:
+        return found, False
     job_id = conn.execute(
         sa.insert(t_job).values(
             experiment_id=exp,
@@ -447,7 +452,7 @@ def _insert(
             data=None,
         )
     )
-    return job_id
+    return job_id, True
 
 
 def _jobman_value(v: Any) -> Any:
@@ -579,10 +584,22 @@ def summaries(conn: Connection, exp: int) -> list[str]:
         configs = _configs(conn, search_id)
         ended = sum(not c.pending for c in configs.values())
         goal = ", ".join(f"{m} ({'highest' if d == 'max' else 'lowest'} best)" for m, d in plan.objectives)
-        lines.append(
+        line = (
             f"search {search_id}: {plan.sampler} on {goal}: {len(configs)} of {plan.samples} configurations "
             f"proposed, {ended} ended"
         )
+        # DONE without the metric: a failure to the sampler, most likely a misnamed --metric.
+        unreported = {
+            m
+            for c in configs.values()
+            for j in c.jobs
+            if j.status == Status.DONE.value and not _pruned(j)
+            for m, _ in plan.objectives
+            if not _finite((load_json(j.results) if j.results else {}).get(m))
+        }
+        if unreported:
+            line += f"; some DONE jobs report no {', '.join(sorted(unreported))} (failures to the sampler)"
+        lines.append(line)
     return lines
 
 

@@ -466,13 +466,13 @@ def test_optimize_runs_a_search_to_its_budget_and_returns_the_best(db_url, store
 
 def test_cmaes_keeps_its_optimizer_in_the_search(jobman, db_url, store, exp):
     done = jobman(
-        "sqlschedule", db_url, f"{MODULE}:quad", "x=uniform(-2,2)", "y=uniform(0,4)", "--samples", "8",
+        "sqlschedule", db_url, f"{MODULE}:quad", "x=uniform(-2,2)", "y=uniform(0,4)", "--samples", "16",
         "--sampler", "cmaes", "--metric", "loss", "--parallel", "2", env=exp.env,
     )  # fmt: skip
     assert done.code == 0, done
     ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
     assert ran.code == 0 and "no point proposed" not in ran.err, ran
-    assert len(store.jobs()) == 8 and len(set((j.params["x"], j.params["y"]) for j in store.jobs())) == 8
+    assert len(store.jobs()) == 16 and len(set((j.params["x"], j.params["y"]) for j in store.jobs())) == 16
     from jobman.jobdb import learn
 
     spec = json.loads(
@@ -482,5 +482,24 @@ def test_cmaes_keeps_its_optimizer_in_the_search(jobman, db_url, store, exp):
             ).scalar_one()
         )
     )
-    # CMA-ES's optimizer, pickled into its trials' attributes, is kept and given back to each proposal.
-    assert sum("cma:optimizer:0" in attrs for attrs in spec["state"]["trials"].values()) >= 5
+    # CMA-ES's generation and, once its first generation (6 points in 2 dimensions) has ended, its
+    # optimizer, pickled into its trials' attributes, are kept and given back to each proposal.
+    trials = spec["state"]["trials"].values()
+    assert sum("cma:generation" in attrs for attrs in trials) >= 14
+    assert any("cma:optimizer:0" in attrs for attrs in trials)
+    # Without the optimizer given back, every proposal would start CMA-ES again at generation 0.
+    assert max(attrs.get("cma:generation", 0) for attrs in trials) >= 1
+
+
+def test_a_metric_no_job_reports_is_said_in_the_report(jobman, tmp_path, exp):
+    url = f"sqlite:///{tmp_path / 'm.db'}?table=t"
+    done = schedule(jobman, url, exp, "--samples", "3", "--sampler", "tpe", "--parallel", "1")
+    assert done.code == 0, done
+    wrong = jobman("sqlschedule", url, f"{MODULE}:quad", *SPACE, "--metric", "los", "--samples", "2", "--sampler",
+                   "tpe", "--parallel", "1", env=exp.env)  # fmt: skip
+    assert wrong.code == 0, wrong
+    ran = jobman("worker", url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    report = jobman("report", url, "--metric", "loss", env=exp.env)
+    assert "some DONE jobs report no los (failures to the sampler)" in report.out, report
+    assert report.out.count("report no") == 1  # the search on loss is not blamed
