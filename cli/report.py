@@ -65,6 +65,9 @@ def run_report(
     if fmt in ("table", "markdown"):
         for line in [*store.search_summaries(), *mixed_code_lines(store, report.rows)]:
             print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
+        for front in store.search_fronts():
+            for line in front_lines(front):
+                print(("- " if fmt == "markdown" else "") + line, file=stream or sys.stdout)
     return report
 
 
@@ -83,6 +86,23 @@ def mixed_code_lines(store: Store, rows: list[ConfigRow]) -> list[str]:
             lines.append(f"{name}: its runs ran {len(ran)} versions of the code (jobs {ids}; jobman show ID)")
     if len(lines) > MIXED_SHOWN:
         lines[MIXED_SHOWN:] = [f"… and {len(lines) - MIXED_SHOWN} more configurations whose runs ran different code"]
+    return lines
+
+
+def front_lines(front: Any) -> list[str]:
+    """A multi-objective search's Pareto front: a heading, then one line per configuration on it."""
+    goals = ", ".join(f"{m} {'highest' if d == 'max' else 'lowest'} best" for m, d in front.objectives)
+    if front.constraints:
+        goals += "; feasible: " + ", ".join(f"{n}{op}{b:g}" for n, op, b in front.constraints)
+    what = "Pareto front" if len(front.objectives) > 1 else "best"
+    lines = [f"search {front.search_id}: {what} ({goals}): {len(front.points)} configurations"]
+    for point in front.points:
+        params = " ".join(
+            f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(point.params.items())
+        )
+        values = ", ".join(f"{m} {v:.4g}" for m, v in point.values.items())
+        jobs = ",".join(map(str, point.job_ids))
+        lines.append(f"  {params} — {values} (job{'s' if len(point.job_ids) > 1 else ''} {jobs})")
     return lines
 
 
@@ -214,6 +234,7 @@ def report(
             space=store.search_space(),
             searches=store.search_rungs(),
             finished=lambda: plots.finish_order(store, metric, phase),
+            learned=store.search_fronts(every=True),
         )
         names = ", ".join(p.name for p in written) if written else "none (nothing to plot)"
         err.print(f"[dim]plots in {escape(str(plot_dir))}: {escape(names)}[/]")

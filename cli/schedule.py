@@ -20,6 +20,7 @@ from jobman.jobdb.halving import (
     sampled,
     sweep_space,
 )
+from jobman.jobdb.learn import SAMPLERS as LEARNING
 from jobman.jobdb.priority import check_ranks
 from jobman.jobdb.records import SchedulePreview
 from jobman.jobdb.status import parse_status
@@ -194,10 +195,19 @@ def _bad_after(sel: str) -> NoReturn:
 @click.option("--seed", type=int, default=0, show_default=True, help="The seed of the --samples draws.")
 @click.option(
     "--sampler",
-    type=click.Choice(["random", "halton"]),
+    type=click.Choice(["random", "halton", *LEARNING]),
     default="random",
     show_default=True,
-    help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed.",
+    help="random: independent draws; halton: a low-discrepancy sequence, randomly shifted by --seed; "
+    "tpe, gp, cmaes, nsga2, qmc, auto: Optuna's samplers, each point proposed as jobs end from those "
+    "that ended (needs --metric; pip install 'jobman-sql[search]').",
+)
+@click.option(
+    "--parallel",
+    type=int,
+    default=None,
+    metavar="P",
+    help="With a learning --sampler: configurations pending at once (default: the CPUs of this host).",
 )
 @click.option(
     "--halving",
@@ -207,8 +217,23 @@ def _bad_after(sel: str) -> NoReturn:
     "its parent's checkpoint (e.g. epochs=3:27).",
 )
 @click.option("--eta", type=int, default=3, show_default=True, help="With --halving: keep the best 1/eta of a rung.")
-@click.option("--metric", metavar="M", help="With --halving: the result that ranks configurations (lowest best).")
-@click.option("--max", "maximize", is_flag=True, help="With --halving: the highest --metric is best.")
+@click.option(
+    "--metric",
+    "metrics",
+    metavar="M",
+    multiple=True,
+    help="With --halving, --prune or a learning --sampler: the result that ranks configurations (lowest "
+    "best; M:max for highest). A learning sampler takes several: --metric valid_error --metric seconds.",
+)
+@click.option("--max", "maximize", is_flag=True, help="The highest --metric is best.")
+@click.option(
+    "--constraint",
+    "constraints",
+    multiple=True,
+    metavar="RESULT<=X",
+    help="With a learning --sampler: a configuration is feasible when its RESULT (mean over its runs) is "
+    "<= X (or >= X); infeasible ones are steered away from and never reported best. Repeatable.",
+)
 @click.option(
     "--async",
     "asynchronous",
@@ -244,10 +269,12 @@ def sqlschedule(  # noqa: C901
     samples: int | None,
     seed: int,
     sampler: str,
+    parallel: int | None,
     halving: str | None,
     eta: int,
-    metric: str | None,
+    metrics: tuple[str, ...],
     maximize: bool,
+    constraints: tuple[str, ...],
     asynchronous: bool,
     prune: str | None,
     no_check: bool,
@@ -291,6 +318,24 @@ def sqlschedule(  # noqa: C901
     total = count_jobs(parsed, samples)
     if total > MAX_JOBS:  # a runaway product of grids, most likely; memory is not the limit
         raise UsageError(f"the sweep makes {total:,} jobs; split it (at most {MAX_JOBS:,} at once)")
+    if sampler in LEARNING:
+        _schedule_learning(
+            database, parsed, samples, seed, sampler, parallel, metrics, maximize, priority, max_attempts,
+            no_check=no_check, dry_run=dry_run, constraints=constraints,
+            refused=[("--halving", halving), ("--prune", prune), ("--after", after), ("-f", force),
+                     ("-r", repeat > 1), ("--async", asynchronous)],
+        )  # fmt: skip
+        return
+    if constraints:
+        raise UsageError("--constraint goes with a learning --sampler (tpe, gp, nsga2, auto)")
+    if parallel is not None:
+        raise UsageError("--parallel goes with a learning --sampler (tpe, gp, cmaes, nsga2, qmc, auto)")
+    if len(metrics) > 1:
+        raise UsageError("several --metric go with a learning --sampler; --halving and --prune rank by one")
+    metric = metrics[0] if metrics else None
+    if metric is not None and metric.endswith((":max", ":min")):
+        metric, _, way = metric.rpartition(":")
+        maximize = maximize or way == "max"
     rules = None
     if halving is not None:
         rules, parsed = _halving_rules(parsed, halving, eta, metric, maximize, asynchronous)
@@ -422,6 +467,90 @@ def _changed_code(store: Any, found: dict[str, tuple[str | None, str | None]], i
             click.echo(f"{len(stale)} of these jobs ran an older {name}: queued again (old results in their events)")
         else:
             click.echo(f"{len(stale)} of these jobs ran an older {name}; --rerun-changed runs them again")
+
+
+def _schedule_learning(
+    database: Database,
+    parsed: Sweep,
+    samples: int | None,
+    seed: int,
+    sampler: str,
+    parallel: int | None,
+    metrics: tuple[str, ...],
+    maximize: bool,
+    priority: float,
+    max_attempts: int,
+    *,
+    no_check: bool,
+    dry_run: bool,
+    refused: list[tuple[str, Any]],
+    constraints: tuple[str, ...] = (),
+) -> None:
+    """A learning search: its first configurations now, the others proposed as jobs end."""
+    from jobman.jobdb.learn import Plan, check_plan, parse_constraints, parse_objectives, resolve_auto
+    from jobman.jobdb.selection import default_group_keys
+
+    for option, given in refused:
+        if given:
+            raise UsageError(f"--sampler {sampler} does not combine with {option}: use --sampler random or halton")
+    if len(parsed.phases) > 1:
+        raise UsageError(f"--sampler {sampler} proposes the jobs of one phase: give a sweep without '--'")
+    if samples is None:
+        raise UsageError(f"--sampler {sampler} needs --samples N, the number of configurations to evaluate")
+    space = sweep_space(parsed)
+    phase = parsed.phases[0]
+    fixed = [a for a in phase.assignments if a.key not in space]
+    runs = [a.key for a in fixed if a.grid and len(a.values) > 1]
+    others = sorted(set(runs) - set(default_group_keys(runs)))
+    if others:
+        raise UsageError(
+            f"--sampler {sampler} proposes every parameter but folds and seeds: write {others[0]} as choice(...)"
+        )
+    template = list(Expansion(Sweep([Phase(phase.target, fixed)], parsed.kind)))
+    plan = Plan(
+        sampler,
+        samples,
+        parallel if parallel is not None else max(1, os.cpu_count() or 1),
+        seed,
+        parse_objectives(metrics, maximize),
+        template[0].kind,
+        template[0].target,
+        tuple(s.params for s in template),
+        priority,
+        max_attempts,
+        parse_constraints(constraints),
+    )
+    check_plan(plan, space)
+    if not no_check:
+        check_targets(Expansion(parsed, samples=1, seed=seed).function_parameters())
+    chosen = resolve_auto(sampler, space, samples, len(plan.objectives))
+    how = f"{chosen} (chosen by auto)" if chosen != sampler else chosen
+    per = len(plan.runs)
+    if dry_run:
+        click.echo(
+            f"{samples} configurations of {per} job(s), proposed by {how} as jobs end, {plan.parallel} "
+            "pending at most; nothing written (--dry-run)"
+        )
+        return
+    store = database.open()
+    search_id, new, before = store.start_search(sampled(space, _learning_rules(plan)), plan)  # type: ignore[arg-type]
+    where = f"experiment {store.experiment!r} of {store.target.display}"
+    if not new:
+        rest = "" if before >= samples else f"; the rest of the {samples} are proposed as jobs end"
+        click.echo(f"search {search_id} holds {before} configurations in {where}; nothing added{rest}")
+        return
+    configs = len(new) // max(1, per)
+    click.echo(
+        f"search {search_id}: {how} proposed {configs} configuration{'s' if configs != 1 else ''} ({len(new)} "
+        f"job{'s' if len(new) != 1 else ''}) to {where}; the rest of the {samples} are proposed as jobs end, "
+        f"{plan.parallel} pending at most"
+    )
+
+
+def _learning_rules(plan: Any) -> Halving:
+    """What the rest of jobman reads of a learning search: its first metric, and no rungs."""
+    metric, direction = plan.objectives[0]
+    return Halving("", (), 0, metric, direction)
 
 
 def _halving_rules(

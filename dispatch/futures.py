@@ -445,9 +445,109 @@ class Experiment:
             return rows
         return pandas.DataFrame(rows)
 
+    def search(
+        self,
+        space: Mapping[str, Any],
+        *,
+        metric: str | Sequence[str],
+        sampler: str = "tpe",
+        samples: int | None = None,
+        seed: int = 0,
+        maximize: bool = False,
+        constraints: Sequence[str] = (),
+        name: str = "told",
+    ) -> Any:
+        """An ask/tell search over ``space`` (distributions such as ``jobman.loguniform(1e-4, 1e-1)``,
+        and fixed values): ``point = search.ask()``, then ``search.tell(point, loss=0.3)``. Each point
+        is a job of this experiment, so ``report`` and the next proposals see it. The same arguments
+        again continue the same search; ``samples`` caps the points asked (none: no cap)."""
+        from .asktell import UNBOUNDED, Search, learning_plan
+
+        rules, plan = learning_plan(
+            space,
+            sampler,
+            metric,
+            samples=samples if samples is not None else UNBOUNDED,
+            parallel=0,
+            seed=seed,
+            kind="asked",
+            target=name,
+            maximize=maximize,
+            constraints=constraints,
+        )
+        return Search(self.store, rules, plan)
+
+    def optimize(
+        self,
+        fn: Callable[..., Any] | str,
+        space: Mapping[str, Any],
+        *,
+        samples: int,
+        metric: str | Sequence[str],
+        sampler: str = "tpe",
+        parallel: int | None = None,
+        seed: int = 0,
+        maximize: bool = False,
+        constraints: Sequence[str] = (),
+    ) -> tuple[list[JobFuture], Any]:
+        """Run a learning search of ``samples`` calls of ``fn`` over ``space`` (as ``sqlschedule
+        --sampler``): each point proposed as a job ends, ``parallel`` (default: the workers) pending
+        at once. Waits for the search to end; its futures, in the order proposed, and :meth:`best`."""
+        import time
+
+        from .asktell import learning_plan
+
+        target = target_of(fn, None)
+        if not isinstance(fn, str):
+            _refuse_unaccepted(fn, [dict.fromkeys(space)])
+        if by_value(target):
+            if isinstance(fn, str):
+                raise UsageError(f"{target!r} cannot be imported by name: pass the function itself")
+            target, code = self._by_value(target, fn)
+            self._store_code(target, code)
+        rules, plan = learning_plan(
+            space,
+            sampler,
+            metric,
+            samples=samples,
+            parallel=parallel or self.workers,
+            seed=seed,
+            kind="fn",
+            target=target,
+            maximize=maximize,
+            constraints=constraints,
+            max_attempts=self.max_attempts,
+        )
+        search_id, _, _ = self.store.start_search(rules, plan)
+        futures: dict[int, JobFuture] = {}
+        runnable = (resolve(target) if isinstance(fn, str) else fn) if self.backend == "inline" else None
+        while True:
+            budget, jobs = self.store.search_members(search_id)
+            for job_id, status in jobs:
+                if job_id not in futures:
+                    futures[job_id] = self._future(job_id, target, None, None)
+                if runnable is not None and status == Status.QUEUED.value:
+                    self._run_inline(job_id, runnable)
+            if runnable is None and any(not f.done() for f in futures.values()):
+                self._follow()
+            if runnable is not None:
+                self._settle_now(list(futures.values()))
+            if self.backend is None:
+                break  # only enqueued: the points proposed so far, for workers started elsewhere
+            if len(jobs) >= budget and all(status in {s.value for s in ENDED} for _, status in jobs):
+                break
+            time.sleep(0 if runnable is not None else self.poll_interval)
+        self._settle_now(list(futures.values()))
+        objectives = plan.objectives
+        if len(objectives) > 1 or plan.constraints:
+            best = self.best()
+        else:
+            best = self.best(objectives[0][0], objectives[0][1])
+        return list(futures.values()), best
+
     def best(
         self,
-        metric: str,
+        metric: str | None = None,
         mode: str = "min",
         *,
         phase: int | None = None,
@@ -455,9 +555,25 @@ class Experiment:
         allow_incomplete: bool = False,
     ) -> Any:
         """The best configuration by ``metric``, chosen as ``jobman report`` does (folds and seeds
-        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``."""
+        averaged): it has ``.params``, ``.mean``, ``.std``, ``.n`` and ``.job_ids``.
+
+        Without ``metric``, the experiment's learning search says what is best: the Pareto front of
+        a multi-objective search (a list of ``.params``, ``.values``, ``.job_ids``), the best feasible
+        configuration of one under ``--constraint`` (one such point), else the best by its metric."""
         from jobman.jobdb.report import NothingEligible, from_store
 
+        if metric is None:
+            fronts = self.store.search_fronts()
+            if fronts and len(fronts[-1].objectives) > 1:
+                return list(fronts[-1].points)
+            if fronts:  # one metric under constraints: the best feasible configuration
+                if not fronts[-1].points:
+                    raise NothingEligible("no configuration of the search is feasible and finished yet")
+                return fronts[-1].points[0]
+            goals = self.store.search_objectives()
+            if not goals:
+                raise UsageError("best() needs a metric: this experiment has no learning search to take one from")
+            metric, mode = goals[0]
         if mode not in ("min", "max"):
             raise UsageError(f"mode {mode!r} is 'min' or 'max'")
         report = from_store(

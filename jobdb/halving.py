@@ -64,6 +64,8 @@ class Halving:
     @classmethod
     def from_json(cls, text: str) -> Halving:
         data = json.loads(text)
+        data.pop("learn", None)  # a learning search's sampler and state (see .learn)
+        data.pop("state", None)
         space = tuple((k, v[0], tuple(v[1:])) for k, v in sorted(data.pop("space", {}).items()))
         return cls(**{**data, "rungs": tuple(data["rungs"]), "space": space})
 

@@ -21,14 +21,15 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import coderecord, graph
+from . import coderecord, graph, transitions
 from . import halving as _halving
+from . import learn as _learn
 from .canonical import check_nul_all, dump_json
 from .errors import NoSuchJob, UsageError
 from .graph import Log
 from .hot import HotStatements
 from .identity import canonical_specs, duplicate_hashes
-from .records import ScheduleResult
+from .records import Claimed, ScheduleResult, WorkerInfo
 from .schema import function_code as t_code
 from .schema import job as t_job
 from .schema import job_dep as t_dep
@@ -436,6 +437,25 @@ def lock_experiment(conn: Connection, exp: int) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k1, :k2)"), {"k1": 0x6A6F62, "k2": exp})
 
 
+def start_learning(
+    conn: Connection, exp: int, rules: _halving.Halving, plan: _learn.Plan, now: float
+) -> tuple[int, list[int], int]:
+    """Record a learning search and make its first proposals (see :func:`.learn.start`), schedulers
+    of the experiment serialised as for a sweep."""
+    lock_experiment(conn, exp)
+    return _learn.start(conn, exp, rules, plan, params_hash, now)
+
+
+def ask_learning(
+    conn: Connection, log: Log, exp: int, search_id: int, worker: WorkerInfo, now: float
+) -> Claimed | None:
+    """The next point of an ask/tell search, as a job proposed and claimed by the asking process in
+    one transaction (so that no worker takes it, and the monitor sees it die with its process);
+    None when the budget is spent or every point has been asked."""
+    new = _learn.propose(conn, search_id, params_hash, now, wanted=1)
+    return transitions.claim_job(conn, log, exp, new[0], worker, None, now) if new else None
+
+
 def canonical_targets(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     """The specs with every function target in its one spelling (``pkg.mod:fn``)."""
     if all(s.kind != "fn" or ":" in s.target for s in specs):
@@ -451,6 +471,7 @@ def search_moves_on(log: Log, now: Callable[[Connection], float]) -> Ended:
         _halving.after_finish(
             conn, job_id, lambda c, ids, why: graph.refresh(c, log, ids, why=why), params_hash, lambda: now(conn)
         )
+        _learn.after_end(conn, job_id, params_hash, lambda: now(conn))
 
     return after_end
 

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import browse, coderecord, connections, graph, scheduling, transitions
 from . import engine as _engine
 from . import halving as _halving
+from . import learn as _learn
 from .artifacts import digests_in_text
 from .canonical import dump_json
 from .clock import ServerClock
@@ -205,6 +206,30 @@ class Store:
     def ran_other_source(self, ids: Sequence[int], source: str) -> list[int]:
         """Of the jobs ``ids``, the DONE ones recorded running another source of their target."""
         return self._read(lambda conn: coderecord.ran_other_source(conn, ids, source))
+
+    def start_search(self, rules: _halving.Halving, plan: _learn.Plan) -> tuple[int, list[int], int]:
+        """Record a learning search (:class:`.learn.Plan`) or grow the one the same command made, and
+        propose its first configurations, in one transaction; (search id, new job ids, configurations
+        it held before)."""
+        check_priority(plan.priority)
+        return self._write(
+            lambda conn: scheduling.start_learning(
+                conn, self._exp(conn, create=True), rules, plan, self.clock.now(conn)
+            )
+        )
+
+    def ask(self, search_id: int, worker: WorkerInfo) -> Claimed | None:
+        """The next point of an ask/tell search, claimed by ``worker`` (its lease proves it when the
+        result is told through :meth:`finish`); None when the search's budget is spent."""
+        return self._write(
+            lambda conn: scheduling.ask_learning(
+                conn, self._events, self._exp(conn), search_id, worker, self.clock.now(conn)
+            )
+        )
+
+    def search_members(self, search_id: int) -> tuple[int, list[tuple[int, str]]]:
+        """A learning search's budget in jobs, and its jobs so far as (id, status)."""
+        return self._read(lambda conn: _learn.members(conn, search_id))
 
     # -- a worker's verbs ------------------------------------------------------------------
     def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
@@ -435,6 +460,7 @@ class Store:
                     relaunch=relaunch,
                     max_attempts=max_attempts,
                     now=self.clock.now(conn),
+                    after_end=self._ends["after_end"],
                 )
             )
             if wanted
@@ -579,9 +605,20 @@ class Store:
         the job's own parameters), or None."""
         return self._read(lambda conn: _halving.continuation(conn, job_id))
 
+    def search_fronts(self, every: bool = False) -> list[_learn.Front]:
+        """The Pareto front of each multi-objective (or constrained) learning search of this experiment;
+        with ``every``, of each learning search (with one metric, its best)."""
+        return self._read(lambda conn: _learn.fronts(conn, self._exp(conn), every))
+
+    def search_objectives(self) -> list[tuple[str, str]]:
+        """The metrics and directions of this experiment's latest learning search (none: empty)."""
+        return self._read(lambda conn: _learn.objectives_of(conn, self._exp(conn)))
+
     def search_summaries(self) -> list[str]:
         """One line per search of this experiment: the configurations reaching each rung, the pruned jobs."""
-        return self._read(lambda conn: _halving.summaries(conn, self._exp(conn)))
+        return self._read(
+            lambda conn: _halving.summaries(conn, self._exp(conn)) + _learn.summaries(conn, self._exp(conn))
+        )
 
     def search_space(self) -> dict[str, _halving.Distribution]:
         """The parameters this experiment's sweeps drew, and the distribution of each (for plots)."""

@@ -430,10 +430,13 @@ def crash_found(
     relaunch: bool,
     max_attempts: int | None,
     now: float | None = None,
+    after_end: Ended | None = None,
 ) -> dict[int, Status]:
     """RUNNING jobs found dead (``found``: job id -> {lease: reason}) end CRASHED, or CANCELED when
     their stop was asked; those with attempts left (``max_attempts``, or each job's own) are
-    relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer."""
+    relaunched. A job no longer RUNNING at that lease is left alone and absent from the answer.
+    ``after_end`` is told of each job that ended for good (a search moves on: the monitor's verdict
+    is what a learning sampler sees of a dead job)."""
     rows: list[Any] = []
     for chunk in chunks(sorted(found)):
         rows.extend(
@@ -477,6 +480,9 @@ def crash_found(
     dead = {i: s for i, s in out.items() if i not in {a[0] for a in again}}
     out.update(relaunch_crashed(conn, log, again, now=now))
     ended_downstream(conn, log, dead)
+    if after_end is not None:
+        for job_id in sorted(dead):
+            after_end(conn, job_id)
     return out
 
 

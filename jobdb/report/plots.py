@@ -53,13 +53,15 @@ def figures(
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
     finished: FinishFetcher | None = None,
+    learned: Sequence[Any] = (),
 ) -> list[tuple[str, Any]]:
     """Every plot of ``report`` as (file name, matplotlib figure), not yet saved.
 
     ``space``: the distributions the sweeps drew their parameters from (a log axis for a log-scale
-    one); ``searches``: the successive-halving searches, drawn rung by rung; ``finished``: for a
-    search (something was drawn or halved), the jobs' results in the order they finished, drawn
-    with the best so far.
+    one); ``searches``: the successive-halving searches, drawn rung by rung; ``learned``: the
+    learning searches (``Front``s), each drawn as its best so far against evaluations and, with
+    several metrics, as its Pareto front; ``finished``: for another search (something was drawn or
+    halved), the jobs' results in the order they finished, drawn with the best so far.
     """
     require_matplotlib()
     space = space or {}
@@ -78,7 +80,18 @@ def figures(
         if fig is not None:
             suffix = f"_search{search.search_id}" if len(searches) > 1 else ""
             out.append((_file_name(f"{search.rules.metric}_rungs{suffix}.png"), fig))
-    if finished is not None and (space or searches):
+    for front in learned:
+        suffix = f"_search{front.search_id}" if len(learned) > 1 else ""
+        fig = search_best_so_far_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"{front.objectives[0][0]}_best_so_far{suffix}.png"), fig))
+        fig = front_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"pareto_front{suffix}.png"), fig))
+        fig = importances_figure(front)
+        if fig is not None:
+            out.append((_file_name(f"{front.objectives[0][0]}_importances{suffix}.png"), fig))
+    if finished is not None and not learned and (space or searches):
         shown = {i for r in report.rows for i in r.all_job_ids}  # as the report selected them (--where, phase)
         fig = best_so_far_figure(report, [(t, v) for i, t, v in finished() if i in shown])
         if fig is not None:
@@ -102,14 +115,74 @@ def write_plots(
     space: Mapping[str, Distribution] | None = None,
     searches: Sequence[Rungs] = (),
     finished: FinishFetcher | None = None,
+    learned: Sequence[Any] = (),
 ) -> list[Path]:
     """Draw every plot of ``report`` into ``outdir``; return the files written."""
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in figures(report, fetch_metrics, curves=curves, space=space, searches=searches, finished=finished):
+    for name, fig in figures(
+        report,
+        fetch_metrics,
+        curves=curves,
+        space=space,
+        searches=searches,
+        finished=finished,
+        learned=learned,
+    ):
         fig.savefig(outdir / name)
         written.append(outdir / name)
     return written
+
+
+def search_best_so_far_figure(front: Any) -> Any:
+    """A learning search's best value of its first metric after each finished evaluation."""
+    metric, direction = front.objectives[0]
+    values = [p.values[metric] for p in front.evaluated]
+    if not values:
+        return None
+    best: list[float] = []
+    pick = max if direction == "max" else min
+    for v in values:
+        best.append(v if not best else pick(best[-1], v))
+    fig, ax = _sized(6, 4)
+    ax.plot(range(1, len(values) + 1), values, "o", color="0.7", markersize=3, label="each evaluation")
+    ax.step(range(1, len(best) + 1), best, where="post", color="C0", label="best so far")
+    ax.set_xlabel("evaluations (finished, in the order proposed)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"search {front.search_id}: {metric}, {'highest' if direction == 'max' else 'lowest'} best")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def importances_figure(front: Any) -> Any:
+    """A learning search's parameters by their importance for its first metric (Optuna's evaluator)."""
+    if not front.importances:
+        return None
+    names = [n for n, _ in front.importances][::-1]
+    fig, ax = _sized(6, 1 + 0.4 * len(names))
+    ax.barh(names, [v for _, v in front.importances][::-1], color="C0")
+    ax.set_xlabel(f"importance for {front.objectives[0][0]} (sums to 1)")
+    ax.set_title(f"search {front.search_id}: {len(front.evaluated)} evaluations")
+    fig.tight_layout()
+    return fig
+
+
+def front_figure(front: Any) -> Any:
+    """A multi-objective search's evaluations on its first two metrics, its Pareto front marked."""
+    if len(front.objectives) < 2 or not front.evaluated:
+        return None
+    (m1, _), (m2, _) = front.objectives[:2]
+    fig, ax = _sized(6, 5)
+    ax.plot([p.values[m1] for p in front.evaluated], [p.values[m2] for p in front.evaluated], "o", color="0.7")
+    on = sorted(front.points, key=lambda p: p.values[m1])
+    ax.plot([p.values[m1] for p in on], [p.values[m2] for p in on], "o-", color="C3", label="Pareto front")
+    ax.set_xlabel(m1)
+    ax.set_ylabel(m2)
+    ax.set_title(f"search {front.search_id}: {len(on)} of {len(front.evaluated)} on the front")
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 def metric_vs_figure(  # noqa: C901
@@ -473,6 +546,14 @@ def _figure(width: float = 8, panels: int | None = None) -> tuple[Any, Any]:
 
     fig = Figure(figsize=(width, 5), dpi=100)
     return fig, fig.subplots() if panels is None else fig.subplots(1, panels, squeeze=False)
+
+
+def _sized(width: float, height: float) -> tuple[Any, Any]:
+    """A figure of one panel of this size, made without pyplot (as :func:`_figure`)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    return fig, fig.subplots()
 
 
 def _colormap(name: str, n: int) -> Any:
