@@ -169,16 +169,19 @@ class Worker(StoppableLoop):
                         self._exit_unreachable(exc)
                         break
                 if claimed is None:
+                    wait = self._should_wait(idle_since)  # on the connection the claim was tried on
                     # Waiting for others' jobs to unlock more, a worker holds no connection: those others
                     # need one to record their jobs, and a full server would otherwise never free one.
                     self.store.keep_connection(False)
-                    if not self._should_wait(idle_since):
+                    if not wait:
                         break
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
                     pause = min(self.options.poll_interval, 0.05 * 2**idle_polls)
                     idle_polls += 1
                     self.logger.debug("nothing ready; looking again in %.2f s", pause)
                     time.sleep(pause * random.uniform(0.7, 1.3))
+                    # The next look (a claim, then what is left) on one connection: one connect a poll.
+                    self.store.keep_connection(True)
                     continue
                 idle_polls = 0
                 self.store.keep_connection(True)

@@ -216,3 +216,49 @@ def test_a_schema_named_in_the_url_holds_everything_done_through_pgbouncer(pgbou
         with psycopg.connect(pg_database, autocommit=True) as admin:
             for schema in schemas:
                 admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_worker_waiting_for_others_connects_once_a_look(setup):
+    """Each look of a waiting worker (a claim, then what is left to wait for) is one connection, opened
+    and closed: a hundred idle workers at the end of a sweep cost the server a hundred connects a second,
+    not two hundred. Counted by the server (``pg_stat_database.sessions``, counted as sessions end)."""
+    from jobman.jobdb.store import WorkerInfo
+
+    url, store, env, tmp_path = setup
+    [job_id] = schedule(store, {"seconds": 1})
+    assert store.claim(WorkerInfo.here()) is not None  # another worker's job, RUNNING all along
+    store.dispose()
+    database = url.split("?")[0].rsplit("/", 1)[1]
+    log = tmp_path / "worker.log"
+
+    def looks() -> int:
+        return log.read_text().count("nothing ready")
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn, open(log, "w") as out:
+
+        def sessions() -> int:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            query = "SELECT sessions FROM pg_stat_database WHERE datname = %s"
+            return conn.execute(query, (database,)).fetchone()[0]
+
+        argv = ["worker", url, "--exproot", str(tmp_path / "runs"), "--verbose"]
+        proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", *argv], env=env, stdout=out, stderr=out)
+        try:
+            deadline = time.time() + 60
+            while looks() < 6 and time.time() < deadline:  # past its start-up's connections: a look a second
+                time.sleep(0.05)
+            assert looks() >= 6, "the worker never waited: " + log.read_text()[-2000:]
+            time.sleep(1.5)  # the server counts a session as it ends
+            before, looks_before = sessions(), looks()
+            time.sleep(8)
+            after, window = sessions(), looks() - looks_before
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert window >= 5, log.read_text()[-2000:]
+    # looks at the window's edges may count on either side: two more connects at most, against two a look
+    assert after - before <= window + 2, f"{after - before} connects for {window} looks"
+    store = Store.open(url)
+    assert store.job(job_id).status is Status.RUNNING
+    store.dispose()
