@@ -42,7 +42,7 @@ import os, time
 def nap(state, channel):
     time.sleep(state["seconds"])
     with open(os.environ["JM_ENDS"], "a") as fh:
-        fh.write(f"{time.time()}\\n")
+        fh.write(f"{state['i']} {time.time()}\\n")
 """
 
 
@@ -157,10 +157,16 @@ def one_run(workers: int, jobs: int, seconds: float, bouncer: str | None, tmp: P
                         exits.append(time.time())
                         waiting.remove(proc)
                 time.sleep(0.05)
-        times = sorted(float(x) for x in ends.read_text().split())
+        ran = [line.split() for line in ends.read_text().splitlines()]
+        times = sorted(float(end) for _i, end in ran)
+        once = len({i for i, _end in ran}) == len(ran) == jobs  # every job ran, none twice
+        store = Store.open(url)
+        once = once and {j.status.value for j in store.jobs()} == {"DONE"}
+        store.dispose()
         failed = sum(p.returncode != 0 for p in procs)
         return {
             "done": len(times),
+            "once": once,
             "jobs_per_s": len(times) / (times[-1] - began) if times else 0.0,
             "peak_connections": sampler.peak_connections,
             "peak_rss_gib": sampler.peak_rss / 2**30,
@@ -195,7 +201,7 @@ def main() -> None:
         try:
             print(
                 f"{'way':<10} {'workers':>7} {'done':>5} {'jobs/s':>7} {'vs base':>7} {'peak conn':>9} {'peak GiB':>8} "
-                f"{'outlived s':>10} {'failed':>6} {'samples':>7} {'missed':>6} {'load':>5}"
+                f"{'outlived s':>10} {'failed':>6} {'once':>5} {'samples':>7} {'missed':>6} {'load':>5}"
             )
             base = None
             for n, way in runs:
@@ -204,7 +210,8 @@ def main() -> None:
                 print(
                     f"{way:<10} {n:>7} {r['done']:>5} {r['jobs_per_s']:>7.1f} {r['jobs_per_s'] / base:>7.2f} "
                     f"{r['peak_connections']:>9} {r['peak_rss_gib']:>8.2f} {r['outlived_s']:>10.1f} "
-                    f"{r['failed_workers']:>6} {r['samples']:>7} {r['missed_samples']:>6} {os.getloadavg()[0]:>5.1f}",
+                    f"{r['failed_workers']:>6} {'yes' if r['once'] else 'NO':>5} {r['samples']:>7} "
+                    f"{r['missed_samples']:>6} {os.getloadavg()[0]:>5.1f}",
                     flush=True,
                 )
         finally:
