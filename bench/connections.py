@@ -1,6 +1,7 @@
 """Many workers on one PostgreSQL: jobs/s, peak server connections, and how long workers outlive the work.
 
     python bench/connections.py [--workers 50 100 200] [--jobs 600] [--seconds 0.2] [--direct] [--pgbouncer]
+                                [--baseline 50]
 
 Starts N ``jobman worker`` processes at once (as a Slurm array would) on a fresh database of the
 local server (``JOBMAN_TEST_PG`` or postgres@127.0.0.1:5432), directly and through a PgBouncer in
@@ -8,7 +9,8 @@ transaction pooling mode with a pool of 10 server connections (the tests' set-up
 postgres). Each job sleeps ``--seconds`` and notes when it ended. Reported per run: jobs/s from
 the workers' start to the last job's end, the peak of the database's server connections (sampled
 every 20 ms), the peak memory of the workers and their fork servers, and the time from the last
-job's end to the last worker's exit.
+job's end to the last worker's exit. ``--baseline N`` first runs N workers directly, whose jobs/s
+each run is set beside ("vs base"); "load" is the machine's load average at the run's end.
 """
 
 from __future__ import annotations
@@ -40,52 +42,78 @@ import os, time
 def nap(state, channel):
     time.sleep(state["seconds"])
     with open(os.environ["JM_ENDS"], "a") as fh:
-        fh.write(f"{time.time()}\\n")
+        fh.write(f"{state['i']} {time.time()}\\n")
 """
 
 
 class Sampler:
-    """Peak server connections to ``database`` and peak memory of ``procs`` and their children."""
+    """Peak server connections to ``database`` and peak memory of ``procs`` and their children, each
+    sampled by a thread of its own: a scan of the machine's processes (slow under load) never delays
+    a count of connections."""
 
     def __init__(self, database: str) -> None:
         self.database = database
         self.procs: list[subprocess.Popen] = []
         self.peak_connections = 0
         self.peak_rss = 0
+        self.samples = 0
+        self.missed = 0  # samples the server refused
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._count, self._measure)]
 
-    def _run(self) -> None:
-        with psycopg.connect(ADMIN, autocommit=True) as conn:
-            last_rss = 0.0
-            while not self._stop.is_set():
+    def _count(self) -> None:
+        # Connected before the workers start, and again should the server drop it: a sampler that
+        # could not count would report a peak of 0.
+        conn = None
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(ADMIN, autocommit=True)
                 (n,) = conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'",
                     (self.database,),
                 ).fetchone()
                 self.peak_connections = max(self.peak_connections, n)
-                if time.monotonic() - last_rss > 1:
-                    last_rss = time.monotonic()
-                    self.peak_rss = max(self.peak_rss, self._rss())
-                time.sleep(0.02)
+                self.samples += 1
+            except psycopg.Error:
+                self.missed += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+            time.sleep(0.02)
+        if conn is not None:
+            conn.close()
+
+    def _measure(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak_rss = max(self.peak_rss, self._rss())
 
     def _rss(self) -> int:
-        total = 0
-        for proc in list(self.procs):
-            try:
-                p = psutil.Process(proc.pid)
-                total += sum(q.memory_info().rss for q in [p, *p.children(recursive=True)])
-            except psutil.Error:
-                pass
+        """The resident memory of the workers and everything under them, from one scan of the processes."""
+        children: dict[int, list[int]] = {}
+        rss: dict[int, int] = {}
+        for proc in psutil.process_iter(["ppid", "memory_info"]):
+            if proc.info["memory_info"] is not None:
+                children.setdefault(proc.info["ppid"], []).append(proc.pid)
+                rss[proc.pid] = proc.info["memory_info"].rss
+        total, todo = 0, [p.pid for p in list(self.procs)]
+        while todo:
+            pid = todo.pop()
+            total += rss.get(pid, 0)
+            todo.extend(children.get(pid, ()))
         return total
 
     def __enter__(self) -> Sampler:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+        while not (self.samples or self.missed):  # counting before the first worker starts
+            time.sleep(0.01)
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
-        self._thread.join(10)
+        for thread in self._threads:
+            thread.join(10)
 
 
 def one_run(workers: int, jobs: int, seconds: float, bouncer: str | None, tmp: Path) -> dict[str, float]:
@@ -129,15 +157,23 @@ def one_run(workers: int, jobs: int, seconds: float, bouncer: str | None, tmp: P
                         exits.append(time.time())
                         waiting.remove(proc)
                 time.sleep(0.05)
-        times = sorted(float(x) for x in ends.read_text().split())
+        ran = [line.split() for line in ends.read_text().splitlines()]
+        times = sorted(float(end) for _i, end in ran)
+        once = len({i for i, _end in ran}) == len(ran) == jobs  # every job ran, none twice
+        store = Store.open(url)
+        once = once and {j.status.value for j in store.jobs()} == {"DONE"}
+        store.dispose()
         failed = sum(p.returncode != 0 for p in procs)
         return {
             "done": len(times),
+            "once": once,
             "jobs_per_s": len(times) / (times[-1] - began) if times else 0.0,
             "peak_connections": sampler.peak_connections,
             "peak_rss_gib": sampler.peak_rss / 2**30,
             "outlived_s": max(exits) - times[-1] if times else float("nan"),
             "failed_workers": failed,
+            "missed_samples": sampler.missed,
+            "samples": sampler.samples,
         }
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as conn:
@@ -151,25 +187,33 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.2)
     parser.add_argument("--direct", action="store_true", help="only directly (default: both ways)")
     parser.add_argument("--pgbouncer", action="store_true", help="only through PgBouncer (default: both ways)")
+    parser.add_argument(
+        "--baseline", type=int, default=0, help="first run this many workers directly, the jobs/s set beside"
+    )
     args = parser.parse_args()
     ways = [w for w, on in (("direct", args.direct), ("pgbouncer", args.pgbouncer)) if on] or ["direct", "pgbouncer"]
+    runs = [(args.baseline, "direct")] if args.baseline else []
+    runs += [(n, way) for n in args.workers for way in ways]
     with tempfile.TemporaryDirectory(prefix="jobman-bench-conn-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "jm_bench_conn.py").write_text(MODULE)
         bouncer, directory = start_pgbouncer(ADMIN, pool_size=10) if "pgbouncer" in ways else (None, None)
         try:
             print(
-                f"{'way':<10} {'workers':>7} {'done':>5} {'jobs/s':>7} {'peak conn':>9} {'peak GiB':>8} "
-                f"{'outlived s':>10} {'failed':>6}"
+                f"{'way':<10} {'workers':>7} {'done':>5} {'jobs/s':>7} {'vs base':>7} {'peak conn':>9} {'peak GiB':>8} "
+                f"{'outlived s':>10} {'failed':>6} {'once':>5} {'samples':>7} {'missed':>6} {'load':>5}"
             )
-            for n in args.workers:
-                for way in ways:
-                    r = one_run(n, args.jobs, args.seconds, bouncer if way == "pgbouncer" else None, tmp)
-                    print(
-                        f"{way:<10} {n:>7} {r['done']:>5} {r['jobs_per_s']:>7.1f} {r['peak_connections']:>9} "
-                        f"{r['peak_rss_gib']:>8.2f} {r['outlived_s']:>10.1f} {r['failed_workers']:>6}",
-                        flush=True,
-                    )
+            base = None
+            for n, way in runs:
+                r = one_run(n, args.jobs, args.seconds, bouncer if way == "pgbouncer" else None, tmp)
+                base = base or r["jobs_per_s"]
+                print(
+                    f"{way:<10} {n:>7} {r['done']:>5} {r['jobs_per_s']:>7.1f} {r['jobs_per_s'] / base:>7.2f} "
+                    f"{r['peak_connections']:>9} {r['peak_rss_gib']:>8.2f} {r['outlived_s']:>10.1f} "
+                    f"{r['failed_workers']:>6} {'yes' if r['once'] else 'NO':>5} {r['samples']:>7} "
+                    f"{r['missed_samples']:>6} {os.getloadavg()[0]:>5.1f}",
+                    flush=True,
+                )
         finally:
             if directory is not None:
                 stop_pgbouncer(directory)

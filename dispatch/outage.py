@@ -26,6 +26,10 @@ T = TypeVar("T")
 # Long enough for a server restart or a failover; JOBMAN_OUTAGE_WAIT or --outage-wait change it.
 DEFAULT_OUTAGE_WAIT = 600.0
 FIRST_DELAY, MAX_DELAY = 0.5, 10.0
+# A full server frees a slot whenever one of jobman's own workers ends: looked at more often than a
+# server that is away, so that a worker still waiting for a slot when the work is done learns it soon
+# (a 10 s cap kept such workers up to 15 s past the last job).
+FULL_MAX_DELAY = 3.0
 
 
 def default_patience() -> float:
@@ -66,7 +70,7 @@ class Outage:
                     raise DatabaseUnavailable(f"{exc}; gave up {doing} after {now - began:.0f} s") from None
                 # Jittered: the workers a full server refused together do not all come back at once.
                 time.sleep(min(delay * random.uniform(0.5, 1.5), began + self.patience - now))
-                delay = min(delay * 2, MAX_DELAY)
+                delay = min(delay * 2, FULL_MAX_DELAY if isinstance(exc, ServerFull) else MAX_DELAY)
                 continue
             if began is not None:
                 self.log(f"the database is back after {time.monotonic() - began:.0f} s; {doing} again")

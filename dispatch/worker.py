@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobman.jobdb import artifacts
-from jobman.jobdb.errors import JobmanError, ServerFull, TargetUnimportable
+from jobman.jobdb.errors import DatabaseUnavailable, JobmanError, ServerFull, TargetUnimportable
 from jobman.jobdb.store import Claimed, Store, WorkerInfo
 
 from .forkhandle import ForkServer
@@ -161,18 +161,31 @@ class Worker(StoppableLoop):
                 if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
                     break
                 if claimed is None:
-                    claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job")
+                    # Once nothing was ready, a server that cannot be reached is not waited for: the
+                    # jobs others run are theirs to record, and this worker holds nothing.
+                    idle = idle_polls > 0
+                    waits = _never if idle else _always
+                    try:
+                        claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job", waits)
+                    except DatabaseUnavailable as exc:
+                        if not idle:
+                            raise
+                        self._exit_unreachable(exc)
+                        break
                 if claimed is None:
+                    wait = self._should_wait(idle_since)  # on the connection the claim was tried on
                     # Waiting for others' jobs to unlock more, a worker holds no connection: those others
                     # need one to record their jobs, and a full server would otherwise never free one.
                     self.store.keep_connection(False)
-                    if not self._should_wait(idle_since):
+                    if not wait:
                         break
                     # Soon at first (the jobs others run may be about to end), then every poll_interval.
                     pause = min(self.options.poll_interval, 0.05 * 2**idle_polls)
                     idle_polls += 1
                     self.logger.debug("nothing ready; looking again in %.2f s", pause)
                     time.sleep(pause * random.uniform(0.7, 1.3))
+                    # The next look (a claim, then what is left) on one connection: one connect a poll.
+                    self.store.keep_connection(True)
                     continue
                 idle_polls = 0
                 self.store.keep_connection(True)
@@ -214,13 +227,25 @@ class Worker(StoppableLoop):
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
         try:
-            left = self.outage.call(
-                self.store.outstanding, "looking for jobs left", waits=lambda exc: not isinstance(exc, ServerFull)
-            )
-        except ServerFull:  # nothing to claim, and the server has no slot to spare: leave it one more
-            self.log("nothing ready to claim and the database server is full: this worker exits")
+            left = self.outage.call(self.store.outstanding, "looking for jobs left", waits=_never)
+        except DatabaseUnavailable as exc:
+            self._exit_unreachable(exc)
             return False
         return left["QUEUED"] > 0 or left["RUNNING"] > 0
+
+    def _exit_unreachable(self, exc: DatabaseUnavailable) -> None:
+        """Says why a worker with nothing to claim exits rather than wait: a full server is left one
+        slot more, and one that is away has its running jobs' workers to wait for it."""
+        state = "full" if isinstance(exc, ServerFull) else "unreachable"
+        self.log(f"nothing ready to claim and the database server is {state} ({exc}): this worker exits")
+
+
+def _always(_exc: DatabaseUnavailable) -> bool:
+    return True
+
+
+def _never(_exc: DatabaseUnavailable) -> bool:
+    return False
 
 
 def stop_with_dispatcher(on_signal: Callable[[int, object], None]) -> None:

@@ -71,8 +71,6 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
         "application_name": WORKER_APPLICATION if worker else "jobman",
         "prepare_threshold": None,
     }
-    if target.schema:  # every statement, raw or not, resolves its tables in that schema
-        connect_args["options"] = f"-c search_path={target.schema}"
     pooling: dict[str, Any] = (
         {"poolclass": sa.pool.NullPool} if worker else {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
     )
@@ -83,6 +81,9 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
         for name in ("json", "jsonb"):
             dbapi_conn.adapters.register_loader(name, _canonical_json_loader())
 
+    if target.schema:
+        _search_path_per_transaction(engine, target.schema)
+
     if worker:  # the many: they leave a lab's server its spare connections
 
         @event.listens_for(engine, "connect")
@@ -92,6 +93,23 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
     # The pool logs through a Logger, or through SQLAlchemy's wrapper of one when echo is set per engine.
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))  # type: ignore[arg-type]
     return engine
+
+
+SCHEMA_KEY = "jobman_schema"  # a connection's info: the schema its transactions resolve tables in
+
+
+def _search_path_per_transaction(engine: Engine, schema: str) -> None:
+    """Every transaction, raw or not, resolves its tables in ``schema``: set at its start (``SET LOCAL``),
+    not on the session, which a PgBouncer in transaction pooling mode does not keep between transactions
+    (and 1.18 refuses the ``options`` startup parameter a session-wide search path would take)."""
+
+    @event.listens_for(engine, "connect")
+    def _remember(_dbapi_conn: Any, record: Any) -> None:  # DB-API objects
+        record.info[SCHEMA_KEY] = schema
+
+    @event.listens_for(engine, "begin")
+    def _set_search_path(conn: Connection) -> None:
+        execute_raw(conn, "SELECT set_config('search_path', %s, true)", (schema,)).close()
 
 
 _LOADER: type | None = None
@@ -223,6 +241,8 @@ def in_write_transaction(conn: Connection, fn: Callable[[Connection], T]) -> T:
     """
     if conn.dialect.name == "sqlite":
         begin_immediate(conn)
+    elif SCHEMA_KEY in conn.info and not conn.in_transaction():  # SQLAlchemy's "begin" sets the search path
+        conn.begin()
     driver = conn.connection.dbapi_connection
     try:
         result = fn(conn)

@@ -6,11 +6,13 @@ test's own database) while a real ``jobman worker`` runs real jobs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -22,6 +24,7 @@ from jobman.jobdb.sweep import JobSpec
 
 EXPERIMENT = """
 import time
+import uuid
 
 def sleep(state, channel):
     if state.get("marker"):
@@ -151,3 +154,111 @@ def test_a_worker_waiting_for_another_workers_job_holds_no_connection(setup):
     during = counter.between(started + 3, started + 6)  # one worker's job runs on, the other waits for it
     assert during and sum(n == 0 for n in during) >= 0.9 * len(during), f"connections held while waiting: {during}"
     assert {j.status for j in store.jobs()} == {Status.DONE}
+
+
+def test_a_schema_named_in_the_url_holds_everything_done_through_pgbouncer(pgbouncer, pg_database, tmp_path):
+    """PgBouncer 1.18 refuses the ``options`` startup parameter, and in transaction pooling mode hands each
+    transaction to whichever server connection is free: ``?schema=`` is set in every transaction. Two
+    experiments in two schemas run at once through one PgBouncer, each finding only its own tables."""
+    tag = uuid.uuid4().hex[:6]
+    schemas, experiment = [f"pgb_a_{tag}", f"pgb_b_{tag}"], f"schemas_{tag}"
+    moddir = tmp_path / "mods"
+    moddir.mkdir()
+    (moddir / "conn_exp.py").write_text(EXPERIMENT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(moddir), os.environ.get("PYTHONPATH")) if p)}
+
+    def jobman(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "jobman.cli.main", *argv], env=env, capture_output=True, text=True)
+
+    def url(schema: str) -> str:
+        return f"{pgbouncer}?schema={schema}&table={experiment}"
+
+    with psycopg.connect(pg_database, autocommit=True) as admin:
+        for schema in schemas:
+            admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        for n, schema in enumerate(schemas, start=2):  # 2 jobs in the first schema, 3 in the second
+            r = jobman("db", "upgrade", url(schema))
+            assert r.returncode == 0 and "upgraded from nothing" in r.stdout, r.stderr
+            values = ",".join(str(0.01 * (i + 1)) for i in range(n))
+            r = jobman("sqlschedule", url(schema), "conn_exp:sleep", f"seconds={{{{{values}}}}}")
+            assert r.returncode == 0 and f"added {n} jobs" in r.stdout, r.stderr
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "jobman.cli.main", "worker", url(s), "--exproot", str(tmp_path / s)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for s in schemas
+        ]
+        for proc in workers:
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and "Traceback" not in err, err
+        for n, schema in enumerate(schemas, start=2):
+            r = jobman("list", url(schema), "--format", "json")
+            assert r.returncode == 0, r.stderr
+            assert [j["status"] for j in json.loads(r.stdout)] == ["DONE"] * n, r.stdout
+        with psycopg.connect(pg_database) as direct:  # on the server itself: each schema holds its own
+            for n, schema in enumerate(schemas, start=2):
+                rows = direct.execute(
+                    f"SELECT j.status, count(*) FROM {schema}.job j JOIN {schema}.experiment e "
+                    "ON e.id = j.experiment_id WHERE e.name = %s GROUP BY j.status",
+                    (experiment,),
+                ).fetchall()
+                assert rows == [("DONE", n)], (schema, rows)
+            public = direct.execute("SELECT to_regclass('public.experiment')").fetchone()[0]
+            if public is not None:
+                found = direct.execute("SELECT count(*) FROM public.experiment WHERE name = %s", (experiment,))
+                assert found.fetchone()[0] == 0, "a transaction missed its schema and wrote to public"
+    finally:
+        with psycopg.connect(pg_database, autocommit=True) as admin:
+            for schema in schemas:
+                admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_worker_waiting_for_others_connects_once_a_look(setup):
+    """Each look of a waiting worker (a claim, then what is left to wait for) is one connection, opened
+    and closed: a hundred idle workers at the end of a sweep cost the server a hundred connects a second,
+    not two hundred. Counted by the server (``pg_stat_database.sessions``, counted as sessions end)."""
+    from jobman.jobdb.store import WorkerInfo
+
+    url, store, env, tmp_path = setup
+    [job_id] = schedule(store, {"seconds": 1})
+    assert store.claim(WorkerInfo.here()) is not None  # another worker's job, RUNNING all along
+    store.dispose()
+    database = url.split("?")[0].rsplit("/", 1)[1]
+    log = tmp_path / "worker.log"
+
+    def looks() -> int:
+        return log.read_text().count("nothing ready")
+
+    with psycopg.connect(url.split("?")[0], autocommit=True) as conn, open(log, "w") as out:
+
+        def sessions() -> int:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            query = "SELECT sessions FROM pg_stat_database WHERE datname = %s"
+            return conn.execute(query, (database,)).fetchone()[0]
+
+        argv = ["worker", url, "--exproot", str(tmp_path / "runs"), "--verbose"]
+        proc = subprocess.Popen([sys.executable, "-m", "jobman.cli.main", *argv], env=env, stdout=out, stderr=out)
+        try:
+            deadline = time.time() + 60
+            while looks() < 6 and time.time() < deadline:  # past its start-up's connections: a look a second
+                time.sleep(0.05)
+            assert looks() >= 6, "the worker never waited: " + log.read_text()[-2000:]
+            time.sleep(1.5)  # the server counts a session as it ends
+            before, looks_before = sessions(), looks()
+            time.sleep(8)
+            after, window = sessions(), looks() - looks_before
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert window >= 5, log.read_text()[-2000:]
+    # looks at the window's edges may count on either side: two more connects at most, against two a look
+    assert after - before <= window + 2, f"{after - before} connects for {window} looks"
+    store = Store.open(url)
+    assert store.job(job_id).status is Status.RUNNING
+    store.dispose()

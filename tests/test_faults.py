@@ -315,6 +315,51 @@ def test_a_worker_gives_up_after_the_outage_wait_and_says_why_in_one_line(privat
     store.dispose()
 
 
+def test_a_worker_with_nothing_to_claim_exits_at_once_when_the_server_goes_away(private_pg, mods, tmp_path: Path):
+    """While another worker's job runs, a worker with nothing to claim waits for what it may unlock; the
+    server stopped, that worker exits at once (it holds nothing), and the busy one waits the outage out."""
+    url = f"{private_pg.url}?table=idle"
+    store = Store.open(url)
+    store.schedule([JobSpec(0, "fn", f"{MODULE}:short", {"i": 0, "pause": 12.0}, None)])
+    store.dispose()
+    runs = tmp_path / "r"
+
+    def worker(name: str) -> tuple[subprocess.Popen, Path]:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as fh:
+            argv = [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(runs), "--verbose"]
+            return subprocess.Popen(argv, env={**os.environ, **mods}, stdout=fh, stderr=fh), log
+
+    busy, busy_log = worker("busy")
+    idle = None
+    try:
+        wait_until(lambda: (runs / "idle" / "1").exists(), 60, "the job to start")
+        idle, idle_log = worker("idle")
+        wait_until(lambda: "nothing ready" in idle_log.read_text(), 60, "the second worker to find nothing ready")
+        private_pg.stop("fast")
+        stopped = time.monotonic()
+        assert idle.wait(timeout=30) == 0, idle_log.read_text()
+        idle_took = time.monotonic() - stopped
+        assert busy.poll() is None, busy_log.read_text()  # its job still runs: it waits the outage out
+        private_pg.start()
+        assert busy.wait(timeout=90) == 0, busy_log.read_text()
+    finally:
+        for proc in (busy, idle):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    said = idle_log.read_text()
+    assert idle_took < 8, f"the worker with nothing to claim took {idle_took:.1f} s to exit:\n{said[-2000:]}"
+    assert "database server is unreachable" in said and "this worker exits" in said, said[-2000:]
+    assert "worker ran 0 job(s)" in said and "Traceback" not in said, said[-2000:]
+    store = Store.open(url)
+    [job] = store.jobs()
+    assert (job.status, job.attempt) == (Status.DONE, 1), (job.status, job.attempt, job.error)
+    claims, dones = claims_and_dones(store)
+    assert claims == Counter({job.id: 1}) and dones == Counter({job.id: 1})
+    store.dispose()
+
+
 # -- full disk, read-only database: bounded respawn --------------------------------------------------
 @pytest.fixture
 def small_disk():
