@@ -465,7 +465,7 @@ class Runner:
         self.job_env: dict[str, str] = {}  # set in the environment of the job being started
         self.artifacts: str | None = None  # where the jobs' artifact store is (the worker says)
         self._texts_kept: set[str] = set()  # digests of the diffs and package lists this worker kept
-        self._ran_json: dict[tuple[str, str | None], tuple[dict[str, Any] | None, str]] = {}
+        self._ran_json: dict[tuple[str, str | None], tuple[dict[str, Any] | None, str, dict[str, tuple[str, str]]]] = {}
         self.cannot_import: str | None = None  # why the last job's target could not be imported, if so
 
     def close(self) -> None:
@@ -827,7 +827,8 @@ class Runner:
             malformed=child.malformed,
             ranks=job.ranks,
         )
-        return self._finish(
+        record, texts = self._what_ran(job, ran)
+        ended = self._finish(
             job,
             lease,
             then,
@@ -836,24 +837,24 @@ class Runner:
             error=end.error,
             exit_code=end.exit_code,
             why=end.why,
-            code=self._what_ran(job, ran),
+            code=record,
+            texts=texts,
         )
+        if ended[0] != LOST:  # kept with the job's end, in its transaction
+            self._texts_kept.update(texts)
+        return ended
 
-    def _what_ran(self, job: Job, ran: dict[str, Any] | None) -> str:
-        """The job's code and environment record, as JSON: made once per code record and directory
-        (the texts it names kept first), then the same text for every job that ran the same."""
+    def _what_ran(self, job: Job, ran: dict[str, Any] | None) -> tuple[str, dict[str, tuple[str, str]]]:
+        """The job's code and environment record, as JSON, and the texts it names that this worker has
+        not kept yet (kept with the job's end, so that an outage has one place to be waited out): made
+        once per code record and directory, then the same for every job that ran the same."""
         where = where_of(job.code)
         cached = self._ran_json.get((job.target, where))
-        if cached is not None and cached[0] is ran:
-            return cached[1]
-        record, texts = what_ran(ran, job.target, where)
-        new = {k: v for k, v in texts.items() if k not in self._texts_kept}
-        if new:
-            self.outage.call(lambda: self.store.keep_texts(new), "keeping the job's code record")
-            self._texts_kept.update(new)
-        encoded = dump_json(record, "code record")
-        self._ran_json[(job.target, where)] = (ran, encoded)
-        return encoded
+        if cached is None or cached[0] is not ran:
+            record, texts = what_ran(ran, job.target, where)
+            cached = (ran, dump_json(record, "code record"), texts)
+            self._ran_json[(job.target, where)] = cached
+        return cached[1], {k: v for k, v in cached[2].items() if k not in self._texts_kept}
 
     def _finish(
         self, job: Job, lease: int, then: tuple[WorkerInfo, str] | None, outcome: str, **kwargs: Any

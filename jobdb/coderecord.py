@@ -26,8 +26,12 @@ def keep_texts(conn: Connection, texts: dict[str, tuple[str, str]], now: float) 
         for key, (kind, body) in texts.items()
         if key not in have
     ]
-    if rows:
-        conn.execute(sa.insert(t_text), rows)
+    if rows:  # two workers may keep the same text at once: the second's is the same, and is left out
+        if conn.dialect.name == "postgresql":
+            from sqlalchemy.dialects import postgresql as dialect
+        else:
+            from sqlalchemy.dialects import sqlite as dialect  # type: ignore[no-redef]
+        conn.execute(dialect.insert(t_text).on_conflict_do_nothing(index_elements=["digest"]), rows)
 
 
 def code_text(conn: Connection, digest: str) -> tuple[str, str] | None:

@@ -327,30 +327,35 @@ class Store:
         why: str | None = None,
         relaunch: bool = True,
         code: dict[str, Any] | str | None = None,
+        texts: dict[str, tuple[str, str]] | None = None,
     ) -> Status:
         """Record how an owned run ended and move the graph on; returns the job's new status.
 
         ``outcome``: DONE, FAILED, CRASHED (killed by the world), INCOMPLETE (the job asked to be
         re-queued and resumed) or REQUEUE (its worker is stopping: put back without counting an attempt).
-        ``code``: what the run ran (its code and environment record, or its JSON), kept on the job.
+        ``code``: what the run ran (its code and environment record, or its JSON), kept on the job;
+        ``texts``: the texts that record names (``{digest: (kind, body)}``), kept in the same transaction.
         """
         blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
         code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
         status = self._write(
-            lambda conn: transitions.finish(
-                conn,
-                self._events,
-                self.hot,
-                job_id,
-                lease,
-                outcome,
-                blob,
-                error,
-                exit_code,
-                why,
-                relaunch,
-                code=code_blob,
-                **self._ends,
+            lambda conn: (
+                self._kept_texts(conn, texts)
+                or transitions.finish(
+                    conn,
+                    self._events,
+                    self.hot,
+                    job_id,
+                    lease,
+                    outcome,
+                    blob,
+                    error,
+                    exit_code,
+                    why,
+                    relaunch,
+                    code=code_blob,
+                    **self._ends,
+                )
             )
         )
         if status is None:
@@ -370,6 +375,7 @@ class Store:
         exit_code: int | None = None,
         why: str | None = None,
         code: dict[str, Any] | str | None = None,
+        texts: dict[str, tuple[str, str]] | None = None,
     ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
@@ -380,6 +386,7 @@ class Store:
         code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
+            self._kept_texts(conn, texts)
             log: list[dict[str, Any]] = []  # both events in one statement
             status = transitions.finish(
                 conn,
@@ -715,6 +722,11 @@ class Store:
     def function_code(self, target: str) -> bytes | None:
         """The stored code of a function run by value, or None."""
         return self._read(lambda conn: scheduling.function_code(conn, self._exp(conn), target))
+
+    @staticmethod
+    def _kept_texts(conn: Connection, texts: dict[str, tuple[str, str]] | None) -> None:
+        if texts:
+            coderecord.keep_texts(conn, texts, time.time())
 
     def keep_texts(self, texts: dict[str, tuple[str, str]]) -> None:
         """Keep texts jobs' code records name (a diff, a package list: ``{digest: (kind, body)}``),
