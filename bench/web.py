@@ -62,7 +62,7 @@ def serve(url: str) -> tuple[subprocess.Popen, str, str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    link = re.search(r"(http://[^/]+)/\S*token=(\S+)", proc.stdout.readline())
+    link = re.search(r"(http://[^/]+/s/[\w-]+)/\S*token=(\S+)", proc.stdout.readline())  # root: its secret path
     return proc, link.group(1), link.group(2)
 
 

@@ -72,7 +72,7 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
 
     \b
     Example:
-      jobman serve 'sqlite:///sweeps.db'        # prints http://127.0.0.1:8787/?token=...
+      jobman serve 'sqlite:///sweeps.db'        # prints http://127.0.0.1:8787/s/<id>/?token=...
       jobman serve 'postgresql://me@dbhost/lab' --allow-actions --port 9000
     Open the printed link; every request needs its token. Actions (with --allow-actions)
     go through the same store verbs as `jobman reset`, `retry`, `cancel` and `set-priority`.
@@ -100,8 +100,9 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
     port = sock.getsockname()[1]
     app = create_app(raw_url or "", token=token, allow_actions=allow_actions, host=host, port=port)
     shown = f"[{host}]" if ":" in host else host
+    base = app.state.base  # the secret path the whole dashboard lives under
     path = f"/e/{quote(target.experiment)}" if database.table or (raw_url and "table=" in raw_url) else "/"
-    link = f"http://{shown}:{port}{path}" + (f"?token={token}" if token else "")
+    link = f"http://{shown}:{port}{base}{path}" + (f"?token={token}" if token else "")
     click.echo(f"jobman serve: {link}")
     click.echo(f"database: {target.display}" + ("; actions on" if allow_actions else ""))
     sys.stdout.flush()
@@ -110,7 +111,7 @@ def serve(database: Database, host: str, port: int, token: str | None, no_token:
         app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=STOP_SECONDS
     )
     logging.getLogger("uvicorn.error").addFilter(_EndedRequests())
-    listed = serving.register(target, f"http://{shown}:{port}", token)  # a notebook links here
+    listed = serving.register(target, f"http://{shown}:{port}{base}", token)  # a notebook links here
     code = 130  # what is left if Ctrl-C ends the server
     try:  # on SIGTERM the server ends the process as the signal would, once it has stopped
         uvicorn.Server(config).run(sockets=[sock])

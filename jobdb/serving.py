@@ -5,8 +5,8 @@ experiment.
 its link, token and database, readable by its user only. A reader keeps the files whose process is
 still the one that wrote them (pid and start time, so a reused pid is not mistaken) and serves the
 same database; a file left by a server killed with SIGKILL is ignored, and removed when found.
-``$JOBMAN_DASHBOARD`` (a link such as ``http://host:8787/?token=...``) names a server this host
-cannot see (one on another node) and is used as it is.
+``$JOBMAN_DASHBOARD`` (the link such a server printed, ``http://host:8787/s/<id>/?token=...``) names a
+server this host cannot see (one on another node): its host, secret path and token are used as they are.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def database_key(target: DbTarget) -> str:
 
 
 def register(target: DbTarget, base: str, token: str | None) -> Path | None:
-    """List this process as serving ``target``'s database at ``base`` (``http://host:port``); None when
+    """List this process as serving ``target``'s database at ``base`` (``http://host:port/s/<id>``, the
+    secret path its pages live under); None when
     the runtime folder cannot be written (the server serves all the same, unlisted)."""
     try:
         return _write(target, base, token)
@@ -76,7 +77,9 @@ def dashboard_link(target: DbTarget, job_id: int | None = None) -> str | None:
     given = os.environ.get("JOBMAN_DASHBOARD", "").strip()
     if given:
         parts = urlsplit(given)
-        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        # the printed link's path is the server's secret prefix (and maybe a page under it): keep the prefix
+        prefix = parts.path.split("/e/", 1)[0].rstrip("/")
+        return urlunsplit((parts.scheme, parts.netloc, prefix + path, parts.query, ""))
     for record in _live():
         if record.get("db") == database_key(target):
             token = record.get("token") if _loopback(str(record["base"])) else None

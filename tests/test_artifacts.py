@@ -364,7 +364,7 @@ def test_the_dashboard_offers_a_jobs_artifacts_behind_its_token_and_nothing_else
     job_id = Store.open(art_url).jobs()[0].id
     token = "artifact-token-0123456789"
     app = create_app(art_url, token=token)
-    base = "http://127.0.0.1:8787"
+    base = "http://127.0.0.1:8787" + app.state.base
     anonymous = TestClient(app, base_url=base, follow_redirects=False)
     client = TestClient(app, base_url=base, headers={"Authorization": f"token {token}"}, follow_redirects=False)
     path = f"/e/art/job/{job_id}/artifact/curve"
@@ -373,6 +373,6 @@ def test_the_dashboard_offers_a_jobs_artifacts_behind_its_token_and_nothing_else
     assert got.status_code == 200 and got.content == b"step,loss\n1,0.5\n"
     assert "curve.csv" in got.headers["content-disposition"]
     page = client.get(f"/e/art/job/{job_id}")
-    assert page.status_code == 200 and f'href="{path}"' in page.text
+    assert page.status_code == 200 and f'href="{app.state.base}{path}"' in page.text
     for name in ("../../../../etc/passwd", "%2e%2e/%2e%2e/etc/passwd", "nope", "_not_kept"):
         assert client.get(f"/e/art/job/{job_id}/artifact/{name}").status_code == 404

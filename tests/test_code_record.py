@@ -74,7 +74,9 @@ def dashboard_page(db_url: str, job_id: int) -> str:
     from jobman.web.app import create_app
 
     app = create_app(db_url, token="t" * 20)
-    client = TestClient(app, base_url="http://127.0.0.1:8787", headers={"Authorization": "token " + "t" * 20})
+    client = TestClient(
+        app, base_url="http://127.0.0.1:8787" + app.state.base, headers={"Authorization": "token " + "t" * 20}
+    )
     page = client.get(f"/e/{db_url.rpartition('table=')[2]}/job/{job_id}")
     assert page.status_code == 200, page.text
     return page.text

@@ -187,8 +187,8 @@ def _serve_answers(url: str, run_prefix: list[str]) -> None:
         text=True,
     )
     try:
-        port = re.search(r":(\d+)/", proc.stdout.readline()).group(1)
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/e/ro", headers={"Authorization": "token " + "t" * 12})
+        root = re.search(r"http://127\.0\.0\.1:\d+/s/[\w-]+", proc.stdout.readline()).group(0)  # its secret path
+        req = urllib.request.Request(f"{root}/e/ro", headers={"Authorization": "token " + "t" * 12})
         with urllib.request.urlopen(req, timeout=20) as page:
             assert page.status == 200 and "DONE" in page.read().decode()
     finally:

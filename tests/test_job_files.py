@@ -165,8 +165,9 @@ def test_the_job_page_shows_files_inside_the_jobs_workdir_only(store, db_url, tm
     os.mkfifo(workdir / "stderr.txt")
     (workdir / "peek").symlink_to(tmp_path / "secret.txt")
     token = "t" * 20
+    app = create_app(db_url, token=token)
     client = TestClient(
-        create_app(db_url, token=token), base_url="http://127.0.0.1:8787", headers={"Authorization": f"token {token}"}
+        app, base_url="http://127.0.0.1:8787" + app.state.base, headers={"Authorization": f"token {token}"}
     )
     page = within(10, lambda: client.get(f"/e/{store.experiment}/job/{job_id}"))
     assert page.status_code == 200 and SECRET not in page.text

@@ -103,7 +103,8 @@ def test_the_view_links_to_a_dashboard_only_while_one_serves_the_database(ran, d
         found = re.search(r'class="jobman-dashboard" href="([^"]+)"', html)
         assert found, html
         link = found.group(1).replace("&amp;", "&")
-        assert link.startswith(printed.split()[-1].split("?")[0].rsplit("/e/", 1)[0] + f"/e/{exp.name}?token=")
+        base = re.search(r"http://[^/]+/s/[\w-]+", printed).group(0)  # the server's secret path, kept in the link
+        assert link.startswith(f"{base}/e/{exp.name}?token=")
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())  # the token becomes a cookie
         with browser.open(link, timeout=30) as page:  # the link opens the experiment's page
             assert page.status == 200 and exp.name in page.read().decode()
@@ -124,9 +125,12 @@ def test_the_view_links_to_a_dashboard_only_while_one_serves_the_database(ran, d
 
 def test_a_dashboard_on_another_host_is_named_by_jobman_dashboard(ran, monkeypatch):
     exp, _ = ran
-    monkeypatch.setenv("JOBMAN_DASHBOARD", "http://gpu-node-3:8787/?token=s3cret-token")
+    monkeypatch.setenv("JOBMAN_DASHBOARD", "http://gpu-node-3:8787/s/Secret-path_1/?token=s3cret-token")
     html = exp._repr_html_()
-    assert f'href="http://gpu-node-3:8787/e/{exp.name}?token=s3cret-token"' in html
+    assert f'href="http://gpu-node-3:8787/s/Secret-path_1/e/{exp.name}?token=s3cret-token"' in html
+    # the link of any page of it will do: its server's path is kept, the page is this experiment's
+    monkeypatch.setenv("JOBMAN_DASHBOARD", "http://gpu-node-3:8787/s/Secret-path_1/e/other/job/3?token=s3cret-token")
+    assert f'href="http://gpu-node-3:8787/s/Secret-path_1/e/{exp.name}?token=s3cret-token"' in exp._repr_html_()
 
 
 def test_waiting_shows_progress_as_text_outside_a_notebook(tmp_path, runtime, capsys, monkeypatch):
@@ -280,15 +284,15 @@ def test_a_link_to_a_dashboard_on_the_network_leaves_its_token_out(ran, runtime)
     from jobman.jobdb import serving
 
     exp, _ = ran
-    listed = serving.register(exp.store.target, "http://10.1.2.3:8787", "a-token-of-the-network")
+    listed = serving.register(exp.store.target, "http://10.1.2.3:8787/s/abc", "a-token-of-the-network")
     try:
         html = exp._repr_html_()
-        assert f'href="http://10.1.2.3:8787/e/{exp.name}"' in html and "a-token-of-the-network" not in html
+        assert f'href="http://10.1.2.3:8787/s/abc/e/{exp.name}"' in html and "a-token-of-the-network" not in html
     finally:
         serving.unregister(listed)
-    listed = serving.register(exp.store.target, "http://127.0.0.1:8787", "a-token-of-this-host")
+    listed = serving.register(exp.store.target, "http://127.0.0.1:8787/s/abc", "a-token-of-this-host")
     try:
-        assert f'href="http://127.0.0.1:8787/e/{exp.name}?token=a-token-of-this-host"' in exp._repr_html_()
+        assert f'href="http://127.0.0.1:8787/s/abc/e/{exp.name}?token=a-token-of-this-host"' in exp._repr_html_()
     finally:
         serving.unregister(listed)
     assert not list(runtime.glob("serve-*.json"))

@@ -303,7 +303,8 @@ def test_a_password_in_any_spelling_of_the_url_is_masked_in_output_errors_and_pa
     except Exception as exc:  # noqa: BLE001 - refusing the URL is fine, as long as it says nothing secret
         assert secret not in str(exc)
         return
-    page = TestClient(app, base_url="http://127.0.0.1:8787", headers={"Authorization": "token " + "t" * 20}).get("/")
+    client = TestClient(app, base_url="http://127.0.0.1:8787" + app.state.base)
+    page = client.get("/", headers={"Authorization": "token " + "t" * 20})
     assert secret not in page.text
 
 

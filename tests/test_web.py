@@ -38,7 +38,8 @@ def client(
 ) -> TestClient:
     app = create_app(db_url, token=token, allow_actions=allow_actions, **kwargs)
     headers = {"Authorization": f"token {token}"} if token and authorized else {}
-    return TestClient(app, base_url=BASE, headers=headers, follow_redirects=False)
+    # the whole dashboard lives under the server's secret path: the client's paths are relative to it
+    return TestClient(app, base_url=BASE + app.state.base, headers=headers, follow_redirects=False)
 
 
 def test_the_experiments_page_lists_each_experiment_with_its_counts_and_best(filled):
@@ -187,10 +188,11 @@ def test_every_request_needs_the_token(filled):
     assert "wrong token" in c.get("/?token=nope").text
     # The printed link: the token moves into a same-site cookie, and the address loses it.
     first = c.get(f"/e/{store.experiment}?token={TOKEN}&status=DONE")
-    assert first.status_code == 303 and first.headers["location"] == f"/e/{store.experiment}?status=DONE"
+    base = c.base_url.path.rstrip("/")
+    assert first.status_code == 303 and first.headers["location"] == f"{base}/e/{store.experiment}?status=DONE"
     cookie = first.headers["set-cookie"]
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
-    assert c.get(first.headers["location"]).status_code == 200  # the cookie carries it now
+    assert c.get(BASE + first.headers["location"]).status_code == 200  # the cookie carries it now
     assert c.get("/static/live.js").status_code == 200
 
 
@@ -222,11 +224,14 @@ def test_a_name_that_is_not_this_servers_is_refused_on_every_bind_address(filled
 def test_the_token_link_redirects_on_this_server_only(filled):
     store, db_url, roles = filled
     c = client(db_url, authorized=False)
+    base = c.base_url.path.rstrip("/")
     for path in ("//evil.example/", "/\\evil.example/", "///evil.example"):
-        r = c.get(f"{BASE}{path}?token={TOKEN}")
+        outside = c.get(f"{BASE}{path}?token={TOKEN}")  # outside the server's path: no redirect at all
+        assert outside.status_code == 404 and "location" not in outside.headers, path
+        r = c.get(f"{BASE}{base}{path}?token={TOKEN}")
         assert r.status_code == 303, path
         location = r.headers["location"]
-        assert location.startswith("/") and not location.startswith(("//", "/\\")), (path, location)
+        assert location.startswith(base + "/"), (path, location)
 
 
 def test_actions_are_refused_without_allow_actions_from_another_site_or_without_the_token(filled):
@@ -248,7 +253,7 @@ def test_actions_are_refused_without_allow_actions_from_another_site_or_without_
 def _act(c: TestClient, name: str, job_id: int, **form) -> str:
     r = c.post(f"/e/{name}/job/{job_id}/action", data={"csrf": TOKEN, **form}, headers={"Origin": BASE})
     assert r.status_code == 303, r.text
-    return c.get(r.headers["location"]).text
+    return c.get(BASE + r.headers["location"]).text
 
 
 def test_actions_go_through_the_store_and_are_logged_from_the_web_page(filled):
@@ -338,21 +343,26 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
     )
     try:
         line = proc.stdout.readline()
-        link = re.search(r"(http://127\.0\.0\.1:(\d+)/e/[^?]+\?token=(\S+))", line)
+        link = re.search(r"(http://127\.0\.0\.1:(\d+)(/s/[\w-]+)/e/[^?]+\?token=(\S+))", line)
         assert link, line
         assert "database:" in proc.stdout.readline()
-        port = int(link.group(2))
+        port, base, token = int(link.group(2)), link.group(3), link.group(4)
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         with browser.open(link.group(1), timeout=10) as r:  # the redirect sets the cookie that lets it in
             assert r.status == 200 and r.url.endswith(f"/e/{store.experiment}")
         req = urllib.request.Request(
-            f"http://127.0.0.1:{port}/e/{store.experiment}", headers={"Authorization": f"token {link.group(3)}"}
+            f"http://127.0.0.1:{port}{base}/e/{store.experiment}", headers={"Authorization": f"token {token}"}
         )
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200 and b"valid_error" in r.read()
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{base}/", timeout=10)
         assert refused.value.code == 403
+        # outside the server's path, even with the token: nothing but where to go
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Authorization": f"token {token}"})
+        with pytest.raises(urllib.error.HTTPError) as outside:
+            urllib.request.urlopen(req, timeout=10)
+        assert outside.value.code == 404 and b"open the link" in outside.value.read()
         # A second server on the same port: one sentence.
         taken = subprocess.run(
             [sys.executable, "-m", "jobman.cli.main", "serve", db_url, "--port", str(port)],
@@ -364,7 +374,7 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    assert link.group(3) not in proc.stderr.read()  # the log holds no token (nor any request line)
+    assert token not in proc.stderr.read()  # the log holds no token (nor any request line)
 
 
 def test_charts_escape_every_label_and_category():

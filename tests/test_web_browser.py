@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
 from browser import chromium, missing, served
 from conftest import need_service
@@ -77,6 +79,22 @@ def test_the_experiments_page_lists_the_experiments(site):
     assert names == ["dbn", "mlp"]
     best = "tr.experiment[data-name=mlp] td.best"  # arrives with the first live update
     wait(driver, lambda d: "valid_error 0.1005" in text_of(d, best))
+
+
+def test_the_browser_sends_the_cookie_under_the_servers_secret_path_alone(site):
+    driver, root, store, roles = site
+    base = urlsplit(root).path
+    assert base.startswith("/s/")
+    driver.get(root + "/")
+    (kept,) = [c for c in driver.get_cookies() if c["name"].startswith("jobman-")]
+    assert kept["path"] == base and kept["httpOnly"] and kept["sameSite"] == "Strict"
+    origin = root[: -len(base)]
+    for outside in ("/", "/e/mlp", "/s/"):  # another path of this host, as another service's would be
+        driver.get(origin + outside)
+        assert not [c for c in driver.get_cookies() if c["name"].startswith("jobman-")], outside
+        assert by_css(driver, "body")[0].text == "nothing here: open the link `jobman serve` printed", outside
+    driver.get(root + "/e/mlp")  # and under the path it still lets in
+    assert "mlp" in text_of(driver, "nav.crumbs")
 
 
 def test_a_chart_draws_one_point_per_configuration(site):

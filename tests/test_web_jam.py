@@ -57,14 +57,14 @@ class Served:
             env={**os.environ, **env},
         )
         line = self.proc.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        found = re.search(r"http://127\.0\.0\.1:(\d+)(/s/[\w-]+)/", line)
         assert found, (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
-        self.port = int(found.group(1))
+        self.port, self.base = int(found.group(1)), found.group(2)
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, str]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            conn.request("GET", path, headers={"Authorization": f"token {TOKEN}"})
+            conn.request("GET", self.base + path, headers={"Authorization": f"token {TOKEN}"})
             response = conn.getresponse()
             return response.status, response.read().decode()
         finally:
@@ -232,7 +232,8 @@ def test_a_job_page_whose_files_cannot_be_read_in_time_says_so(store, db_url, tm
 
     monkeypatch.setattr(pages, "workdir_files", stuck_listing)
     monkeypatch.setattr(pages, "FILE_READ_SECONDS", 0.5)
-    c = TestClient(create_app(db_url, token=TOKEN), base_url="http://127.0.0.1:8787")
+    app = create_app(db_url, token=TOKEN)
+    c = TestClient(app, base_url="http://127.0.0.1:8787" + app.state.base)
     try:
         t0 = time.monotonic()
         page = c.get(f"/e/{store.experiment}/job/{job_id}", headers={"Authorization": f"token {TOKEN}"})
@@ -247,7 +248,8 @@ def test_the_cookie_is_not_the_token_and_lets_in_on_its_own_server_only(store, d
     apps = {port: create_app(db_url, token=TOKEN, port=port) for port in (8787, 8788)}
 
     def get(port: int, path: str = "/", cookie: str | None = None, app=None) -> object:
-        c = TestClient(app or apps[port], base_url=f"http://127.0.0.1:{port}", follow_redirects=False)
+        app = app or apps[port]
+        c = TestClient(app, base_url=f"http://127.0.0.1:{port}{app.state.base}", follow_redirects=False)
         return c.get(path, headers={"Cookie": cookie} if cookie else {})
 
     first = get(8787, f"/?token={TOKEN}")
@@ -270,3 +272,32 @@ def test_the_cookie_is_not_the_token_and_lets_in_on_its_own_server_only(store, d
     # the token itself in a cookie lets in nowhere: a cookie is never taken as the token
     assert get(8787, cookie=f"{name}={TOKEN}").status_code == 403
     assert get(8788, cookie=f"{other_name}={TOKEN}").status_code == 403
+
+
+def test_the_cookie_is_sent_under_the_servers_secret_path_only_and_nothing_answers_outside_it(store, db_url):
+    """Browsers send a host's cookies to every port: the cookie's path is the server's secret path, so
+    another service on this host (which serves no such path) is not sent it, and a cookie replayed
+    outside that path gets nothing."""
+    store.schedule([JobSpec(phase=0, kind="fn", target="m:f", params={}, parent=None)])
+    app = create_app(db_url, token=TOKEN, port=8787)
+    base = app.state.base
+    assert re.fullmatch(r"/s/[\w-]{20,}", base) and base != create_app(db_url, token=TOKEN, port=8787).state.base
+    browser = TestClient(app, base_url="http://127.0.0.1:8787", follow_redirects=True)
+    page = browser.get(f"{base}/e/{store.experiment}?token={TOKEN}")  # the printed link, as a browser follows it
+    assert page.status_code == 200 and page.url.path == f"{base}/e/{store.experiment}", page.text
+    assert f'href="{base}/static/style.css"' in page.text and f'href="{base}/e/{store.experiment}/job/' in page.text
+    (kept,) = browser.cookies.jar
+    assert kept.path == base and kept.name.startswith("jobman-8787-")
+    # the browser's jar sends it under the path only: a page elsewhere on the host goes without it
+    assert browser.get(f"{base}/api/experiments").status_code == 200
+    for outside in ("/", "/api/experiments", f"/e/{store.experiment}", "/static/style.css", "/s/", f"{base}x/"):
+        sent = browser.build_request("GET", outside)
+        browser.cookies.set_cookie_header(sent)
+        assert "cookie" not in sent.headers, outside
+        # and replayed there by hand (or with the token), it gets one sentence and no data
+        for headers in ({"Cookie": f"{kept.name}={kept.value}"}, {"Authorization": f"token {TOKEN}"}):
+            r = browser.get(outside, headers=headers, follow_redirects=False)
+            assert r.status_code == 404 and r.text == "nothing here: open the link `jobman serve` printed", outside
+            assert "set-cookie" not in r.headers and "location" not in r.headers
+    # the secret path without its slash leads to the home page
+    assert browser.get(base, follow_redirects=False).headers["location"].endswith(f"{base}/")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -75,7 +75,8 @@ async def handle(request: Request, settings: Settings) -> Response:
         message = await run_in_threadpool(run)
     except JobmanError as exc:
         message = f"nothing changed: {mask_password(str(exc))}"
-    return RedirectResponse(f"/e/{name}/job/{job_id}?" + urlencode({"message": message}), status_code=303)
+    page = f"{settings.base}/e/{quote(name, safe='')}/job/{job_id}"  # under the server's secret path
+    return RedirectResponse(f"{page}?" + urlencode({"message": message}), status_code=303)
 
 
 def _refusal(request: Request, settings: Settings) -> Response | None:

@@ -1,7 +1,9 @@
 """The ASGI application of ``jobman serve``: routes, the token, and the guard on actions.
 
-Every request needs the token printed at start (a ``?token=`` link sets a same-site cookie, as
-Jupyter does, holding a key of this server alone rather than the token); a request whose Host is
+The whole dashboard lives under a secret path of this server, ``/s/<server id>/``; every other path
+answers 404 and nothing else. Every request needs the token printed at start (a ``?token=`` link
+sets a same-site cookie, as Jupyter does, holding a key of this server alone rather than the token,
+and sent by a browser under that path only); a request whose Host is
 not an address or name of this server (``web.hosts``) is refused, so a page elsewhere cannot reach
 the dashboard through a rebound name. Actions are POSTs that carry
 the token in the form, are refused from another origin, and exist only with ``allow_actions``.
@@ -31,7 +33,7 @@ from starlette.responses import (
     Response,
     StreamingResponse,
 )
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobman.jobdb import artifacts
@@ -60,10 +62,14 @@ class Settings:
         self.allow_actions = allow_actions
         self.host, self.port = host, port
         # The cookie a browser keeps after the token link: browsers send a host's cookies to each of its
-        # ports, so another service on this host may be sent it. Its value is therefore not the token
-        # but a key of this server alone, made at start from a random id its name also carries: it lets
-        # in nowhere else (another port, another server with the same token, this one restarted).
-        server_id = secrets.token_hex(8)
+        # ports, so another service on this host would be sent a cookie of path /. The dashboard
+        # therefore lives under a path made of a random id (``base``), the cookie's path: a browser
+        # sends the cookie to URLs under it only, which no other service serves or links to. Its value
+        # is not the token but a key of this server alone, made from the same id its name also
+        # carries: it lets in nowhere else (another port, another server with the same token, this
+        # one restarted).
+        server_id = secrets.token_urlsafe(16)
+        self.base = f"/s/{server_id}"
         self.cookie = f"jobman-{port}-{server_id}"
         self.session = (
             hmac.new(token.encode(), f"jobman serve {server_id}".encode(), hashlib.sha256).hexdigest()
@@ -94,6 +100,7 @@ def create_app(  # noqa: C901
     env.filters.update(FILTERS)
     env.globals.update(
         urlencode=urlencode,
+        base=settings.base,
         allow_actions=allow_actions,
         form_secret=settings.form_secret,
         database=mask_password(settings.db.target.display),
@@ -221,7 +228,9 @@ def create_app(  # noqa: C901
         Route("/e/{name}/job/{job_id:int}/artifact/{artifact:path}", artifact),
         static_files(),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(Guard, settings=settings)])
+    app = Starlette(routes=[Mount(settings.base, routes=routes)], middleware=[Middleware(Guard, settings=settings)])
+    app.state.base = settings.base  # the path the printed link and a notebook's links go under
+    return app
 
 
 def static_files() -> Route:
@@ -255,7 +264,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        refusal = self.refusal(request)
+        refusal = self.outside(request) or self.refusal(request)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -266,10 +275,23 @@ class Guard:
             target = "/" + request.url.path.lstrip("/\\") + ("?" + urlencode(rest) if rest else "")
             response = RedirectResponse(target, status_code=303)
             if self.settings.session is not None:
-                response.set_cookie(self.settings.cookie, self.settings.session, httponly=True, samesite="strict")
+                response.set_cookie(
+                    self.settings.cookie,
+                    self.settings.session,
+                    path=self.settings.base,
+                    httponly=True,
+                    samesite="strict",
+                )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def outside(self, request: Request) -> Response | None:
+        """A path outside this server's secret prefix: nothing but where to go, token or cookie or not."""
+        path, base = request.url.path, self.settings.base
+        if path == base or path.startswith(base + "/"):
+            return None
+        return PlainTextResponse("nothing here: open the link `jobman serve` printed", status_code=404)
 
     def refusal(self, request: Request) -> Response | None:
         s = self.settings
