@@ -77,6 +77,7 @@ def test_the_experiment_page_shows_phases_report_charts_and_curves(filled):
         assert figure.count('class="pt') == 5
         assert figure.count('class="pt best"') == 1
     assert text.count('class="pc"') == 5  # parallel coordinates: a line per configuration
+    assert "data-search=" not in text  # no learning search: none of its charts
     by_max = c.get(f"/e/{store.experiment}?part=report&metric=train_error&mode=max").text
     assert "best: lr=0.1 nhid=32 — train_error 0.09125" in by_max
 
@@ -378,3 +379,52 @@ def test_charts_escape_every_label_and_category():
     for svg in drawn:
         assert "<script" not in svg and "&lt;script&gt;" in svg
     assert drawn[0].count('class="pt') == 2 and drawn[0].count('class="pt best"') == 1
+
+
+LEARN_MODULE = "jm_web_learn"
+LEARN_TRAINER = '''
+def two(x, y):
+    """Two objectives whose Pareto front is every x in [0, 2]; y matters to neither."""
+    return {"f1": x**2, "f2": (x - 2) ** 2 + 0 * y}
+'''
+
+
+def test_a_learning_search_shows_its_best_so_far_front_and_importances(jobman, db_url, store, tmp_path):
+    from search_helpers import experiment_module
+
+    exp = experiment_module(tmp_path, LEARN_MODULE, LEARN_TRAINER)
+    scheduled = jobman(
+        "sqlschedule", db_url, f"{LEARN_MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "12",
+        "--sampler", "tpe", "--metric", "f1", "--metric", "f2", "--parallel", "2", env=exp.env,
+    )  # fmt: skip
+    assert scheduled.code == 0, scheduled
+    ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    jobs = store.jobs()
+    assert len(jobs) == 12 and all(j.status is Status.DONE for j in jobs)
+    xs = {j.id: j.params["x"] for j in jobs}
+    on_front = {  # as test_search_learn checks it: nothing evaluated beats these on both metrics
+        i
+        for i, x in xs.items()
+        if 0 <= x <= 2
+        or (x < 0 and not any(x < o <= -x for k, o in xs.items() if k != i))
+        or (x > 2 and not any(4 - x <= o < x for k, o in xs.items() if k != i))
+    }
+    text = client(db_url).get(f"/e/{store.experiment}?part=report").text
+    assert re.search(
+        rf"learning search \d+: f1 lowest best, f2 lowest best — 12 evaluations, {len(on_front)} on the Pareto front",
+        text,
+    ), text
+    section = text.split('class="charts search"', 1)[1].split("</div>", 1)[0]
+    best = section.split('class="best-so-far"', 1)[1].split("</figure>", 1)[0]
+    assert best.count('class="pt eval"') == 12  # every evaluation, in the order proposed
+    lowest = min(x**2 for x in xs.values())
+    assert f"<title>best so far: {lowest:.3g}</title>" in best
+    front = section.split('class="pareto"', 1)[1].split("</figure>", 1)[0]
+    assert front.count('class="pt front"') == len(on_front)
+    assert front.count('class="pt eval"') == 12 - len(on_front)
+    for i in on_front:
+        assert re.search(rf'class="pt front"[^>]*><title>[^<]*jobs {i}</title>', front), i
+    importances = section.split('class="importances"', 1)[1].split("</figure>", 1)[0]
+    assert importances.count('class="bar"') == 2
+    assert importances.index("<title>x: ") < importances.index("<title>y: ")  # x decides both metrics; y neither
