@@ -411,6 +411,9 @@ def test_a_learning_search_shows_its_best_so_far_front_and_importances(jobman, d
         or (x > 2 and not any(4 - x <= o < x for k, o in xs.items() if k != i))
     }
     text = client(db_url).get(f"/e/{store.experiment}?part=report").text
+    # The report ranks by the search's first metric, lowest best as the search was told (not as f1's name suggests).
+    best_row = re.search(r'<tr class="best">.*?/job/(\d+)"', text, re.S)
+    assert best_row and int(best_row.group(1)) == min(xs, key=lambda i: xs[i] ** 2), text
     assert re.search(
         rf"learning search \d+: f1 lowest best, f2 lowest best — 12 evaluations, {len(on_front)} on the Pareto front",
         text,
