@@ -77,6 +77,8 @@ def test_the_experiment_page_shows_phases_report_charts_and_curves(filled):
         assert figure.count('class="pt') == 5
         assert figure.count('class="pt best"') == 1
     assert text.count('class="pc"') == 5  # parallel coordinates: a line per configuration
+    strokes = re.findall(r'class="pc" fill="none" stroke="([^"]*)"', text)
+    assert len(strokes) == 5 and all(re.fullmatch("#[0-9a-f]{6}", s) for s in strokes), strokes  # each one drawn
     assert "data-search=" not in text  # no learning search: none of its charts
     by_max = c.get(f"/e/{store.experiment}?part=report&metric=train_error&mode=max").text
     assert "best: lr=0.1 nhid=32 — train_error 0.09125" in by_max

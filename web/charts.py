@@ -30,7 +30,14 @@ class Axis:
     parameter's chart passes what the distribution it was drawn from says."""
 
     def __init__(
-        self, values: Sequence[Any], lo_px: float, hi_px: float, *, log: bool | None = None, each: bool = False
+        self,
+        values: Sequence[Any],
+        lo_px: float,
+        hi_px: float,
+        *,
+        log: bool | None = None,
+        each: bool = False,
+        inset: bool = True,
     ) -> None:
         self.lo_px, self.hi_px = lo_px, hi_px
         self.each = each  # a parameter's axis: a tick at each of a few values
@@ -41,8 +48,9 @@ class Axis:
         if len(numbers) < len(values) or not values:
             self.categories = sorted({_key(v) for v in values}, key=str)
             return
-        inset = INSET if hi_px > lo_px else -INSET  # points clear of the frame, as matplotlib's margins keep them
-        self.lo_px, self.hi_px = lo_px + inset, hi_px - inset
+        if inset:  # points clear of the frame, as matplotlib's margins keep them
+            gap = INSET if hi_px > lo_px else -INSET
+            self.lo_px, self.hi_px = lo_px + gap, hi_px - gap
         self.log = (log_axis(numbers) if log is None else log) and min(numbers) > 0
         self.distinct = sorted(set(numbers))
         lo, hi = span(min(numbers), max(numbers), log=self.log)
@@ -144,7 +152,7 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
     step = (width - 2 * 40) / max(len(names) - 1, 1)
     columns = [[r[0][i] for r in rows] for i in range(len(axes))] + [[r[1] for r in rows]]
     scales = [Axis(col, H - BOTTOM, TOP + 6, each=i < len(axes)) for i, col in enumerate(columns)]
-    m = Axis([r[1] for r in rows], 0.0, 1.0)
+    m = Axis([r[1] for r in rows], 0.0, 1.0, inset=False)  # a shade from 0 to 1, no pixels
     body = []
     for i, (name, scale) in enumerate(zip(names, scales)):
         xpos = 40 + step * i
