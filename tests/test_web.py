@@ -377,6 +377,9 @@ def test_charts_escape_every_label_and_category():
         charts.scatter([(HOSTILE, 0.1, HOSTILE), ("b", 0.2, "b")], HOSTILE, HOSTILE, best=HOSTILE),
         charts.lines([(HOSTILE, [(0, 1.0), (1, 0.5)])], HOSTILE, HOSTILE),
         charts.parallel([HOSTILE], [([HOSTILE], 0.1, HOSTILE), (["x"], 0.3, "x")], HOSTILE),
+        charts.best_so_far([0.3, 0.1], HOSTILE, "min"),
+        charts.pareto([(0.1, 0.2, HOSTILE), (0.2, 0.3, "b")], [(0.1, 0.2, HOSTILE)], HOSTILE, HOSTILE),
+        charts.bars([(HOSTILE, 0.7), ("b", 0.3)], HOSTILE),
     ]
     for svg in drawn:
         assert "<script" not in svg and "&lt;script&gt;" in svg
@@ -433,3 +436,13 @@ def test_a_learning_search_shows_its_best_so_far_front_and_importances(jobman, d
     importances = section.split('class="importances"', 1)[1].split("</figure>", 1)[0]
     assert importances.count('class="bar"') == 2
     assert importances.index("<title>x: ") < importances.index("<title>y: ")  # x decides both metrics; y neither
+
+
+def test_a_search_chart_counts_evaluations_in_whole_numbers():
+    from jobman.web import charts
+
+    drawn = charts.best_so_far([float(v) for v in range(12, 0, -1)], "loss", "min")
+    ticks = re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]*)</text>', drawn)
+    assert ticks == ["1", "6", "12"], ticks  # evaluations: no 6.5th
+    assert "<title>best so far: 1</title>" in drawn
+    assert "<title>best so far: 12</title>" in charts.best_so_far([12.0, 3.0], "acc", "max")

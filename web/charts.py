@@ -38,9 +38,11 @@ class Axis:
         log: bool | None = None,
         each: bool = False,
         inset: bool = True,
+        whole: bool = False,
     ) -> None:
         self.lo_px, self.hi_px = lo_px, hi_px
         self.each = each  # a parameter's axis: a tick at each of a few values
+        self.whole = whole  # counts (evaluations): ticks at whole numbers only
         numbers = [v for v in values if is_number(v)]
         self.categories: list[Any] | None = None
         self.log = False
@@ -78,6 +80,8 @@ class Axis:
             first, last = math.ceil(self.lo - 1e-9), math.floor(self.hi + 1e-9)
             step = max(1, math.ceil((last - first + 1) / 6))
             return [(self(10.0**e), _label(10.0**e)) for e in range(first, last + 1, step)]
+        if self.whole:
+            return [(self(v), str(v)) for v in sorted({round(self.lo + (self.hi - self.lo) * i / 2) for i in range(3)})]
         out = []
         for i in range(3):
             v = self.lo + (self.hi - self.lo) * i / 2
@@ -181,7 +185,7 @@ def best_so_far(values: Sequence[float], metric: str, direction: str) -> Markup:
     for v in values:
         best.append(v if not best else pick(best[-1], v))
     n = len(values)
-    x = Axis(list(range(1, n + 1)), LEFT, W - RIGHT, log=False)
+    x = Axis(list(range(1, n + 1)), LEFT, W - RIGHT, log=False, whole=True)
     y = Axis(values, H - BOTTOM, TOP, log=False)  # as report --plot draws the metric
     body = [_frame(x, y, "evaluations", metric)]
     body.extend(
@@ -234,6 +238,7 @@ def pareto(
 
 BAR_ROW = 18  # pixels per parameter in an importance chart
 BAR_LEFT = 96  # room for the parameters' names
+BAR_W = 300  # narrower than the other charts: three of a search's charts side by side fit a 1,180 px window
 
 
 def bars(values: Sequence[tuple[str, float]], xlabel: str) -> Markup:
@@ -243,7 +248,7 @@ def bars(values: Sequence[tuple[str, float]], xlabel: str) -> Markup:
         return Markup('<p class="empty">too few evaluations to tell</p>')
     height = TOP + BAR_ROW * len(values) + 26
     top = max(max(v for _, v in values), 1e-12)
-    room = W - RIGHT - 40 - BAR_LEFT  # the value's label after the longest bar
+    room = BAR_W - RIGHT - 40 - BAR_LEFT  # the value's label after the longest bar
     body = [f'<line class="axis" x1="{BAR_LEFT}" y1="{TOP}" x2="{BAR_LEFT}" y2="{height - 26}"/>']
     for i, (name, v) in enumerate(values):
         y = TOP + BAR_ROW * i
@@ -255,11 +260,8 @@ def bars(values: Sequence[tuple[str, float]], xlabel: str) -> Markup:
             f'fill="{PALETTE[0]}"><title>{escape(name)}: {escape(_label(v))}</title></rect>'
             f'<text class="tick" x="{BAR_LEFT + length + 4:.1f}" y="{y + 12}">{escape(_label(v))}</text>'
         )
-    body.append(
-        f'<text class="label" x="{(BAR_LEFT + W - RIGHT) / 2}" y="{height - 8}" text-anchor="middle">'
-        f"{escape(xlabel)}</text>"
-    )
-    return _svg(body, xlabel, height=height)
+    body.append(f'<text class="label" x="{BAR_W / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
+    return _svg(body, xlabel, width=BAR_W, height=height)
 
 
 def _orders_apart(values: Sequence[float]) -> bool:
