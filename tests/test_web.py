@@ -370,6 +370,24 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
     assert link.group(3) not in proc.stderr.read()  # the log holds no token (nor any request line)
 
 
+def test_a_single_metric_search_shows_its_best_so_far_and_importances_without_a_front(jobman, db_url, store, tmp_path):
+    from search_helpers import experiment_module
+
+    exp = experiment_module(tmp_path, LEARN_MODULE, LEARN_TRAINER)
+    scheduled = jobman(
+        "sqlschedule", db_url, f"{LEARN_MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "6",
+        "--sampler", "tpe", "--metric", "f2", "--max", env=exp.env,
+    )  # fmt: skip
+    assert scheduled.code == 0, scheduled
+    assert jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240).code == 0
+    values = [j.results["f2"] for j in store.jobs()]
+    assert len(values) == 6
+    text = client(db_url).get(f"/e/{store.experiment}?part=report").text
+    assert re.search(r"learning search \d+: f2 highest best — 6 evaluations</h3>", text), text
+    assert f"<title>best so far: {max(values):.3g}</title>" in text  # --max: the highest so far
+    assert 'class="pareto"' not in text and text.count('class="bar"') == 2
+
+
 def test_charts_escape_every_label_and_category():
     from jobman.web import charts
 

@@ -241,6 +241,8 @@ def searches(store: Store) -> list[dict[str, Any]]:
     """Each learning search's charts, as ``report --plot`` draws them: its first metric's best so far
     against evaluations, the parameters' importances for it, and, with two metrics or more, its Pareto
     front on the first two. None without Optuna (``jobman-sql[search]``), which fits the model."""
+    if not store.search_objectives():  # no learning search: Optuna is not even imported
+        return []
     out = []
     for front in store.search_fronts(every=True):
         (metric, direction), *others = front.objectives
