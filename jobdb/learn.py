@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -671,9 +672,15 @@ def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
 
 def _importances(optuna: Any, study: Any) -> dict[str, float]:
     """Optuna's importance of each parameter for the first metric, over the finished trials; empty
-    when they are too few or too alike to tell."""
+    when they are too few or too alike to tell. The evaluator asks what reaches low values of a
+    target: a metric to maximise is negated."""
+    sign = -1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
     try:
-        return dict(optuna.importance.get_param_importances(study, target=lambda t: t.values[0]))
+        with (
+            warnings.catch_warnings()
+        ):  # "computes the importances of params to achieve low target values": negated above
+            warnings.filterwarnings("ignore", message=".*achieve low `target` values.*")
+            return dict(optuna.importance.get_param_importances(study, target=lambda t: sign * t.values[0]))
     except (ValueError, RuntimeError, ZeroDivisionError):
         return {}
 

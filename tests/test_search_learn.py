@@ -503,3 +503,21 @@ def test_a_metric_no_job_reports_is_said_in_the_report(jobman, tmp_path, exp):
     report = jobman("report", url, "--metric", "loss", env=exp.env)
     assert "some DONE jobs report no los (failures to the sampler)" in report.out, report
     assert report.out.count("report no") == 1  # the search on loss is not blamed
+
+
+def test_importances_of_a_metric_to_maximise_ask_what_reaches_high_values():
+    """The evaluator looks at what reaches low values: a metric to maximise must be negated first.
+    Here the highest values depend on x alone, the lowest on y as well."""
+    import optuna
+
+    from jobman.jobdb.learn import _importances
+
+    space = {"x": optuna.distributions.FloatDistribution(0, 1), "y": optuna.distributions.FloatDistribution(0, 1)}
+    study = optuna.create_study(direction="maximize")
+    for i in range(12):
+        for k in range(12):
+            x, y = (i + 0.5) / 12, (k + 0.5) / 12
+            value = x if x >= 0.5 else -1 - y
+            study.add_trial(optuna.trial.create_trial(params={"x": x, "y": y}, distributions=space, value=value))
+    found = _importances(optuna, study)
+    assert found["x"] > 0.9, found

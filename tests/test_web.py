@@ -78,6 +78,9 @@ def test_the_experiment_page_shows_phases_report_charts_and_curves(filled):
         assert figure.count('class="pt') == 5
         assert figure.count('class="pt best"') == 1
     assert text.count('class="pc"') == 5  # parallel coordinates: a line per configuration
+    strokes = re.findall(r'class="pc" fill="none" stroke="([^"]*)"', text)
+    assert len(strokes) == 5 and all(re.fullmatch("#[0-9a-f]{6}", s) for s in strokes), strokes  # each one drawn
+    assert "data-search=" not in text  # no learning search: none of its charts
     by_max = c.get(f"/e/{store.experiment}?part=report&metric=train_error&mode=max").text
     assert "best: lr=0.1 nhid=32 — train_error 0.09125" in by_max
 
@@ -377,6 +380,24 @@ def test_serve_runs_as_a_real_process_behind_its_token(tmp_path):
     assert token not in proc.stderr.read()  # the log holds no token (nor any request line)
 
 
+def test_a_single_metric_search_shows_its_best_so_far_and_importances_without_a_front(jobman, db_url, store, tmp_path):
+    from search_helpers import experiment_module
+
+    exp = experiment_module(tmp_path, LEARN_MODULE, LEARN_TRAINER)
+    scheduled = jobman(
+        "sqlschedule", db_url, f"{LEARN_MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "6",
+        "--sampler", "tpe", "--metric", "f2", "--max", env=exp.env,
+    )  # fmt: skip
+    assert scheduled.code == 0, scheduled
+    assert jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240).code == 0
+    values = [j.results["f2"] for j in store.jobs()]
+    assert len(values) == 6
+    text = client(db_url).get(f"/e/{store.experiment}?part=report").text
+    assert re.search(r"learning search \d+: f2 highest best — 6 evaluations</h3>", text), text
+    assert f"<title>best so far: {max(values):.3g}</title>" in text  # --max: the highest so far
+    assert 'class="pareto"' not in text and text.count('class="bar"') == 2
+
+
 def test_charts_escape_every_label_and_category():
     from jobman.web import charts
 
@@ -384,7 +405,72 @@ def test_charts_escape_every_label_and_category():
         charts.scatter([(HOSTILE, 0.1, HOSTILE), ("b", 0.2, "b")], HOSTILE, HOSTILE, best=HOSTILE),
         charts.lines([(HOSTILE, [(0, 1.0), (1, 0.5)])], HOSTILE, HOSTILE),
         charts.parallel([HOSTILE], [([HOSTILE], 0.1, HOSTILE), (["x"], 0.3, "x")], HOSTILE),
+        charts.best_so_far([0.3, 0.1], HOSTILE, "min"),
+        charts.pareto([(0.1, 0.2, HOSTILE), (0.2, 0.3, "b")], [(0.1, 0.2, HOSTILE)], HOSTILE, HOSTILE),
+        charts.bars([(HOSTILE, 0.7), ("b", 0.3)], HOSTILE),
     ]
     for svg in drawn:
         assert "<script" not in svg and "&lt;script&gt;" in svg
     assert drawn[0].count('class="pt') == 2 and drawn[0].count('class="pt best"') == 1
+
+
+LEARN_MODULE = "jm_web_learn"
+LEARN_TRAINER = '''
+def two(x, y):
+    """Two objectives whose Pareto front is every x in [0, 2]; y matters to neither."""
+    return {"f1": x**2, "f2": (x - 2) ** 2 + 0 * y}
+'''
+
+
+def test_a_learning_search_shows_its_best_so_far_front_and_importances(jobman, db_url, store, tmp_path):
+    from search_helpers import experiment_module
+
+    exp = experiment_module(tmp_path, LEARN_MODULE, LEARN_TRAINER)
+    scheduled = jobman(
+        "sqlschedule", db_url, f"{LEARN_MODULE}:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "12",
+        "--sampler", "tpe", "--metric", "f1", "--metric", "f2", "--parallel", "2", env=exp.env,
+    )  # fmt: skip
+    assert scheduled.code == 0, scheduled
+    ran = jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    jobs = store.jobs()
+    assert len(jobs) == 12 and all(j.status is Status.DONE for j in jobs)
+    xs = {j.id: j.params["x"] for j in jobs}
+    on_front = {  # as test_search_learn checks it: nothing evaluated beats these on both metrics
+        i
+        for i, x in xs.items()
+        if 0 <= x <= 2
+        or (x < 0 and not any(x < o <= -x for k, o in xs.items() if k != i))
+        or (x > 2 and not any(4 - x <= o < x for k, o in xs.items() if k != i))
+    }
+    text = client(db_url).get(f"/e/{store.experiment}?part=report").text
+    # The report ranks by the search's first metric, lowest best as the search was told (not as f1's name suggests).
+    best_row = re.search(r'<tr class="best">.*?/job/(\d+)"', text, re.S)
+    assert best_row and int(best_row.group(1)) == min(xs, key=lambda i: xs[i] ** 2), text
+    assert re.search(
+        rf"learning search \d+: f1 lowest best, f2 lowest best — 12 evaluations, {len(on_front)} on the Pareto front",
+        text,
+    ), text
+    section = text.split('class="charts search"', 1)[1].split("</div>", 1)[0]
+    best = section.split('class="best-so-far"', 1)[1].split("</figure>", 1)[0]
+    assert best.count('class="pt eval"') == 12  # every evaluation, in the order proposed
+    lowest = min(x**2 for x in xs.values())
+    assert f"<title>best so far: {lowest:.3g}</title>" in best
+    front = section.split('class="pareto"', 1)[1].split("</figure>", 1)[0]
+    assert front.count('class="pt front"') == len(on_front)
+    assert front.count('class="pt eval"') == 12 - len(on_front)
+    for i in on_front:
+        assert re.search(rf'class="pt front"[^>]*><title>[^<]*jobs {i}</title>', front), i
+    importances = section.split('class="importances"', 1)[1].split("</figure>", 1)[0]
+    assert importances.count('class="bar"') == 2
+    assert importances.index("<title>x: ") < importances.index("<title>y: ")  # x decides both metrics; y neither
+
+
+def test_a_search_chart_counts_evaluations_in_whole_numbers():
+    from jobman.web import charts
+
+    drawn = charts.best_so_far([float(v) for v in range(12, 0, -1)], "loss", "min")
+    ticks = re.findall(r'<text class="tick"[^>]*text-anchor="middle">([^<]*)</text>', drawn)
+    assert ticks == ["1", "6", "12"], ticks  # evaluations: no 6.5th
+    assert "<title>best so far: 1</title>" in drawn
+    assert "<title>best so far: 12</title>" in charts.best_so_far([12.0, 3.0], "acc", "max")

@@ -165,6 +165,15 @@ def _alert(driver):
         return None
 
 
+OVERFLOWING = """
+    var width = document.documentElement.clientWidth, out = [];
+    document.querySelectorAll('body *').forEach(function (e) {
+        var box = e.getBoundingClientRect();
+        if (box.right > width + 1 && !e.closest('.wide')) out.push(e.tagName + '.' + e.className);
+    });
+    return [document.documentElement.scrollWidth, width, out.slice(0, 5)];"""
+
+
 def test_every_page_fits_a_1180_pixel_window_without_scrolling_sideways(tmp_path):
     """Ten parameters, long values and long names: the pages wrap them, a table wider than its card
     scrolls inside the card, and the window never scrolls sideways."""
@@ -174,13 +183,6 @@ def test_every_page_fits_a_1180_pixel_window_without_scrolling_sideways(tmp_path
     base = f"sqlite:///{tmp_path / 'wide.db'}"
     store = Store.open(f"{base}?table=wide")
     ids = fill_wide(store)
-    overflowing = """
-        var width = document.documentElement.clientWidth, out = [];
-        document.querySelectorAll('body *').forEach(function (e) {
-            var box = e.getBoundingClientRect();
-            if (box.right > width + 1 && !e.closest('.wide')) out.push(e.tagName + '.' + e.className);
-        });
-        return [document.documentElement.scrollWidth, width, out.slice(0, 5)];"""
     with served(base) as link, chromium(width=1180, height=900) as driver:
         driver.get(link)
         root = link.split("/?")[0]
@@ -189,6 +191,39 @@ def test_every_page_fits_a_1180_pixel_window_without_scrolling_sideways(tmp_path
             if path == "/e/wide":
                 settled(driver)
                 assert len(by_css(driver, "figure.scatter svg")) == 8  # all that vary but seed (repeats)
-            scroll_width, width, wider = driver.execute_script(overflowing)
+            scroll_width, width, wider = driver.execute_script(OVERFLOWING)
             assert width >= 1100 and scroll_width <= width and not wider, (path, scroll_width, width, wider)
     store.dispose()
+
+
+def test_a_learning_search_draws_its_charts_within_a_1180_pixel_window(jobman, tmp_path):
+    """A search run by a real worker: its best so far, Pareto front and importances are drawn once the
+    report arrives, and the page still fits the window."""
+    from search_helpers import experiment_module
+
+    why = missing()
+    if why:
+        need_service(why)
+    exp = experiment_module(
+        tmp_path, "jm_browser_learn", "def two(x, y):\n    return {'f1': x**2, 'f2': (x - 2) ** 2 + y}\n"
+    )
+    url = f"sqlite:///{tmp_path / 'learn.db'}?table=learn"
+    scheduled = jobman(
+        "sqlschedule", url, "jm_browser_learn:two", "x=uniform(-1,3)", "y=uniform(0,1)", "--samples", "8",
+        "--sampler", "tpe", "--metric", "f1", "--metric", "f2", env=exp.env,
+    )  # fmt: skip
+    assert scheduled.code == 0, scheduled
+    ran = jobman("worker", url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
+    assert ran.code == 0, ran
+    with served(url.split("?")[0]) as link, chromium(width=1180, height=900) as driver:
+        driver.get(link)
+        driver.get(link.split("/?")[0] + "/e/learn")
+        settled(driver)
+        wait(driver, lambda d: by_css(d, "figure.importances svg"))
+        assert len(by_css(driver, "figure.best-so-far circle.pt")) == 8
+        assert by_css(driver, "figure.pareto circle.pt.front")
+        assert len(by_css(driver, "figure.importances rect.bar")) == 2
+        for figure in by_css(driver, ".charts.search figure"):
+            assert figure.size["width"] > 200 and figure.size["height"] > 80  # drawn, not collapsed
+        scroll_width, width, wider = driver.execute_script(OVERFLOWING)
+        assert width >= 1100 and scroll_width <= width and not wider, (scroll_width, width, wider)

@@ -2,7 +2,8 @@
 
 Each function takes plain numbers and labels and returns markup; every label is escaped.
 A point is a ``circle.pt``, a curve a ``polyline.curve``, a configuration in the parallel
-coordinates a ``polyline.pc``, so a page (or a test) can count what was drawn.
+coordinates a ``polyline.pc``, a point on a Pareto front a ``circle.pt.front``, an importance a
+``rect.bar``, so a page (or a test) can count what was drawn.
 """
 
 from __future__ import annotations
@@ -29,10 +30,19 @@ class Axis:
     parameter's chart passes what the distribution it was drawn from says."""
 
     def __init__(
-        self, values: Sequence[Any], lo_px: float, hi_px: float, *, log: bool | None = None, each: bool = False
+        self,
+        values: Sequence[Any],
+        lo_px: float,
+        hi_px: float,
+        *,
+        log: bool | None = None,
+        each: bool = False,
+        inset: bool = True,
+        whole: bool = False,
     ) -> None:
         self.lo_px, self.hi_px = lo_px, hi_px
         self.each = each  # a parameter's axis: a tick at each of a few values
+        self.whole = whole  # counts (evaluations): ticks at whole numbers only
         numbers = [v for v in values if is_number(v)]
         self.categories: list[Any] | None = None
         self.log = False
@@ -40,8 +50,9 @@ class Axis:
         if len(numbers) < len(values) or not values:
             self.categories = sorted({_key(v) for v in values}, key=str)
             return
-        inset = INSET if hi_px > lo_px else -INSET  # points clear of the frame, as matplotlib's margins keep them
-        self.lo_px, self.hi_px = lo_px + inset, hi_px - inset
+        if inset:  # points clear of the frame, as matplotlib's margins keep them
+            gap = INSET if hi_px > lo_px else -INSET
+            self.lo_px, self.hi_px = lo_px + gap, hi_px - gap
         self.log = (log_axis(numbers) if log is None else log) and min(numbers) > 0
         self.distinct = sorted(set(numbers))
         lo, hi = span(min(numbers), max(numbers), log=self.log)
@@ -69,6 +80,8 @@ class Axis:
             first, last = math.ceil(self.lo - 1e-9), math.floor(self.hi + 1e-9)
             step = max(1, math.ceil((last - first + 1) / 6))
             return [(self(10.0**e), _label(10.0**e)) for e in range(first, last + 1, step)]
+        if self.whole:
+            return [(self(v), str(v)) for v in sorted({round(self.lo + (self.hi - self.lo) * i / 2) for i in range(3)})]
         out = []
         for i in range(3):
             v = self.lo + (self.hi - self.lo) * i / 2
@@ -143,7 +156,7 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
     step = (width - 2 * 40) / max(len(names) - 1, 1)
     columns = [[r[0][i] for r in rows] for i in range(len(axes))] + [[r[1] for r in rows]]
     scales = [Axis(col, H - BOTTOM, TOP + 6, each=i < len(axes)) for i, col in enumerate(columns)]
-    m = Axis([r[1] for r in rows], 0.0, 1.0)
+    m = Axis([r[1] for r in rows], 0.0, 1.0, inset=False)  # a shade from 0 to 1, no pixels
     body = []
     for i, (name, scale) in enumerate(zip(names, scales)):
         xpos = 40 + step * i
@@ -159,6 +172,96 @@ def parallel(axes: Sequence[str], rows: Sequence[tuple[Sequence[Any], float | No
             f'points="{coords}"><title>{escape(title)}</title></polyline>'
         )
     return _svg(body, f"parallel coordinates of {metric}", width=width)
+
+
+def best_so_far(values: Sequence[float], metric: str, direction: str) -> Markup:
+    """A learning search's evaluations of its first metric in the order proposed: each one a point, the
+    best so far (lowest, or highest for ``max``) a step curve, as ``report --plot`` draws it."""
+    values = [v for v in values if is_number(v)]
+    if not values:
+        return Markup('<p class="empty">no evaluation finished yet</p>')
+    pick = max if direction == "max" else min
+    best: list[float] = []
+    for v in values:
+        best.append(v if not best else pick(best[-1], v))
+    n = len(values)
+    x = Axis(list(range(1, n + 1)), LEFT, W - RIGHT, log=False, whole=True)
+    y = Axis(values, H - BOTTOM, TOP, log=False)  # as report --plot draws the metric
+    body = [_frame(x, y, "evaluations", metric)]
+    body.extend(
+        f'<circle class="pt eval" cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.6"><title>evaluation {i}: '
+        f"{escape(_label(v))}</title></circle>"
+        for i, v in enumerate(values, 1)
+    )
+    steps = []
+    for i, b in enumerate(best, 1):
+        steps.append(f"{x(i):.1f},{y(b):.1f}")
+        if i < n:
+            steps.append(f"{x(i + 1):.1f},{y(b):.1f}")
+    body.append(
+        f'<polyline class="curve best-so-far" fill="none" stroke="{PALETTE[0]}" stroke-width="1.8" '
+        f'points="{" ".join(steps)}"><title>best so far: {escape(_label(best[-1]))}</title></polyline>'
+    )
+    return _svg(body, f"best {metric} so far against evaluations")
+
+
+def pareto(
+    evaluated: Sequence[tuple[float, float, str]], front: Sequence[tuple[float, float, str]], xlabel: str, ylabel: str
+) -> Markup:
+    """A multi-objective search's evaluations on two metrics, (x, y, title) each; those on its Pareto
+    front (``front``) marked and joined in order of x."""
+    evaluated = [p for p in evaluated if is_number(p[0]) and is_number(p[1])]
+    front = [p for p in front if is_number(p[0]) and is_number(p[1])]
+    if not evaluated and not front:
+        return Markup('<p class="empty">no evaluation finished yet</p>')
+    everything = list(evaluated) + list(front)
+    x = Axis([p[0] for p in everything], LEFT, W - RIGHT, log=False)
+    y = Axis([p[1] for p in everything], H - BOTTOM, TOP, log=False)
+    on = {title for _, _, title in front}
+    body = [_frame(x, y, xlabel, ylabel)]
+    body.extend(
+        f'<circle class="pt eval" cx="{x(a):.1f}" cy="{y(b):.1f}" r="3"><title>{escape(t)}</title></circle>'
+        for a, b, t in evaluated
+        if t not in on
+    )
+    ordered = sorted(front, key=lambda p: (p[0], p[1]))
+    coords = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b, _ in ordered)
+    body.append(
+        f'<polyline class="front-line" fill="none" stroke="{PALETTE[1]}" stroke-width="1.4" points="{coords}"/>'
+    )
+    body.extend(
+        f'<circle class="pt front" cx="{x(a):.1f}" cy="{y(b):.1f}" r="4"><title>{escape(t)}</title></circle>'
+        for a, b, t in ordered
+    )
+    return _svg(body, f"Pareto front of {xlabel} and {ylabel}")
+
+
+BAR_ROW = 18  # pixels per parameter in an importance chart
+BAR_LEFT = 96  # room for the parameters' names
+BAR_W = 300  # narrower than the other charts: three of a search's charts side by side fit a 1,180 px window
+
+
+def bars(values: Sequence[tuple[str, float]], xlabel: str) -> Markup:
+    """One horizontal bar per (name, value), in the order given, each labelled with its value."""
+    values = [(n, v) for n, v in values if is_number(v)]
+    if not values:
+        return Markup('<p class="empty">too few evaluations to tell</p>')
+    height = TOP + BAR_ROW * len(values) + 26
+    top = max(max(v for _, v in values), 1e-12)
+    room = BAR_W - RIGHT - 40 - BAR_LEFT  # the value's label after the longest bar
+    body = [f'<line class="axis" x1="{BAR_LEFT}" y1="{TOP}" x2="{BAR_LEFT}" y2="{height - 26}"/>']
+    for i, (name, v) in enumerate(values):
+        y = TOP + BAR_ROW * i
+        length = max(room * max(v, 0.0) / top, 0.0)
+        shown = name if len(name) <= 14 else name[:13] + "…"
+        body.append(
+            f'<text class="tick" x="{BAR_LEFT - 4}" y="{y + 12}" text-anchor="end">{escape(shown)}</text>'
+            f'<rect class="bar" x="{BAR_LEFT}" y="{y + 3}" width="{length:.1f}" height="{BAR_ROW - 6}" '
+            f'fill="{PALETTE[0]}"><title>{escape(name)}: {escape(_label(v))}</title></rect>'
+            f'<text class="tick" x="{BAR_LEFT + length + 4:.1f}" y="{y + 12}">{escape(_label(v))}</text>'
+        )
+    body.append(f'<text class="label" x="{BAR_W / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
+    return _svg(body, xlabel, width=BAR_W, height=height)
 
 
 def _orders_apart(values: Sequence[float]) -> bool:
@@ -190,10 +293,10 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str) -> str:
     return "".join(parts)
 
 
-def _svg(body: list[str], title: str, width: int = W) -> Markup:
+def _svg(body: list[str], title: str, width: int = W, height: int = H) -> Markup:
     return Markup(
-        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H}" '
-        f'viewBox="0 0 {width} {H}" role="img"><title>{escape(title)}</title>{"".join(body)}</svg>'
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img"><title>{escape(title)}</title>{"".join(body)}</svg>'
     )
 
 

@@ -231,8 +231,48 @@ def report_view(
     return {
         "report": rep,
         "rows": rep.rows[:REPORT_ROWS],
-        "charts": reports.drawn(store.experiment, choice, rep, lambda: _charts(rep, store.search_space())),
+        "charts": reports.drawn(
+            store.experiment, choice, rep, lambda: {**_charts(rep, store.search_space()), "searches": searches(store)}
+        ),
     }
+
+
+def searches(store: Store) -> list[dict[str, Any]]:
+    """Each learning search's charts, as ``report --plot`` draws them: its first metric's best so far
+    against evaluations, the parameters' importances for it, and, with two metrics or more, its Pareto
+    front on the first two. None without Optuna (``jobman-sql[search]``), which fits the model."""
+    if not store.search_objectives():  # no learning search: Optuna is not even imported
+        return []
+    out = []
+    for front in store.search_fronts(every=True):
+        (metric, direction), *others = front.objectives
+        values = [p.values[metric] for p in front.evaluated]
+        drawn: dict[str, Any] = {
+            "id": front.search_id,
+            "objectives": front.objectives,
+            "evaluated": len(front.evaluated),
+            "on_front": len(front.points),
+            "best_so_far": charts.best_so_far(values, metric, direction),
+            "importances": charts.bars(list(front.importances), f"importance for {metric} (sums to 1)")
+            if front.importances
+            else None,
+            "front": None,
+        }
+        if others:
+            m2 = others[0][0]
+
+            def label(p: Any) -> str:
+                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in p.params.items())
+                return f"{shown} — jobs {', '.join(map(str, p.job_ids))}"
+
+            drawn["front"] = charts.pareto(
+                [(p.values[metric], p.values[m2], label(p)) for p in front.evaluated],
+                [(p.values[metric], p.values[m2], label(p)) for p in front.points],
+                metric,
+                m2,
+            )
+        out.append(drawn)
+    return out
 
 
 def _charts(rep: report.Report, space: dict[str, Any]) -> dict[str, Any]:

@@ -50,9 +50,14 @@ def choose(
     counts: dict[tuple[int, str], int] | None = None,
 ) -> Choice:
     """The report a reader most likely wants, unless asked otherwise: the phase with the most DONE
-    jobs that carry a result, ranked by its validation error if it has one."""
+    jobs that carry a result, ranked by its validation error if it has one. A learning search says
+    what it optimises: its first metric, in the direction it was told (``f1`` is then an error to
+    lower, not a score)."""
     if mode not in (None, "min", "max"):
         raise UsageError("the mode is min or max")
+    told = store.search_objectives()
+    metric = metric or (told[0][0] if told else None)
+    mode = mode or dict(told).get(metric or "")
     asked = None if phase in (None, "", "all") else _whole_number(phase)
     done: dict[int, int] = {}
     for (p, status), n in (store.counts() if counts is None else counts).items():
