@@ -161,7 +161,11 @@ class Worker(StoppableLoop):
                 if self.options.max_jobs is not None and summary.ran >= self.options.max_jobs:
                     break
                 if claimed is None:
-                    claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job")
+                    claimed = self.outage.call(
+                        # the targets found unimportable: their jobs are left QUEUED
+                        lambda: self.store.claim(identity, root, skip=self.runner.unimportable.known()),
+                        "claiming a job",
+                    )
                 if claimed is None:
                     # Waiting for others' jobs to unlock more, a worker holds no connection: those others
                     # need one to record their jobs, and a full server would otherwise never free one.
@@ -184,14 +188,12 @@ class Worker(StoppableLoop):
                 summary.by_status[status] = summary.by_status.get(status, 0) + 1
                 self.log(f"job {job.id} {'was taken from this worker' if status == LOST else status}")
                 idle_since = time.time()
-                if self.runner.cannot_import is not None:  # nothing was claimed with its record
-                    break
         finally:
             if claimed is not None:  # claimed with the last record, never started: back to the queue
                 self._put_back(claimed)
             self.runner.close()
         summary.stopped_by_signal = self._stop_signal is not None
-        if self.runner.cannot_import is not None:
+        if self.runner.cannot_import is not None:  # the other targets' jobs ran: now say why some did not
             raise TargetUnimportable(self.runner.cannot_import)
         return summary
 
@@ -214,8 +216,11 @@ class Worker(StoppableLoop):
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
         try:
+            skip = self.runner.unimportable.known()  # their jobs wait for a fix, not for others
             left = self.outage.call(
-                self.store.outstanding, "looking for jobs left", waits=lambda exc: not isinstance(exc, ServerFull)
+                lambda: self.store.outstanding(skip),
+                "looking for jobs left",
+                waits=lambda exc: not isinstance(exc, ServerFull),
             )
         except ServerFull:  # nothing to claim, and the server has no slot to spare: leave it one more
             self.log("nothing ready to claim and the database server is full: this worker exits")
