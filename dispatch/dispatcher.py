@@ -4,7 +4,9 @@ steps the Python API's background thread takes too (through the launch room)."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,8 +17,10 @@ from jobman.jobdb.status import BAD, ENDED, Status, in_display_order
 from jobman.jobdb.store import Store
 
 from .backends.base import Backend, WorkerSpec
+from .backends.local import LocalBackend
 from .interrupted import mark_interrupted
 from .outage import Outage, no_connection_to_spare
+from .unimportable import VARIABLE, Unimportable
 
 logger = logging.getLogger("jobman.dispatch")
 CONNECTION_CHECK_S = 2.0  # how often a full PostgreSQL server is looked for, until it is found once
@@ -110,16 +114,29 @@ class Dispatcher:
         self._scan_error: str | None = None
         self._said_full = False  # the server refusing connections is said once
         self._last_connection_check = 0.0
+        # Targets its workers cannot import, shared with them (None: the first worker to meet one stops it all).
+        self.unimportable: Unimportable | None = None
 
     def run(self) -> Tally:
         """Until the experiment is finished; on any other way out (Ctrl-C, giving up) the workers are
-        stopped first, and they put their jobs back."""
+        stopped first, and they put their jobs back. Local workers
+        share the targets they cannot import: one job of such a target fails, its others are left
+        QUEUED, the other targets' jobs run, and then :class:`TargetUnimportable` says why."""
+        # A file on this host: its workers' own (Slurm's run elsewhere, each stopping at its first).
+        environment = self.backend.environment if isinstance(self.backend, LocalBackend) else None
+        if environment is not None:
+            fd, path = tempfile.mkstemp(prefix="jobman-unimportable-", suffix=".jsonl")
+            os.close(fd)
+            self.unimportable = Unimportable(path)
+            environment[VARIABLE] = path
         try:
             while True:
                 tally = self.outage.call(lambda: Tally.of(self.store), "reading progress")
                 alive = self.keep_workers(tally)
                 self.on_tick(tally, alive)
-                if not tally.active and alive == 0:
+                if not self._left(tally) and alive == 0:
+                    if self.unimportable is not None and self.unimportable.known():
+                        raise TargetUnimportable(self.unimportable.sentence())
                     return tally
                 self.scan_when_due()
                 self.backend.wait(self.options.poll_interval)
@@ -128,14 +145,31 @@ class Dispatcher:
                 self.backend.stop_workers()
                 self._put_back_jobs_of_stopped_workers(exc)
             raise
+        finally:
+            if self.unimportable is not None:
+                self.unimportable.remove()
+                if environment is not None:
+                    environment.pop(VARIABLE, None)
+
+    def _queued(self, tally: Tally) -> int:
+        """The QUEUED jobs a worker can take: those of targets found unimportable are left out."""
+        skip = self.unimportable.known() if self.unimportable is not None else frozenset()
+        if not skip or not tally["QUEUED"]:
+            return tally["QUEUED"]
+        return self.outage.call(lambda: self.store.outstanding(skip), "reading progress")["QUEUED"]
+
+    def _left(self, tally: Tally) -> bool:
+        """Work is left that its workers can still do."""
+        return tally["RUNNING"] > 0 or self._queued(tally) > 0
 
     def keep_workers(self, tally: Tally) -> int:
         """Start enough workers for the ready jobs, up to ``workers``, unless failed ones hold starts back;
         how many were alive before (workers failing too often in a row raise :class:`DispatchError`)."""
         self._count_exits()
         alive = self.backend.running_workers()
-        wanted = min(self.options.workers, tally["QUEUED"] + tally["RUNNING"])
-        if tally["QUEUED"] and alive < wanted and time.monotonic() >= self._hold_until:
+        queued = self._queued(tally)
+        wanted = min(self.options.workers, queued + tally["RUNNING"])
+        if queued and alive < wanted and time.monotonic() >= self._hold_until:
             logger.debug("%d worker(s) alive, %d wanted: starting %d", alive, wanted, wanted - alive)
             self.backend.start_workers(self.spec, wanted - alive)
             self.worker_starts += wanted - alive
@@ -197,6 +231,8 @@ class Dispatcher:
             if code <= 0:  # done, or killed by a signal (that is the monitor's business)
                 self.failed_in_a_row = 0
                 continue
+            if code == TargetUnimportable.exit_code and self.unimportable is not None:
+                continue  # it ran what it could; the target is in the shared file, said at the end
             self.failed_in_a_row += 1
             cause = last_line or f"worker {backend_id} exited with code {code}"
             if code == TargetUnimportable.exit_code:  # another worker would fail the same way

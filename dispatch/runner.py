@@ -50,6 +50,7 @@ from .messages import Frames, MalformedMessage, job_request, send_nowait
 from .oom import OomWatch
 from .outage import Outage
 from .provenance import what_ran, where_of
+from .unimportable import Unimportable
 
 if TYPE_CHECKING:  # annotations only: the runner itself needs no database code
     from jobman.jobdb.store import Claimed, Job, Store, WorkerInfo
@@ -466,7 +467,8 @@ class Runner:
         self.artifacts: str | None = None  # where the jobs' artifact store is (the worker says)
         self._texts_kept: set[str] = set()  # digests of the diffs and package lists this worker kept
         self._ran_json: dict[tuple[str, str | None], tuple[dict[str, Any] | None, str, dict[str, tuple[str, str]]]] = {}
-        self.cannot_import: str | None = None  # why the last job's target could not be imported, if so
+        self.cannot_import: str | None = None  # why a job of this worker's failed: its target cannot be imported
+        self.unimportable = Unimportable.from_environment()  # targets whose jobs it leaves QUEUED
 
     def close(self) -> None:
         """Stop the fork server (it also stops by itself when the worker exits)."""
@@ -559,13 +561,17 @@ class Runner:
                 child: _Forked = self._start_function(job, lease, parents, workdir, start)
             else:
                 child = self._spawn_command(job, parents, workdir)
-        except TargetError as exc:  # its other jobs would fail so too: this worker claims no more
+        except TargetError as exc:  # its other jobs would fail so too: they are left QUEUED
             where = where_of(job.code)
-            self.cannot_import = (
+            cause = (
                 f"job {job.id} FAILED: {exc}"
                 + (f" (its module was found in {where} when scheduled)" if where else "")
                 + "; its other jobs are left QUEUED"
             )
+            if not self.unimportable.first_to_fail(job.target, cause):  # another job of it failed so already
+                why = "its target cannot be imported here (another of its jobs failed so); put back"
+                return self._finish(job, lease, None, "REQUEUE", why=why)
+            self.cannot_import = self.cannot_import or cause
             return self._finish(job, lease, None, "FAILED", error=str(exc), why=f"could not start: {exc}")
         except (JobmanError, OSError, ForkServerGone) as exc:
             return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
@@ -877,7 +883,15 @@ class Runner:
                     finish = functools.partial(self.store.finish, job.id, lease, outcome, **kwargs)
                     return self.outage.call(finish, f"recording job {job.id}").value, None
                 status, claimed = self.outage.call(
-                    functools.partial(self.store.finish_and_claim, job.id, lease, outcome, *then, **kwargs),
+                    functools.partial(
+                        self.store.finish_and_claim,
+                        job.id,
+                        lease,
+                        outcome,
+                        *then,
+                        skip=self.unimportable.known(),
+                        **kwargs,
+                    ),
                     f"recording job {job.id}",
                 )
                 return status.value, claimed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import functools
 import os
 import random
 import signal
@@ -165,8 +166,11 @@ class Worker(StoppableLoop):
                     # jobs others run are theirs to record, and this worker holds nothing.
                     idle = idle_polls > 0
                     waits = _never if idle else _always
+                    skip = self.runner.unimportable.known()  # the targets found unimportable: their jobs stay QUEUED
                     try:
-                        claimed = self.outage.call(lambda: self.store.claim(identity, root), "claiming a job", waits)
+                        claimed = self.outage.call(
+                            functools.partial(self.store.claim, identity, root, skip=skip), "claiming a job", waits
+                        )
                     except DatabaseUnavailable as exc:
                         if not idle:
                             raise
@@ -197,14 +201,12 @@ class Worker(StoppableLoop):
                 summary.by_status[status] = summary.by_status.get(status, 0) + 1
                 self.log(f"job {job.id} {'was taken from this worker' if status == LOST else status}")
                 idle_since = time.time()
-                if self.runner.cannot_import is not None:  # nothing was claimed with its record
-                    break
         finally:
             if claimed is not None:  # claimed with the last record, never started: back to the queue
                 self._put_back(claimed)
             self.runner.close()
         summary.stopped_by_signal = self._stop_signal is not None
-        if self.runner.cannot_import is not None:
+        if self.runner.cannot_import is not None:  # the other targets' jobs ran: now say why some did not
             raise TargetUnimportable(self.runner.cannot_import)
         return summary
 
@@ -227,7 +229,8 @@ class Worker(StoppableLoop):
         if self.options.idle_timeout is not None and time.time() - idle_since > self.options.idle_timeout:
             return False
         try:
-            left = self.outage.call(self.store.outstanding, "looking for jobs left", waits=_never)
+            skip = self.runner.unimportable.known()  # their jobs wait for a fix, not for others
+            left = self.outage.call(lambda: self.store.outstanding(skip), "looking for jobs left", waits=_never)
         except DatabaseUnavailable as exc:
             self._exit_unreachable(exc)
             return False

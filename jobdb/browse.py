@@ -246,14 +246,16 @@ def counts(conn: Connection, exp: int) -> dict[tuple[int, str], int]:
     return {(p, s): n for p, s, n in conn.execute(q).all()}
 
 
-def outstanding(conn: Connection, exp: int) -> dict[str, int]:
-    """How many jobs are QUEUED, RUNNING and WAITING."""
+def outstanding(conn: Connection, exp: int, skip: frozenset[str] = frozenset()) -> dict[str, int]:
+    """How many jobs are QUEUED, RUNNING and WAITING; those QUEUED of ``skip``'s targets not counted."""
     wanted = names_of(OUTSTANDING)
     q = (
         sa.select(t_job.c.status, sa.func.count())
         .where(t_job.c.experiment_id == exp, t_job.c.status.in_(wanted))
         .group_by(t_job.c.status)
     )
+    if skip:
+        q = q.where(sa.or_(t_job.c.status != Status.QUEUED.value, t_job.c.target.not_in(sorted(skip))))
     found: dict[str, int] = dict(conn.execute(q).tuples().all())
     return {s: found.get(s, 0) for s in wanted}
 

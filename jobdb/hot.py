@@ -155,24 +155,10 @@ class HotStatements:
     def __init__(self, dialect: Dialect, claimed_columns: Sequence[str]) -> None:
         """``claimed_columns``: the job's columns a claim returns, in that order (then has_parents)."""
         self.dialect = dialect
-        queued = const(Status.QUEUED.value)
-        pick = (
-            sa.select(t_job.c.id)
-            .where(t_job.c.experiment_id == b("exp"), t_job.c.status == queued)
-            .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
-            .limit(const(1))
-            .offset(const(0))
-        )
-        if dialect.name == "postgresql":
-            pick = pick.with_for_update(skip_locked=True)
-        self.claim_pick = pick
-        self.claim = Prepared(
-            sa.update(t_job)
-            .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == queued)
-            .values(**claim_values())
-            .returning(*(t_job.c[name] for name in claimed_columns), _has_parents()),
-            dialect,
-        )
+        self._claimed_columns = tuple(claimed_columns)
+        self._claims_skipping: dict[frozenset[str], Prepared] = {}
+        self.claim_pick = self._pick(frozenset())
+        self.claim = self._claim(self.claim_pick)
         self.heartbeat = Prepared(
             sa.update(t_job).where(owned()).values(heartbeat_at=b("now")).returning(t_job.c.stop_requested), dialect
         )
@@ -222,6 +208,44 @@ class HotStatements:
             ),
             dialect,
         )
+
+    def _pick(self, skip: frozenset[str]) -> sa.Select:
+        """The select of the job a claim takes: the first QUEUED one, of no target in ``skip``."""
+        pick = (
+            sa.select(t_job.c.id)
+            .where(
+                t_job.c.experiment_id == b("exp"),
+                t_job.c.status == const(Status.QUEUED.value),
+                *(t_job.c.target != b(f"skip_{i}", value=target) for i, target in enumerate(sorted(skip))),
+            )
+            .order_by(t_job.c.priority.desc(), t_job.c.queue_order, t_job.c.id)
+            .limit(const(1))
+            .offset(const(0))
+        )
+        return pick.with_for_update(skip_locked=True) if self.dialect.name == "postgresql" else pick
+
+    def _claim(self, pick: sa.Select) -> Prepared:
+        return Prepared(
+            sa.update(t_job)
+            .where(t_job.c.id == pick.scalar_subquery(), t_job.c.status == const(Status.QUEUED.value))
+            .values(**claim_values())
+            .returning(*(t_job.c[name] for name in self._claimed_columns), _has_parents()),
+            self.dialect,
+        )
+
+    def claim_skipping(self, skip: frozenset[str]) -> Prepared:
+        """The claim of a worker that leaves the jobs of ``skip``'s targets (ones it cannot import)
+        QUEUED; compiled once per set, the plain claim when the set is empty."""
+        if not skip:
+            return self.claim
+        found = self._claims_skipping.get(skip)
+        if found is None:
+            found = self._claims_skipping[skip] = self._claim(self._pick(skip))
+        return found
+
+    def claim_pick_skipping(self, skip: frozenset[str]) -> sa.Select:
+        """The select of ``claim_skipping`` (to EXPLAIN)."""
+        return self._pick(skip)
 
     @functools.cached_property
     def by_hash(self) -> Prepared:

@@ -232,20 +232,30 @@ class Store:
         return self._read(lambda conn: _learn.members(conn, search_id))
 
     # -- a worker's verbs ------------------------------------------------------------------
-    def claim(self, worker: WorkerInfo, workdir_root: str | None = None) -> Claimed | None:
-        """Atomically take the first QUEUED job (by priority, then order, then id), or None."""
+    def claim(
+        self, worker: WorkerInfo, workdir_root: str | None = None, *, skip: frozenset[str] = frozenset()
+    ) -> Claimed | None:
+        """Atomically take the first QUEUED job (by priority, then order, then id), or None; with
+        ``skip``, of none of those targets (ones that cannot be imported where the worker runs)."""
         return to_claimed(
             self._write(
                 lambda conn: transitions.claim(
-                    conn, self._events, self.hot, self._exp(conn), worker, workdir_root, self.clock.now(conn)
+                    conn,
+                    self._events,
+                    self.hot,
+                    self._exp(conn),
+                    worker,
+                    workdir_root,
+                    self.clock.now(conn),
+                    skip=skip,
                 )
             ),
             worker,
         )
 
-    def claim_query(self) -> sa.Select:
+    def claim_query(self, skip: frozenset[str] = frozenset()) -> sa.Select:
         """The select ``claim`` picks its job with, for this experiment (to EXPLAIN: it must use ix_job_claim)."""
-        return self._read(lambda conn: self.hot.claim_pick.params(exp=self._exp(conn)))
+        return self._read(lambda conn: self.hot.claim_pick_skipping(skip).params(exp=self._exp(conn)))
 
     def running_query(self) -> sa.Select:
         """The select of the monitor's scan of RUNNING jobs, for this experiment (to EXPLAIN)."""
@@ -376,6 +386,7 @@ class Store:
         why: str | None = None,
         code: dict[str, Any] | str | None = None,
         texts: dict[str, tuple[str, str]] | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> tuple[Status, Claimed | None]:
         """``finish`` then ``claim``, in one transaction: a worker's loop commits once per job.
 
@@ -406,7 +417,15 @@ class Store:
             )
             claimed = (
                 transitions.claim(
-                    conn, self._events, self.hot, self._exp(conn), worker, workdir_root, self.clock.now(conn), log
+                    conn,
+                    self._events,
+                    self.hot,
+                    self._exp(conn),
+                    worker,
+                    workdir_root,
+                    self.clock.now(conn),
+                    log,
+                    skip,
                 )
                 if status is not None
                 else None
@@ -684,9 +703,10 @@ class Store:
         """The job still to run with the most ranks (more than one), and its ranks: what a dispatch must fit."""
         return self._read(lambda conn: browse.widest_gang(conn, self._exp(conn)))
 
-    def outstanding(self) -> dict[str, int]:
-        """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more."""
-        return self._read(lambda conn: browse.outstanding(conn, self._exp(conn)))
+    def outstanding(self, skip: frozenset[str] = frozenset()) -> dict[str, int]:
+        """How many jobs are QUEUED, RUNNING and WAITING: whether a worker should wait for more; with
+        ``skip``, the QUEUED jobs of those targets left out (a worker that cannot import them)."""
+        return self._read(lambda conn: browse.outstanding(conn, self._exp(conn), skip))
 
     def select_ids(
         self,

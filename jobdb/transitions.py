@@ -101,11 +101,12 @@ def claim(
     workdir_root: str | None,
     now: float,
     pending: list[dict[str, Any]] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> Found | None:
-    """Take the first QUEUED job of ``exp`` (by priority, then order, then id), or None. With
-    ``pending``, its event is left there for the caller to write; the answer becomes a
-    :class:`Claimed` (``records.to_claimed``) once the write lock is released."""
-    rows = hot.claim.rows(conn, exp=exp, **claim_args(worker, workdir_root, now))
+    """Take the first QUEUED job of ``exp`` (by priority, then order, then id) whose target is not
+    in ``skip``, or None. With ``pending``, its event is left there for the caller to write; the
+    answer becomes a :class:`Claimed` (``records.to_claimed``) once the write lock is released."""
+    rows = hot.claim_skipping(skip).rows(conn, exp=exp, **claim_args(worker, workdir_root, now))
     if not rows:
         return None
     row = rows[0]

@@ -308,3 +308,35 @@ def test_a_command_job_records_the_git_state_of_the_directory_it_was_scheduled_f
     assert data["status"] == "DONE"
     assert data["code"]["commit"] == git(repo, "rev-parse", "HEAD").strip() and data["code"]["dirty"] is True
     assert data["code"]["where"] == str(repo) and data["environment"]["python"] == platform.python_version()
+
+
+def test_a_target_that_cannot_be_imported_leaves_its_jobs_queued_and_the_other_targets_run(
+    db_url, repo, tmp_path, jobman
+):
+    (repo / "good.py").write_text(textwrap.dedent(SOURCE))
+    for target in ("mytrain.kw", "good.kw"):  # the broken target's jobs first: both workers meet them
+        out = jobman("sqlschedule", db_url, target, "lr={{1,2,3,4,5,6}}", cwd=repo, env=NO_PATH)
+        assert out.code == 0, out.err
+    (repo / "mytrain.py").rename(repo / "mytrain.py.moved")
+    out = jobman(
+        "dispatch", db_url, "-j", "2", "--no-progress", "--exproot", str(tmp_path / "runs"), cwd=tmp_path, env=NO_PATH
+    )
+    assert out.code == 4, (out.code, out.err)
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and "cannot import module 'mytrain'" in lines[0], out.err
+    assert "its other jobs are left QUEUED" in lines[0] and "Traceback" not in out.err
+    jobs = json.loads(jobman("list", db_url, "--format", "json").out)
+    by_target: dict[str, list[str]] = {}
+    for job in jobs:
+        by_target.setdefault(job["target"], []).append(job["status"])
+    assert by_target["good:kw"] == ["DONE"] * 6, by_target
+    broken = by_target["mytrain:kw"]
+    assert broken.count("FAILED") == 1 and broken.count("QUEUED") == 5, broken
+    (repo / "mytrain.py.moved").rename(repo / "mytrain.py")  # fixed: the jobs left QUEUED run
+    again = jobman(
+        "dispatch", db_url, "-j", "2", "--no-progress", "--exproot", str(tmp_path / "runs"), cwd=tmp_path, env=NO_PATH
+    )
+    assert again.code == 1 and "11 DONE, 1 FAILED" in again.err, again.err  # the one FAILED stays so
+    jobs = json.loads(jobman("list", db_url, "--format", "json").out)
+    assert sorted(j["status"] for j in jobs if j["target"] == "mytrain:kw") == ["DONE"] * 5 + ["FAILED"]
+    assert {j["attempt"] for j in jobs if j["status"] == "DONE"} == {1}  # none left QUEUED spent an attempt

@@ -94,6 +94,19 @@ def explain_prepared(store: Store, prepared, **values) -> str:
     return text
 
 
+def test_the_claim_pick_that_skips_unimportable_targets_reads_the_claim_index_in_order(busy_store):
+    """A worker that leaves some targets' jobs QUEUED filters them on the way, still in index order."""
+    stmt = busy_store.claim_query(frozenset({"nosuch:kw", "other:fn"}))
+    with busy_store.engine.connect() as conn:
+        text = plan(busy_store, stmt, conn)
+        first = conn.execute(stmt).scalar()
+    assert_uses_claim_index(text, busy_store.engine.dialect.name, ordered=True)
+    assert first is not None
+    target = busy_store.job(first).target
+    with busy_store.engine.connect() as conn:  # the experiment's one target skipped: nothing to take
+        assert conn.execute(busy_store.claim_query(frozenset({target}))).scalar() is None
+
+
 def test_the_claim_update_as_run_reads_the_claim_index(busy_store):
     """The whole claim, as the store's prepared statement runs it (UPDATE ... WHERE id = (pick)),
     including its lookup of the claimed job's parents in job_dep."""

@@ -587,3 +587,36 @@ def test_jobman_sql_exits_1_when_a_job_it_ran_failed_and_show_gives_no_exit_code
     [fine] = schedule(store, ("ok", {}))
     r = jobman("sql", "-n", "1", db_url, str(exp.runs), env=exp.env, timeout=120)
     assert r.code == 0 and store.job(fine).status is Status.DONE, r.err
+
+
+def test_two_workers_of_a_dispatch_fail_one_job_of_a_target_that_cannot_be_imported(store, exp, monkeypatch, tmp_path):
+    """Both workers claimed a job of the broken target before either tried it: the first fails its
+    job, the second puts its own back without spending an attempt, and both then claim past it."""
+    from jobman.dispatch.runner import RunLimits, Runner
+    from jobman.dispatch.unimportable import VARIABLE
+    from jobman.jobdb.store import WorkerInfo
+
+    monkeypatch.syspath_prepend(str(exp.dir))
+    monkeypatch.setenv("JM_TRACE", str(exp.trace))
+    monkeypatch.setenv(VARIABLE, str(tmp_path / "unimportable.jsonl"))  # what a local dispatch sets
+    specs = [JobSpec(0, "fn", "jm_nosuch_module:fn", {"x": i}, None) for i in range(3)]
+    broken = store.schedule(specs).job_ids
+    [good] = schedule(store, ("pretrain", {"x": 1}))
+    limits = RunLimits(timeout=None, heartbeat_interval=0.2, jobs_per_process=exp.jobs_per_process)
+    first, second = Runner(store, limits), Runner(store, limits)
+    claimed = [store.claim(WorkerInfo(host="h", pid=pid), str(exp.runs)) for pid in (1, 2)]
+    assert [c.job.id for c in claimed] == broken[:2]
+    assert first.run(claimed[0]) == "FAILED"
+    assert second.run(claimed[1]) == "QUEUED"
+    assert first.cannot_import is not None and second.cannot_import is None
+    assert "cannot import module 'jm_nosuch_module'" in first.cannot_import
+    put_back = store.job(broken[1])
+    assert put_back.status is Status.QUEUED and any("cannot be imported here" in w for w in whys(store, broken[1]))
+    skip = second.unimportable.known()
+    assert skip == {"jm_nosuch_module:fn"}
+    nxt = store.claim(WorkerInfo(host="h", pid=2), str(exp.runs), skip=skip)
+    assert nxt is not None and nxt.job.id == good
+    assert store.claim(WorkerInfo(host="h", pid=2), str(exp.runs), skip=skip) is None
+    assert store.outstanding(skip)["QUEUED"] == 0 and store.outstanding()["QUEUED"] == 2
+    first.close()
+    second.close()
