@@ -8,9 +8,9 @@ counting an attempt, and the worker exits. It never leaves a job RUNNING.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
-import functools
 import os
 import random
 import signal
