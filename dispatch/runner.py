@@ -561,7 +561,10 @@ class Runner:
                 child: _Forked = self._start_function(job, lease, parents, workdir, start)
             else:
                 child = self._spawn_command(job, parents, workdir)
-        except TargetError as exc:  # its other jobs would fail so too: they are left QUEUED
+        except TargetError as exc:
+            if job.kind != "fn":  # a command that cannot start: that job's own failure
+                return self._finish(job, lease, then, "FAILED", error=str(exc), why=f"could not start: {exc}")
+            # A function whose module cannot be imported: its other jobs would fail so too, and are left QUEUED.
             where = where_of(job.code)
             cause = (
                 f"job {job.id} FAILED: {exc}"
