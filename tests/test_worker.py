@@ -327,8 +327,10 @@ def test_a_nan_result_is_kept_and_the_worker_goes_on(jobman, db_url, store, exp)
     job = store.job(nan)
     assert job.status is Status.DONE, job.error
     assert job.results is not None and math.isnan(job.results["loss"])
-    # the finite points of its learning curve are kept, the diverged ones left out
-    assert [(step, v) for _j, step, _n, v in store.metrics([nan])] == [(0, 1.0), (3, 0.5)]
+    # every point of its learning curve is kept, the diverged ones as NaN and infinity
+    curve = [(step, v) for _j, step, _n, v in store.metrics([nan])]
+    assert [step for step, _v in curve] == [0, 1, 2, 3]
+    assert curve[0] == (0, 1.0) and math.isnan(curve[1][1]) and curve[2] == (2, math.inf) and curve[3] == (3, 0.5)
     assert store.job(fine).status is Status.DONE
     assert_nothing_running(store)
 
