@@ -114,7 +114,8 @@ def test_exactly_n_distinct_points_with_concurrent_workers(jobman, db_url, store
 def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, store, exp, tmp_path):
     n = 30
     # Attempts enough that no job's crashes are final: the attempt limit is not what is tested here.
-    extra = ["--parallel", "2", "pause=0.1", "--max-attempts", "100"]
+    # Jobs long enough (some 0.6 s) that the sweep outlasts several kills on a quiet machine too.
+    extra = ["--parallel", "2", "pause=0.5", "--max-attempts", "100"]
     done = schedule(jobman, db_url, exp, "--samples", str(n), "--sampler", "tpe", *extra)
     assert done.code == 0, done
     rng = random.Random(7)
@@ -126,7 +127,7 @@ def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, st
             break
         workers = [start_worker(db_url, exp, tmp_path / "w.log") for _ in range(2)]
         for victim in workers if kills < 10 else ():
-            # A job lasts some 0.2 s with its process; a proposal takes a few ms to tens of ms: a kill at
+            # A job lasts some 0.6 s with its process; a proposal takes a few ms to tens of ms: a kill at
             # a random moment falls now in a job, now in a finishing transaction, now in a claim.
             time.sleep(rng.uniform(0.8, 2.0))
             if victim.poll() is None:
