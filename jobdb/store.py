@@ -346,28 +346,8 @@ class Store:
         ``code``: what the run ran (its code and environment record, or its JSON), kept on the job;
         ``texts``: the texts that record names (``{digest: (kind, body)}``), kept in the same transaction.
         """
-        blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
-        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
-        status = self._write(
-            lambda conn: (
-                self._kept_texts(conn, texts)
-                or transitions.finish(
-                    conn,
-                    self._events,
-                    self.hot,
-                    job_id,
-                    lease,
-                    outcome,
-                    blob,
-                    error,
-                    exit_code,
-                    why,
-                    relaunch,
-                    code=code_blob,
-                    **self._ends,
-                )
-            )
-        )
+        end = self._end(job_id, lease, outcome, results, error, exit_code, why, relaunch, code, texts)
+        status = self._write(end)
         if status is None:
             raise self._refused(job_id, lease, "finish")
         return status
@@ -393,28 +373,11 @@ class Store:
         The claim may take a dependent that this finish has just queued. Nothing is claimed
         if the finish is refused (LeaseLost, as from ``finish``).
         """
-        blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
-        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
+        end = self._end(job_id, lease, outcome, results, error, exit_code, why, True, code, texts)
 
         def run(conn: Connection) -> tuple[Status | None, Found | None]:
-            self._kept_texts(conn, texts)
             log: list[dict[str, Any]] = []  # both events in one statement
-            status = transitions.finish(
-                conn,
-                self._events,
-                self.hot,
-                job_id,
-                lease,
-                outcome,
-                blob,
-                error,
-                exit_code,
-                why,
-                True,
-                log,
-                code=code_blob,
-                **self._ends,
-            )
+            status = end(conn, log)
             claimed = (
                 transitions.claim(
                     conn,
@@ -743,10 +706,45 @@ class Store:
         """The stored code of a function run by value, or None."""
         return self._read(lambda conn: scheduling.function_code(conn, self._exp(conn), target))
 
-    @staticmethod
-    def _kept_texts(conn: Connection, texts: dict[str, tuple[str, str]] | None) -> None:
-        if texts:
-            coderecord.keep_texts(conn, texts, time.time())
+    def _end(
+        self,
+        job_id: int,
+        lease: int,
+        outcome: str,
+        results: dict[str, Any] | None,
+        error: str | None,
+        exit_code: int | None,
+        why: str | None,
+        relaunch: bool,
+        code: dict[str, Any] | str | None,
+        texts: dict[str, tuple[str, str]] | None,
+    ) -> Callable[..., Status | None]:
+        """How a run ended, recorded in a transaction (``finish`` and ``finish_and_claim``): the texts its
+        code record names kept first, then the job's end; events go to ``pending`` when given."""
+        blob, outcome, error, why = transitions.result_blob(results, outcome, error, why)
+        code_blob = code if isinstance(code, str) or code is None else dump_json(code, "code record")
+
+        def record(conn: Connection, pending: list[dict[str, Any]] | None = None) -> Status | None:
+            if texts:
+                coderecord.keep_texts(conn, texts, time.time())
+            return transitions.finish(
+                conn,
+                self._events,
+                self.hot,
+                job_id,
+                lease,
+                outcome,
+                blob,
+                error,
+                exit_code,
+                why,
+                relaunch,
+                pending,
+                code=code_blob,
+                **self._ends,
+            )
+
+        return record
 
     def keep_texts(self, texts: dict[str, tuple[str, str]]) -> None:
         """Keep texts jobs' code records name (a diff, a package list: ``{digest: (kind, body)}``),
