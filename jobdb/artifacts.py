@@ -340,7 +340,7 @@ class FsspecStore(ArtifactStore):
         try:
             import fsspec  # type: ignore[import-not-found,import-untyped,unused-ignore]
         except ImportError:
-            raise UsageError(f"the artifact store {url} needs fsspec: pip install 'jobman[fsspec]'") from None
+            raise UsageError(f"the artifact store {url} needs fsspec: pip install 'jobman-sql[fsspec]'") from None
         self.fs, self.base = fsspec.core.url_to_fs(url)
         self.url = url.rstrip("/")
         self.root = Path(self.base)
