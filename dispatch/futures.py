@@ -34,6 +34,7 @@ from jobman.jobdb.scheduling import pickled_by_value
 from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
+from jobman.jobdb.url import mask_password
 
 from .calls import code_version, json_params, source_version, target_of
 from .channel import DD, NOT_KEPT, Channel
@@ -197,7 +198,7 @@ class Experiment:
         return self.store.experiment
 
     def __repr__(self) -> str:
-        return f"Experiment({self.store.target.with_table()!r}, backend={self.backend!r})"
+        return f"Experiment({mask_password(self.store.target.with_table())!r}, backend={self.backend!r})"
 
     def _repr_html_(self) -> str:
         """In a notebook: jobs by status, a progress bar, the best so far, and the dashboard's link."""

@@ -274,8 +274,8 @@ def test_a_password_in_the_url_never_reaches_the_view(pg_database, tmp_path, run
     assert "s3cret-pw" in url
     with jobman.Experiment(url, backend="inline", exproot=tmp_path / "runs") as exp:
         future = exp.call(fit, lr=0.01)
-        for html in (exp._repr_html_(), future._repr_html_()):
-            assert "s3cret-pw" not in html
+        for shown in (exp._repr_html_(), future._repr_html_(), repr(exp)):
+            assert "s3cret-pw" not in shown
         assert "jobman serve" in exp._repr_html_()
 
 
