@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from sqlalchemy.engine import Engine
 
@@ -22,7 +23,7 @@ from jobman.jobdb.engine import bound_lock_waits
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.report.choice import Choice, best_of, choose
 from jobman.jobdb.report.scales import log_axis
-from jobman.jobdb.status import Status, parse_status
+from jobman.jobdb.status import DISPLAY_ORDER, Status, parse_status
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, parse_db
 
@@ -219,6 +220,69 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
 
 
+def call_graph(store: Store, base: str) -> dict[str, Any]:
+    """The experiment's graph of calls drawn, when its jobs depend on each other: each job a node linking
+    to its page, or, past ``dashboard.CALLS_DRAWN`` jobs, each function of each phase a node with its calls
+    by status (each status a link to them in the job table)."""
+    found = dashboard.call_graph(store)
+    if found is None:
+        return {"graph": None}
+    page = f"{base}/e/{quote(store.experiment, safe='')}"
+    if not found.grouped:
+        varying = _varying(found.calls)
+        nodes = [
+            charts.Node(
+                c.id,
+                f"{c.id} · {c.name}",
+                " ".join(f"{k}={selection.format_param(c.params[k])}" for k in varying[c.target] if k in c.params),
+                f"{page}/job/{c.id}",
+                f"job {c.id}: {c.target} {c.status}",
+                status=c.status,
+            )
+            for c in found.calls
+        ]
+        edges: list[tuple[Any, Any, int | None]] = [(a, b, None) for a, b in found.edges]
+        what = f"{len(nodes)} calls and {len(edges)} dependencies"
+    else:
+        nodes = []
+        for g in found.groups:
+            name = dashboard.call_name(g.target)
+            counts = [
+                (s.value, g.counts[s.value], f"{page}?{urlencode({'phase': g.phase, 'status': s.value})}#jobs")
+                for s in DISPLAY_ORDER
+                if g.counts.get(s.value)
+            ]
+            nodes.append(
+                charts.Node(
+                    g.key,
+                    f"{name} (phase {g.phase})",
+                    f"{g.total} call{'s' if g.total != 1 else ''}",
+                    f"{page}?{urlencode({'phase': g.phase})}#jobs",
+                    f"{g.target}, phase {g.phase}: " + ", ".join(f"{n} {s}" for s, n, _ in counts),
+                    counts=counts,
+                )
+            )
+        edges = [(a, b, n) for a, b, n in found.group_edges]
+        what = f"{found.total} calls of {found.groups_total} function{'s' if found.groups_total != 1 else ''} by phase"
+    return {
+        "graph": charts.graph(nodes, edges, f"graph of calls: {what}"),
+        "graph_found": found,
+    }
+
+
+def _varying(calls: list[dashboard.Call]) -> dict[str, list[str]]:
+    """The parameters that tell a function's calls apart (all of them for a function called once), a few."""
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for c in calls:
+        by_target.setdefault(c.target, []).append(c.params)
+    out = {}
+    for target, params in by_target.items():
+        keys = list(dict.fromkeys(k for p in params for k in p))
+        differ = [k for k in keys if len({selection.format_param(p.get(k)) for p in params}) > 1]
+        out[target] = (differ if len(params) > 1 else keys)[:3]
+    return out
+
+
 def report_view(
     store: Store, reports: ReportCache, choice: Choice, counts: dict[tuple[int, str], int]
 ) -> dict[str, Any]:
@@ -340,8 +404,7 @@ def job_view(store: Store, job_id: int) -> dict[str, Any]:
     return {
         "job": job,
         "events": store.events(job_id),
-        "parents": store.parents(job_id),
-        "children": store.children(job_id),
+        "around": dashboard.neighbours(store, job_id),
         "files": files,
         "artifacts": sorted(artifacts.refs_in(job.results or {})),
         "tails": job_tails,
