@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -353,21 +353,29 @@ class CallGraph:
     groups: list[CallGroup] = field(default_factory=list)
     group_edges: list[tuple[tuple[int, str], tuple[int, str], int]] = field(default_factory=list)
     groups_total: int = 0
+    links: list[tuple[tuple[int, str], tuple[int, str], int]] | None = None  # between every group, as read
 
     @property
     def grouped(self) -> bool:
         return not self.calls
 
 
-def call_graph(store: Store, drawn: int = CALLS_DRAWN) -> CallGraph | None:
+GroupLinks = list[tuple[tuple[int, str], tuple[int, str], int]]  # (taken group, taking group, dependencies)
+
+
+def call_graph(
+    store: Store, drawn: int = CALLS_DRAWN, links: Callable[[int], GroupLinks | None] | None = None
+) -> CallGraph | None:
     """The experiment's graph of calls, or None when no job of it depends on another.
 
     At most ``drawn`` jobs are read one by one; a bigger experiment is read in two grouped queries,
-    whose answers are as long as it has functions per phase, not jobs."""
+    whose answers are as long as it has functions per phase, not jobs. The second, the dependencies
+    between groups, reads every dependency: ``links(total)`` may give them as read before for an
+    experiment of ``total`` jobs (a page redrawn every few seconds while only statuses change)."""
 
     def run(conn: Connection) -> CallGraph | None:
         exp = experiment_id(conn, store.target)
-        child, parent = t_job.alias("child"), t_job.alias("parent")
+        child = t_job.alias("child")
         linked = conn.execute(
             sa.select(t_dep.c.job_id)
             .join(child, child.c.id == t_dep.c.job_id)
@@ -400,25 +408,36 @@ def call_graph(store: Store, drawn: int = CALLS_DRAWN) -> CallGraph | None:
         ):
             by_group.setdefault((phase, target), {})[status] = n
             first[(phase, target)] = min(low, first.get((phase, target), low))
-        keys = sorted(by_group, key=first.__getitem__)
-        shown = set(keys[:GROUPS_DRAWN])
-        group_edges = [
-            ((pp, pt), (cp, ct), n)
-            for cp, ct, pp, pt, n in conn.execute(
-                sa.select(child.c.phase, child.c.target, parent.c.phase, parent.c.target, sa.func.count())
-                .select_from(
-                    t_dep.join(child, child.c.id == t_dep.c.job_id).join(parent, parent.c.id == t_dep.c.depends_on)
-                )
-                .where(child.c.experiment_id == exp)
-                .group_by(child.c.phase, child.c.target, parent.c.phase, parent.c.target)
-            )
-            if (pp, pt) in shown and (cp, ct) in shown
-        ]
-        groups = [CallGroup(k[0], k[1], by_group[k], first[k]) for k in keys[:GROUPS_DRAWN]]
-        group_edges.sort(key=lambda e: (first[e[0]], first[e[1]]))
-        return CallGraph(total, groups=groups, group_edges=group_edges, groups_total=len(keys))
+        keys = sorted(by_group, key=first.__getitem__)[:GROUPS_DRAWN]
+        known = links(total) if links is not None else None
+        found = group_links(conn, exp) if known is None else known
+        shown = set(keys)
+        return CallGraph(
+            total,
+            groups=[CallGroup(k[0], k[1], by_group[k], first[k]) for k in keys],
+            group_edges=sorted(
+                (e for e in found if e[0] in shown and e[1] in shown), key=lambda e: (first[e[0]], first[e[1]])
+            ),
+            groups_total=len(by_group),
+            links=found,
+        )
 
     return store.transactions.read(run)
+
+
+def group_links(conn: Connection, exp: int) -> GroupLinks:
+    """The dependencies between the experiment's groups of calls (phase, target), counted."""
+    child, parent = t_job.alias("child"), t_job.alias("parent")
+    both = t_dep.join(child, child.c.id == t_dep.c.job_id).join(parent, parent.c.id == t_dep.c.depends_on)
+    return [
+        ((pp, pt), (cp, ct), n)
+        for cp, ct, pp, pt, n in conn.execute(
+            sa.select(child.c.phase, child.c.target, parent.c.phase, parent.c.target, sa.func.count())
+            .select_from(both)
+            .where(child.c.experiment_id == exp)
+            .group_by(child.c.phase, child.c.target, parent.c.phase, parent.c.target)
+        )
+    ]
 
 
 @dataclass(frozen=True)

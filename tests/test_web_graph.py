@@ -127,6 +127,34 @@ def test_a_thousand_calls_are_drawn_grouped_by_function_and_the_page_answers_on_
     assert listed.count('<tr class="job"') == 1
 
 
+def test_a_big_graphs_links_between_groups_are_read_again_only_when_jobs_are_added(store):
+    """Redrawn every few seconds, a big graph reads its statuses each time, and the dependencies between
+    its groups (every dependency of the experiment) only when its number of jobs changed."""
+    import sqlalchemy as sa
+
+    from jobman.jobdb.sweep import JobSpec
+    from jobman.web import pages
+
+    roles = fill_calls(store, 40)
+    kept = pages.GraphLinks()
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+
+    def draw() -> tuple[str, int]:
+        statements.clear()
+        svg = str(pages.call_graph(store, "/base", kept)["graph"])
+        joins = [s for s in statements if "GROUP BY" in s.upper() and "parent" in s]
+        return svg, len(joins)
+
+    svg, joins = draw()
+    assert joins == 1 and svg.count('class="node group"') == 4
+    svg, joins = draw()
+    assert joins == 0 and svg.count('class="node group"') == 4 and svg.count('class="edge"') == 3
+    store.schedule([JobSpec(0, "fn", "lab.steps:publish", {}, None)], after=[roles["summary"]])
+    svg, joins = draw()
+    assert joins == 1 and svg.count('class="node group"') == 5 and svg.count('class="edge"') == 4
+
+
 def test_the_job_page_lists_what_a_job_depends_on_and_what_depends_on_it_as_links(store, db_url):
     roles = fill_calls(store, 60)
     c = client(db_url)

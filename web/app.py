@@ -77,6 +77,7 @@ class Settings:
             else None
         )
         self.reports = pages.ReportCache()
+        self.graph_links = pages.GraphLinks()
         self.action_lock = threading.Lock()
         self._action_stores: dict[str, Store] = {}
 
@@ -166,7 +167,7 @@ def create_app(  # noqa: C901
             if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
                 ctx.update(pages.report_view(store, settings.reports, choice, counts))
         if part in (None, "graph"):
-            ctx.update(pages.call_graph(store, settings.base))
+            ctx.update(pages.call_graph(store, settings.base, settings.graph_links))
         if part in (None, "curves"):
             ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
         return render("experiment", request, **ctx)

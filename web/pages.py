@@ -220,11 +220,42 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
 
 
-def call_graph(store: Store, base: str) -> dict[str, Any]:
+class GraphLinks:
+    """The dependencies between the groups of each big experiment's graph of calls, as last read: they
+    change when jobs are added or deleted, not when they run, so a page redrawn every few seconds reads
+    only the statuses. Kept while the experiment's number of jobs is the same, for STALE seconds at most
+    (a deletion and an addition may leave the number as it was)."""
+
+    STALE = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[int, float, Any]] = {}
+
+    def known(self, experiment: str) -> Callable[[int], Any]:
+        def links(total: int) -> Any:
+            with self._lock:
+                found = self._kept.get(experiment)
+            if found and found[0] == total and time.monotonic() - found[1] < self.STALE:
+                return found[2]
+            return None
+
+        return links
+
+    def keep(self, experiment: str, total: int, links: Any) -> None:
+        with self._lock:
+            found = self._kept.get(experiment)
+            if not found or found[0] != total or found[2] is not links:
+                self._kept[experiment] = (total, time.monotonic(), links)
+
+
+def call_graph(store: Store, base: str, kept: GraphLinks | None = None) -> dict[str, Any]:
     """The experiment's graph of calls drawn, when its jobs depend on each other: each job a node linking
     to its page, or, past ``dashboard.CALLS_DRAWN`` jobs, each function of each phase a node with its calls
-    by status (each status a link to them in the job table)."""
-    found = dashboard.call_graph(store)
+    by status (each status a link to them in the job table). ``kept``: the server's links between groups."""
+    found = dashboard.call_graph(store, links=kept.known(store.experiment) if kept else None)
+    if found is not None and found.links is not None and kept is not None:
+        kept.keep(store.experiment, found.total, found.links)
     if found is None:
         return {"graph": None}
     page = f"{base}/e/{quote(store.experiment, safe='')}"
