@@ -302,22 +302,26 @@ def graph(nodes: Sequence[Node], edges: Sequence[tuple[Hashable, Hashable, int |
         parents.setdefault(b, []).append(a)
     height = GROUP_H if any(n.counts for n in nodes) else NODE_H
     pos: dict[Hashable, tuple[float, float]] = {}
-    column, rows = 0, 0
+    place: dict[Hashable, float] = {}  # a node's place in its layer, 0 (first) to 1
+    column, rows = 0, 0.0
     for layer in layers:
-        # Each node near the mean row of what it takes, so that arrows cross less (one barycentre pass).
+        # Each node near the mean place of what it takes, so that arrows cross less (one barycentre pass).
         def rank(key: Hashable) -> float:
-            ys = [pos[p][1] for p in parents.get(key, []) if p in pos]
-            return sum(ys) / len(ys) if ys else 0.0
+            taken = [place[p] for p in parents.get(key, []) if p in place]
+            return sum(taken) / len(taken) if taken else 0.0
 
         ordered = sorted(layer, key=rank)
-        for start in range(0, len(ordered), LAYER_ROWS):
-            chunk = ordered[start : start + LAYER_ROWS]
-            for row, key in enumerate(chunk):
-                pos[key] = (PAD + column * (NODE_W + COL_GAP), PAD + row * (height + ROW_GAP))
-            rows = max(rows, len(chunk))
-            column += 1
+        columns = math.ceil(len(ordered) / LAYER_ROWS)
+        per = math.ceil(len(ordered) / columns)  # a long layer split evenly, in order, column by column
+        for i, key in enumerate(ordered):
+            place[key] = i / len(ordered)
+            # Every other column of a split layer half a row lower: an arrow passing it runs between boxes.
+            shift = (i // per) % 2 * (height + ROW_GAP) / 2
+            pos[key] = (PAD + (column + i // per) * (NODE_W + COL_GAP), PAD + (i % per) * (height + ROW_GAP) + shift)
+        rows = max(rows, per + (0.5 if columns > 1 else 0))
+        column += columns
     width = PAD * 2 + column * (NODE_W + COL_GAP) - COL_GAP
-    total_h = PAD * 2 + rows * (height + ROW_GAP) - ROW_GAP
+    total_h = math.ceil(PAD * 2 + rows * (height + ROW_GAP) - ROW_GAP)
     body = [
         '<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" '
         'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#99a2ad"/></marker></defs>'
