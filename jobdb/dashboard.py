@@ -157,12 +157,14 @@ def job_page(
     offset: int = 0,
     limit: int = 50,
     count: bool = True,
+    target: str | None = None,
 ) -> JobPage:
     """One page of the experiment's jobs, filtered and sorted, and how many match in all.
 
     Filters on status and phase and the sort run in SQL; a parameter filter reads only the
     matching jobs' ids and parameters, and whole rows only for the page shown. Without ``count``,
-    the total is left at -1 (counting reads every matching index entry).
+    the total is left at -1 (counting reads every matching index entry). ``target``: the calls of that
+    function (or command) only, as a box of the graph of calls groups them.
     """
     if sort not in SORTABLE:
         raise UsageError(f"cannot sort jobs by {sort!r} (choose one of {', '.join(SORTABLE)})")
@@ -174,20 +176,27 @@ def job_page(
         if not where:
             total = (
                 conn.execute(
-                    sa.select(sa.func.count()).select_from(t_job).where(*_conditions(exp, status, phase))
+                    sa.select(sa.func.count()).select_from(t_job).where(*_conditions(exp, status, phase, target))
                 ).scalar_one()
                 if count
                 else -1
             )
             rows = conn.execute(
                 page_query(
-                    exp, status=status, phase=phase, sort=sort, descending=descending, offset=offset, limit=limit
+                    exp,
+                    status=status,
+                    phase=phase,
+                    sort=sort,
+                    descending=descending,
+                    offset=offset,
+                    limit=limit,
+                    target=target,
                 )
             ).all()
             return JobPage(total, [_line(r) for r in rows])
         found = conn.execute(
             sa.select(t_job.c.id, t_job.c.params)
-            .where(*_conditions(exp, status, phase))
+            .where(*_conditions(exp, status, phase, target))
             .order_by(*_order(sort, descending))
         ).all()
         params = json.loads("[" + ",".join(p for _, p in found) + "]") if found else []
@@ -208,19 +217,24 @@ def page_query(
     descending: bool = False,
     offset: int = 0,
     limit: int = 50,
+    target: str | None = None,
 ) -> sa.Select:
     """The statement of one page without a parameter filter (an EXPLAIN test reads its plan)."""
     return (
         _page_select()
-        .where(*_conditions(exp, status, phase))
+        .where(*_conditions(exp, status, phase, target))
         .order_by(*_order(sort, descending))
         .offset(offset)
         .limit(limit)
     )
 
 
-def _conditions(exp: int, status: Sequence[Status], phase: int | None) -> list[sa.ColumnElement]:
+def _conditions(
+    exp: int, status: Sequence[Status], phase: int | None, target: str | None = None
+) -> list[sa.ColumnElement]:
     conds = [t_job.c.experiment_id == exp]
+    if target is not None:
+        conds.append(t_job.c.target == target)
     if status:
         conds.append(t_job.c.status.in_([s.value for s in status]))
     if phase is not None:

@@ -156,6 +156,7 @@ class Listing:
     sort: str
     descending: bool
     page: int
+    target: str | None = None  # one function's calls (a box of the graph of calls)
 
     @classmethod
     def from_query(cls, q: dict[str, str]) -> Listing:
@@ -166,7 +167,8 @@ class Listing:
         page = whole_number(q.get("page", "0") or "0", "page")
         if page < 0:
             raise UsageError("the page number is 0 or more")
-        return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page)
+        target = q.get("target", "").strip() or None
+        return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page, target)
 
     def query(self, **change: Any) -> dict[str, str]:
         """The URL query of this listing with some of it changed (for links: next page, sort by)."""
@@ -176,6 +178,7 @@ class Listing:
             "where": ",".join(str(c) for c in self.where),
             "sort": ("-" if self.descending else "") + self.sort,
             "page": str(self.page),
+            "target": self.target or "",
         }
         values.update({k: str(v) for k, v in change.items()})
         return {k: v for k, v in values.items() if v not in ("", "0") or k == "phase" and v == "0"}
@@ -191,6 +194,7 @@ def job_table(store: Store, listing: Listing) -> dict[str, Any]:
         descending=listing.descending,
         offset=listing.page * PAGE_SIZE,
         limit=PAGE_SIZE,
+        target=listing.target,
     )
     keys: list[str] = []
     for j in found.jobs:
@@ -278,8 +282,9 @@ def call_graph(store: Store, base: str, kept: GraphLinks | None = None) -> dict[
         nodes = []
         for g in found.groups:
             name = dashboard.call_name(g.target)
+            where = {"phase": g.phase, "target": g.target}
             counts = [
-                (s.value, g.counts[s.value], f"{page}?{urlencode({'phase': g.phase, 'status': s.value})}#jobs")
+                (s.value, g.counts[s.value], f"{page}?{urlencode({**where, 'status': s.value})}#jobs")
                 for s in DISPLAY_ORDER
                 if g.counts.get(s.value)
             ]
@@ -288,7 +293,7 @@ def call_graph(store: Store, base: str, kept: GraphLinks | None = None) -> dict[
                     g.key,
                     f"{name} (phase {g.phase})",
                     f"{g.total} call{'s' if g.total != 1 else ''}",
-                    f"{page}?{urlencode({'phase': g.phase})}#jobs",
+                    f"{page}?{urlencode(where)}#jobs",
                     f"{g.target}, phase {g.phase}: " + ", ".join(f"{n} {s}" for s, n, _ in counts),
                     counts=counts,
                 )
