@@ -161,6 +161,20 @@ def test_a_big_graphs_links_between_groups_are_read_again_only_when_jobs_are_add
     assert joins == 1 and svg.count('class="node group"') == 5 and svg.count('class="edge"') == 4
 
 
+def test_a_graph_of_more_functions_than_are_drawn_says_how_many_it_leaves_out(store, db_url):
+    from jobman.jobdb.sweep import JobSpec
+
+    (load,) = store.schedule([JobSpec(0, "fn", "lab.steps:load", {}, None)]).job_ids
+    specs = [JobSpec(0, "fn", f"lab.steps:step{i:02d}", {"seed": s}, None) for i in range(45) for s in range(2)]
+    store.schedule(specs, after=[load])  # 91 jobs of 46 functions
+    page = client(db_url).get(f"/e/{store.experiment}").text
+    drawn = re.findall(r'<a class="node group"[^>]*data-key="\(0, &#39;([\w.:]+)&#39;\)"', page)
+    assert len(drawn) == dashboard.GROUPS_DRAWN == 40
+    assert drawn == ["lab.steps:load"] + [f"lab.steps:step{i:02d}" for i in range(39)]  # the first by job id
+    assert "the first 40 of 46 boxes" in page
+    assert len(re.findall(r'class="tick edge-count"[^>]*>2</text>', page)) == 39
+
+
 def test_the_job_page_lists_what_a_job_depends_on_and_what_depends_on_it_as_links(store, db_url):
     roles = fill_calls(store, 60)
     c = client(db_url)
