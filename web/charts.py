@@ -362,7 +362,7 @@ def _node(node: Node, x: float, y: float, height: int) -> str:
         'stroke-width="0.8"/>',
         f'<text class="node-label" x="{x + 6:.1f}" y="{y + 12:.1f}" fill="{ink}">{escape(_fit(node.label, 24))}</text>',
         f'<text class="node-detail" x="{x + 6:.1f}" y="{y + 23:.1f}" fill="{ink}">'
-        f"{escape(_fit(node.detail, 28))}</text>",
+        f"{escape(_fit(node.detail, 26))}</text>",
         "</a>",
     ]
     total = sum(n for _, n, _ in node.counts)
