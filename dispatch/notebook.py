@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from jobman.jobdb import dashboard
 from jobman.jobdb import notebook as views
 from jobman.jobdb.errors import NoSuchExperiment, UsageError
 from jobman.jobdb.serving import dashboard_link
@@ -85,16 +86,18 @@ def experiment_html(exp: Experiment) -> str:
 
 
 def future_html(future: JobFuture) -> str:
-    """A future: its job as it is now, with its page on a serving dashboard."""
+    """A future: its job as it is now, the calls holding it back (WAITING or BLOCKED), and its page on a
+    serving dashboard."""
     exp = future._experiment()
     if exp is None:
         return f"<pre>{escape(repr(future))}</pre>"
     try:
         job = exp.store.job(future.job_id)
+        held = dashboard.held_by(exp.store, job.id, job.status)
         link = dashboard_link(exp.store.target, job.id)
     except Exception as exc:  # noqa: BLE001 - a deleted job, a database gone: said, not raised
         return f"<pre>{escape(repr(future))}: {escape(str(exc))}</pre>"
-    return views.job_html(job, link, title="Future of job")
+    return views.job_html(job, link, title="Future of job", held=held)
 
 
 # -- waiting -------------------------------------------------------------------------------------

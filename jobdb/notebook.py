@@ -7,7 +7,7 @@ every value escaped. The reads are the caller's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,7 @@ from .selection import format_number, format_param
 from .status import DISPLAY_ORDER, ENDED, Status
 
 if TYPE_CHECKING:
+    from .dashboard import CallRef
     from .records import Job
 
 # The dashboard's colours (web/static/style.css), so a status reads the same in both.
@@ -122,8 +123,16 @@ def best_html(best: Mapping[str, Any] | None) -> str:
     )
 
 
-def job_html(job: Job, link: str | None = None, *, title: str = "Job") -> str:
-    """One job: its status, target, parameters, results (or error) and times."""
+def job_html(
+    job: Job,
+    link: str | None = None,
+    *,
+    title: str = "Job",
+    held: tuple[Sequence[CallRef], int] | None = None,
+) -> str:
+    """One job: its status, target, parameters, results (or error) and times. ``held``: the calls holding
+    it back and how many there are (:func:`~jobman.jobdb.dashboard.held_by`), named as those it waits
+    for (WAITING) or those that blocked it (BLOCKED)."""
     status = job.status.value
     rows = [
         ("target", f"<code>{escape(job.target)}</code>"),
@@ -143,6 +152,12 @@ def job_html(job: Job, link: str | None = None, *, title: str = "Job") -> str:
     rows.append(("run", ", ".join(ran)))
     if job.depends_on:
         rows.append(("depends on", ", ".join(f"job {d}" for d in job.depends_on)))
+    if held is not None and job.status in (Status.WAITING, Status.BLOCKED):
+        calls, total = held
+        named = ", ".join(f"job {c.id} <code>{escape(c.name)}</code> {badge(c.status)}" for c in calls)
+        more = f" <small>and {total - len(calls)} more</small>" if total > len(calls) else ""
+        what = "waits for" if job.status is Status.WAITING else "blocked by"
+        rows.append((what, f'<span class="jobman-held">{named or "<i>nothing now</i>"}{more}</span>'))
     table = "".join(
         f'<tr><th style="text-align:left;color:#66707c;font-weight:600;padding:1px 10px 1px 0;vertical-align:top">'
         f"{escape(k)}</th><td style='text-align:left;padding:1px 0'>{v}</td></tr>"

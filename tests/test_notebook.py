@@ -308,3 +308,29 @@ def test_an_experiment_whose_jobs_wait_for_workers_shows_them_queued_and_no_best
         assert f'data-id="{futures[0].job_id}" data-status="QUEUED"' in futures[0]._repr_html_()
         for f in futures:
             f.cancel()
+
+
+def test_a_notebook_names_the_calls_a_future_waits_for_and_the_one_that_blocked_it(tmp_path, runtime):
+    """In a real kernel: a phase-1 call WAITING on its QUEUED parent names it; once the parent is set
+    FAILED, the call, now BLOCKED, names the call that blocked it."""
+    cells = [
+        "import jobman\n"
+        "exp = jobman.Experiment('sqlite:///runs.db?table=nb', backend=None, exproot='runs')\n"
+        "futures = exp.schedule('lab.steps:prepare a={{1,2}} -- lab.steps:train b=1', check=False)\n"
+        "jobs = [exp.store.job(f.job_id) for f in futures]\n"
+        "child = next(f for f, j in zip(futures, jobs) if j.phase == 1)\n"
+        "parent = exp.store.job(child.job_id).depends_on[0]\n"
+        "print(parent)",
+        "child",
+        "from jobman.jobdb.status import Status\nexp.store.set_status([parent], Status.FAILED)\nchild",
+    ]
+    nb = run_notebook(cells, tmp_path, {"JOBMAN_RUNTIME_DIR": str(runtime)})
+    parent = int(nb.cells[0].outputs[0]["text"])
+    [waiting] = html_of(nb.cells[1])
+    assert 'data-status="WAITING"' in waiting
+    held = re.search(r"waits for</th><td[^>]*>(.*?)</td>", waiting).group(1)
+    assert f"job {parent} <code>prepare</code>" in held and 'data-status="QUEUED"' in held
+    [blocked] = html_of(nb.cells[2])
+    assert 'data-status="BLOCKED"' in blocked
+    held = re.search(r"blocked by</th><td[^>]*>(.*?)</td>", blocked).group(1)
+    assert f"job {parent} <code>prepare</code>" in held and 'data-status="FAILED"' in held

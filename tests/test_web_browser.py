@@ -227,3 +227,85 @@ def test_a_learning_search_draws_its_charts_within_a_1180_pixel_window(jobman, t
             assert figure.size["width"] > 200 and figure.size["height"] > 80  # drawn, not collapsed
         scroll_width, width, wider = driver.execute_script(OVERFLOWING)
         assert width >= 1100 and scroll_width <= width and not wider, (scroll_width, width, wider)
+
+
+def test_the_graph_of_calls_is_drawn_and_a_node_opens_its_job_within_a_1180_pixel_window(tmp_path):
+    """Fourteen calls drawn one by one, each box on the screen in its status's colour; clicking one opens
+    its job's page, which links back to what it depends on; the page fits the window."""
+    from web_data import fill_calls
+
+    from jobman.jobdb.notebook import COLOURS
+
+    why = missing()
+    if why:
+        need_service(why)
+    base = f"sqlite:///{tmp_path / 'calls.db'}"
+    store = Store.open(f"{base}?table=calls")
+    roles = fill_calls(store, 6)
+    with served(base) as link, chromium(width=1180, height=900) as driver:
+        driver.get(link)
+        root = link.split("/?")[0]
+        driver.get(root + "/e/calls")
+        settled(driver)
+        drawn = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#call-graph a.node.call'), a => {"
+            " var box = a.querySelector('rect').getBoundingClientRect();"
+            " return [Number(a.dataset.key), a.dataset.status, getComputedStyle(a.querySelector('rect')).fill,"
+            " box.width, box.height]; });"
+        )
+        statuses = {j.id: j.status.value for j in store.jobs()}
+        assert sorted(d[0] for d in drawn) == sorted(statuses)
+        for key, status, fill, width, height in drawn:
+            assert status == statuses[key]
+            r, g, b = (int(COLOURS[status][i : i + 2], 16) for i in (1, 3, 5))
+            assert fill == f"rgb({r}, {g}, {b})"
+            assert width > 60 and height > 12  # drawn readable, not shrunk to nothing
+        assert len(by_css(driver, "#call-graph path.edge")) == 18
+        scroll_width, width, wider = driver.execute_script(OVERFLOWING)
+        assert width >= 1100 and scroll_width <= width and not wider, (scroll_width, width, wider)
+        failed = roles["trains"][-1]
+        click(driver, f"#call-graph a.node[data-key='{failed}']")
+        wait(driver, lambda d: d.current_url.endswith(f"/e/calls/job/{failed}"))
+        assert text_of(driver, "h1").startswith(f"Job {failed}")
+        assert f"{roles['load']} load" in " ".join(text_of(driver, "#parents").split())
+        click(driver, f"#children a[data-id='{roles['scores'][-1]}']")
+        wait(driver, lambda d: d.current_url.endswith(f"/e/calls/job/{roles['scores'][-1]}"))
+        assert "BLOCKED" in text_of(driver, "h1")
+    store.dispose()
+
+
+def test_a_graph_of_a_thousand_calls_is_drawn_grouped_and_the_page_answers(tmp_path):
+    """1,002 calls: the page comes on time, four groups drawn with their bars; the FAILED call among
+    five hundred shows, and its segment lists it."""
+    import time
+
+    from web_data import fill_calls
+
+    why = missing()
+    if why:
+        need_service(why)
+    base = f"sqlite:///{tmp_path / 'big.db'}"
+    store = Store.open(f"{base}?table=big")
+    roles = fill_calls(store, 500)
+    with served(base) as link, chromium(width=1180, height=900) as driver:
+        driver.get(link)
+        root = link.split("/?")[0]
+        started = time.monotonic()
+        driver.get(root + "/e/big")
+        assert time.monotonic() - started < 15  # a loaded machine; it takes well under a second alone
+        settled(driver)
+        assert len(by_css(driver, "#call-graph a.node.group")) == 4
+        assert not by_css(driver, "#call-graph a.node.call")
+        widths = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#call-graph a.segment[data-status=FAILED] rect'),"
+            " r => r.getBoundingClientRect().width);"
+        )
+        assert len(widths) == 1 and widths[0] >= 3  # one call among five hundred, still to be seen
+        scroll_width, width, wider = driver.execute_script(OVERFLOWING)
+        assert scroll_width <= width and not wider, (scroll_width, width, wider)
+        click(driver, "#call-graph a.segment[data-status=FAILED]")
+        wait(driver, lambda d: "status=FAILED" in d.current_url)
+        settled(driver)
+        rows = driver.execute_script("return Array.from(document.querySelectorAll('tr.job'), r => r.dataset.id);")
+        assert rows == [str(roles["trains"][-1])]
+    store.dispose()

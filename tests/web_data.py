@@ -91,3 +91,29 @@ def fill_wide(store: Store, jobs: int = 40) -> list[int]:
         results = {"valid_error": rng.random(), "train_error": rng.random(), "test_accuracy_top5": rng.random()}
         store.finish(job_id, claimed.lease, "DONE", results={**results, "n_parameters": 123456789})
     return ids
+
+
+def fill_calls(store: Store, width: int) -> dict[str, Any]:
+    """A graph of calls made job by job: one ``load``, ``width`` ``train`` calls taking it (a fan-out),
+    each with a phase-1 ``score`` taking it, and one ``summary`` taking every score (a fan-in). The load
+    and the first half of the trains DONE, the last train FAILED (its score and the summary BLOCKED), the
+    one before it RUNNING. Returns the ids by role."""
+    (load,) = store.schedule([JobSpec(0, "fn", "lab.steps:load", {"name": "fashion-mnist"}, None)]).job_ids
+    specs = []
+    for i in range(width):
+        params = {"lr": 10.0 ** -(1 + i % 4), "seed": i}
+        specs.append(JobSpec(0, "fn", "lab.steps:train", params, None))
+        specs.append(JobSpec(1, "fn", "lab.steps:score", params, len(specs) - 1))
+    ids = store.schedule(specs, after=[load]).job_ids
+    trains, scores = list(ids[0::2]), list(ids[1::2])
+    (summary,) = store.schedule([JobSpec(0, "fn", "lab.steps:summary", {"n": width}, None)], after=scores).job_ids
+    done = [load] + trains[: width // 2]
+    for job_id in done:
+        claimed = store.claim_job(job_id, WORKER)
+        assert claimed is not None, job_id
+        store.finish(job_id, claimed.lease, "DONE", results={"err": 0.1})
+    claimed = store.claim_job(trains[-1], WORKER)
+    assert claimed is not None
+    store.finish(trains[-1], claimed.lease, "FAILED", error="ValueError: loss is nan")
+    assert store.claim_job(trains[-2], WORKER) is not None
+    return {"load": load, "trains": trains, "scores": scores, "summary": summary, "done": done}

@@ -77,6 +77,7 @@ class Settings:
             else None
         )
         self.reports = pages.ReportCache()
+        self.graph_links = pages.GraphLinks()
         self.action_lock = threading.Lock()
         self._action_stores: dict[str, Store] = {}
 
@@ -108,7 +109,7 @@ def create_app(  # noqa: C901
     )
     # shared by whole pages and the parts a live update asks for; a template's macros are attributes made at run time
     macros: Any = env.get_template("_macros.html").module
-    env.globals.update(bar=macros.bar, status=macros.status)
+    env.globals.update(bar=macros.bar, status=macros.status, job_links=macros.job_links)
 
     def render(page_name: str, request: Request, status_code: int = 200, **context: Any) -> Response:
         part = request.query_params.get("part")
@@ -165,6 +166,8 @@ def create_app(  # noqa: C901
                 ctx.update(pages.progress(store, counts))
             if part == "report":  # after the first paint: a report of 100,000 jobs takes a second or two
                 ctx.update(pages.report_view(store, settings.reports, choice, counts))
+        if part in (None, "graph"):
+            ctx.update(pages.call_graph(store, settings.base, settings.graph_links))
         if part in (None, "curves"):
             ctx.update(pages.curves(store, chosen or pages.default_curve_ids(store)))
         return render("experiment", request, **ctx)

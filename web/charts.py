@@ -3,17 +3,21 @@
 Each function takes plain numbers and labels and returns markup; every label is escaped.
 A point is a ``circle.pt``, a curve a ``polyline.curve``, a configuration in the parallel
 coordinates a ``polyline.pc``, a point on a Pareto front a ``circle.pt.front``, an importance a
-``rect.bar``, so a page (or a test) can count what was drawn.
+``rect.bar``, so a page (or a test) can count what was drawn. In a graph of calls a node is an
+``a.node`` (a ``.call`` or a ``.group``) around its box, and a dependency a ``path.edge``.
 """
 
 from __future__ import annotations
 
+import graphlib
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from markupsafe import Markup, escape
 
+from jobman.jobdb.notebook import COLOURS
 from jobman.jobdb.report.scales import log_axis, span
 from jobman.jobdb.selection import is_number
 
@@ -264,6 +268,145 @@ def bars(values: Sequence[tuple[str, float]], xlabel: str) -> Markup:
     return _svg(body, xlabel, width=BAR_W, height=height)
 
 
+@dataclass(frozen=True)
+class Node:
+    """A node of a graph of calls: one call (``status`` fills its box) or a group of calls (``counts``
+    draws a bar of them by status, each segment a link: (status, how many, href))."""
+
+    key: Hashable
+    label: str
+    detail: str
+    href: str
+    title: str
+    status: str | None = None
+    counts: Sequence[tuple[str, int, str]] = ()
+
+
+NODE_W, NODE_H, GROUP_H = 150, 28, 44  # a node's box
+COL_GAP, ROW_GAP, PAD = 40, 8, 8
+SEGMENT_MIN = 4  # pixels of a status's segment in a group's bar, however few its calls
+LAYER_ROWS = 16  # nodes stacked in one column; a longer layer takes several columns side by side
+
+
+def graph(nodes: Sequence[Node], edges: Sequence[tuple[Hashable, Hashable, int | None]], title: str) -> Markup:
+    """A graph of calls, left to right: each node in the column of its longest path from a call that takes
+    none (``graphlib``'s topological generations), a dependency an arrow from the call taken to the call
+    taking it, labelled with how many it stands for when given."""
+    if not nodes:
+        return Markup('<p class="empty">no call yet</p>')
+    by_key = {n.key: n for n in nodes}
+    edges = [e for e in edges if e[0] in by_key and e[1] in by_key]
+    layers = _generations([n.key for n in nodes], [(a, b) for a, b, _ in edges])
+    parents: dict[Hashable, list[Hashable]] = {}
+    for a, b, _ in edges:
+        parents.setdefault(b, []).append(a)
+    height = GROUP_H if any(n.counts for n in nodes) else NODE_H
+    pos: dict[Hashable, tuple[float, float]] = {}
+    place: dict[Hashable, float] = {}  # a node's place in its layer, 0 (first) to 1
+    column, rows = 0, 0.0
+    for layer in layers:
+        # Each node near the mean place of what it takes, so that arrows cross less (one barycentre pass).
+        def rank(key: Hashable) -> float:
+            taken = [place[p] for p in parents.get(key, []) if p in place]
+            return sum(taken) / len(taken) if taken else 0.0
+
+        ordered = sorted(layer, key=rank)
+        columns = math.ceil(len(ordered) / LAYER_ROWS)
+        per = math.ceil(len(ordered) / columns)  # a long layer split evenly, in order, column by column
+        for i, key in enumerate(ordered):
+            place[key] = i / len(ordered)
+            # Every other column of a split layer half a row lower: an arrow passing it runs between boxes.
+            shift = (i // per) % 2 * (height + ROW_GAP) / 2
+            pos[key] = (PAD + (column + i // per) * (NODE_W + COL_GAP), PAD + (i % per) * (height + ROW_GAP) + shift)
+        rows = max(rows, per + (0.5 if columns > 1 else 0))
+        column += columns
+    width = PAD * 2 + column * (NODE_W + COL_GAP) - COL_GAP
+    total_h = math.ceil(PAD * 2 + rows * (height + ROW_GAP) - ROW_GAP)
+    body = [
+        '<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" '
+        'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#99a2ad"/></marker></defs>'
+    ]
+    for a, b, n in edges:
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        x1, y1, y2 = x1 + NODE_W, y1 + height / 2, y2 + height / 2
+        if a == b:  # a function taking its own calls: a loop over its box
+            d = f"M{x1 - 20:.1f},{y1 - height / 2:.1f} c0,-14 -30,-14 -30,0"
+            mid = (x1 - 35, y1 - height / 2 - 12)
+        else:
+            bend = max((x2 - x1) / 2, 20)
+            d = f"M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+            mid = ((x1 + x2) / 2, (y1 + y2) / 2 - 3)
+        label = f"{by_key[a].label} → {by_key[b].label}" + (f": {n}" if n is not None else "")
+        body.append(
+            f'<path class="edge" d="{d}" fill="none" stroke="#99a2ad" stroke-width="1.2" marker-end="url(#arrow)">'
+            f"<title>{escape(label)}</title></path>"
+        )
+        if n is not None:
+            body.append(
+                f'<text class="tick edge-count" x="{mid[0]:.1f}" y="{mid[1]:.1f}" text-anchor="middle">{n}</text>'
+            )
+    for node in nodes:
+        body.append(_node(node, *pos[node.key], height))
+    return _svg(body, title, width=max(width, 200), height=max(total_h, 40), kind="chart graph")
+
+
+def _node(node: Node, x: float, y: float, height: int) -> str:
+    fill = COLOURS.get(node.status, "#ffffff") if node.status else "#ffffff"
+    ink = "#1d232b" if node.status in (None, "RUNNING", "WAITING") else "#ffffff"
+    kind = "call" if node.status else "group"
+    status = f' data-status="{escape(node.status)}"' if node.status else ""
+    parts = [
+        f'<a class="node {kind}" href="{escape(node.href)}" data-key="{escape(str(node.key))}"{status}>'
+        f"<title>{escape(node.title)}</title>"
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{height}" rx="4" fill="{fill}" stroke="#66707c" '
+        'stroke-width="0.8"/>',
+        f'<text class="node-label" x="{x + 6:.1f}" y="{y + 12:.1f}" fill="{ink}">{escape(_fit(node.label, 24))}</text>',
+        f'<text class="node-detail" x="{x + 6:.1f}" y="{y + 23:.1f}" fill="{ink}">'
+        f"{escape(_fit(node.detail, 26))}</text>",
+        "</a>",
+    ]
+    total = sum(n for _, n, _ in node.counts)
+    left = x + 6
+    # Each status at least SEGMENT_MIN wide, so that one FAILED call among a thousand shows.
+    room = NODE_W - 12 - SEGMENT_MIN * len(node.counts)
+    for status_name, n, href in node.counts:  # the group's calls by status, each segment a link to them
+        w = SEGMENT_MIN + room * n / total
+        parts.append(
+            f'<a class="segment" href="{escape(href)}" data-status="{escape(status_name)}" data-count="{n}">'
+            f"<title>{n} {escape(status_name)}</title>"
+            f'<rect x="{left:.1f}" y="{y + height - 14:.1f}" width="{w:.2f}" height="8" '
+            f'fill="{COLOURS.get(status_name, "#888888")}"/></a>'
+        )
+        left += w
+    return "".join(parts)
+
+
+def _generations(keys: Sequence[Hashable], edges: Sequence[tuple[Hashable, Hashable]]) -> list[list[Hashable]]:
+    """The keys by topological generation, each in the order given; a cycle (a function taking its own
+    calls, among groups) is broken by keeping only the arrows that go forward in that order."""
+    order = {k: i for i, k in enumerate(keys)}
+    for forward_only in (False, True):
+        sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter({k: () for k in keys})
+        for a, b in edges:
+            if a != b and (not forward_only or order[a] < order[b]):
+                sorter.add(b, a)
+        try:
+            sorter.prepare()
+        except graphlib.CycleError:
+            continue
+        layers = []
+        while sorter.is_active():
+            ready = sorted(sorter.get_ready(), key=order.__getitem__)
+            layers.append(ready)
+            sorter.done(*ready)
+        return layers
+    raise AssertionError("arrows that only go forward make no cycle")
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _orders_apart(values: Sequence[float]) -> bool:
     """A curve's values spanning 100x or more (a loss falling by orders of magnitude): a log axis."""
     return min(values) > 0 and max(values) / min(values) >= 100
@@ -293,9 +436,9 @@ def _frame(x: Axis, y: Axis, xlabel: str, ylabel: str) -> str:
     return "".join(parts)
 
 
-def _svg(body: list[str], title: str, width: int = W, height: int = H) -> Markup:
+def _svg(body: list[str], title: str, width: int = W, height: int = H, kind: str = "chart") -> Markup:
     return Markup(
-        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'<svg class="{kind}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img"><title>{escape(title)}</title>{"".join(body)}</svg>'
     )
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from sqlalchemy.engine import Engine
 
@@ -22,7 +23,7 @@ from jobman.jobdb.engine import bound_lock_waits
 from jobman.jobdb.errors import JobmanError, UsageError
 from jobman.jobdb.report.choice import Choice, best_of, choose
 from jobman.jobdb.report.scales import log_axis
-from jobman.jobdb.status import Status, parse_status
+from jobman.jobdb.status import DISPLAY_ORDER, Status, parse_status
 from jobman.jobdb.store import Store
 from jobman.jobdb.url import DbTarget, parse_db
 
@@ -155,6 +156,7 @@ class Listing:
     sort: str
     descending: bool
     page: int
+    target: str | None = None  # one function's calls (a box of the graph of calls)
 
     @classmethod
     def from_query(cls, q: dict[str, str]) -> Listing:
@@ -165,7 +167,8 @@ class Listing:
         page = whole_number(q.get("page", "0") or "0", "page")
         if page < 0:
             raise UsageError("the page number is 0 or more")
-        return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page)
+        target = q.get("target", "").strip() or None
+        return cls(statuses, phase, where, sort.lstrip("-"), sort.startswith("-"), page, target)
 
     def query(self, **change: Any) -> dict[str, str]:
         """The URL query of this listing with some of it changed (for links: next page, sort by)."""
@@ -175,6 +178,7 @@ class Listing:
             "where": ",".join(str(c) for c in self.where),
             "sort": ("-" if self.descending else "") + self.sort,
             "page": str(self.page),
+            "target": self.target or "",
         }
         values.update({k: str(v) for k, v in change.items()})
         return {k: v for k, v in values.items() if v not in ("", "0") or k == "phase" and v == "0"}
@@ -190,6 +194,7 @@ def job_table(store: Store, listing: Listing) -> dict[str, Any]:
         descending=listing.descending,
         offset=listing.page * PAGE_SIZE,
         limit=PAGE_SIZE,
+        target=listing.target,
     )
     keys: list[str] = []
     for j in found.jobs:
@@ -217,6 +222,101 @@ def progress(store: Store, counts: dict[tuple[int, str], int]) -> dict[str, Any]
     for (_, s), n in counts.items():
         total[s] = total.get(s, 0) + n
     return {"by_phase": by_phase, "total": total, "links": dashboard.phase_links(store)}
+
+
+class GraphLinks:
+    """The dependencies between the groups of each big experiment's graph of calls, as last read: they
+    change when jobs are added or deleted, not when they run, so a page redrawn every few seconds reads
+    only the statuses. Kept while the experiment's number of jobs is the same, for STALE seconds at most
+    (a deletion and an addition may leave the number as it was)."""
+
+    STALE = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[int, float, Any]] = {}
+
+    def known(self, experiment: str) -> Callable[[int], Any]:
+        def links(total: int) -> Any:
+            with self._lock:
+                found = self._kept.get(experiment)
+            if found and found[0] == total and time.monotonic() - found[1] < self.STALE:
+                return found[2]
+            return None
+
+        return links
+
+    def keep(self, experiment: str, total: int, links: Any) -> None:
+        with self._lock:
+            found = self._kept.get(experiment)
+            if not found or found[0] != total or found[2] is not links:
+                self._kept[experiment] = (total, time.monotonic(), links)
+
+
+def call_graph(store: Store, base: str, kept: GraphLinks | None = None) -> dict[str, Any]:
+    """The experiment's graph of calls drawn, when its jobs depend on each other: each job a node linking
+    to its page, or, past ``dashboard.CALLS_DRAWN`` jobs, each function of each phase a node with its calls
+    by status (each status a link to them in the job table). ``kept``: the server's links between groups."""
+    found = dashboard.call_graph(store, links=kept.known(store.experiment) if kept else None)
+    if found is not None and found.links is not None and kept is not None:
+        kept.keep(store.experiment, found.total, found.links)
+    if found is None:
+        return {"graph": None}
+    page = f"{base}/e/{quote(store.experiment, safe='')}"
+    if not found.grouped:
+        varying = _varying(found.calls)
+        nodes = [
+            charts.Node(
+                c.id,
+                f"{c.id} · {c.name}",
+                " ".join(f"{k}={selection.format_param(c.params[k])}" for k in varying[c.target] if k in c.params),
+                f"{page}/job/{c.id}",
+                f"job {c.id}: {c.target} {c.status}",
+                status=c.status,
+            )
+            for c in found.calls
+        ]
+        edges: list[tuple[Any, Any, int | None]] = [(a, b, None) for a, b in found.edges]
+        what = f"{len(nodes)} calls and {len(edges)} dependencies"
+    else:
+        nodes = []
+        for g in found.groups:
+            name = dashboard.call_name(g.target)
+            where = {"phase": g.phase, "target": g.target}
+            counts = [
+                (s.value, g.counts[s.value], f"{page}?{urlencode({**where, 'status': s.value})}#jobs")
+                for s in DISPLAY_ORDER
+                if g.counts.get(s.value)
+            ]
+            nodes.append(
+                charts.Node(
+                    g.key,
+                    f"{name} (phase {g.phase})",
+                    f"{g.total} call{'s' if g.total != 1 else ''}",
+                    f"{page}?{urlencode(where)}#jobs",
+                    f"{g.target}, phase {g.phase}: " + ", ".join(f"{n} {s}" for s, n, _ in counts),
+                    counts=counts,
+                )
+            )
+        edges = [(a, b, n) for a, b, n in found.group_edges]
+        what = f"{found.total} calls of {found.groups_total} function{'s' if found.groups_total != 1 else ''} by phase"
+    return {
+        "graph": charts.graph(nodes, edges, f"graph of calls: {what}"),
+        "graph_found": found,
+    }
+
+
+def _varying(calls: list[dashboard.Call]) -> dict[str, list[str]]:
+    """The parameters that tell a function's calls apart (all of them for a function called once), a few."""
+    by_target: dict[str, list[dict[str, Any]]] = {}
+    for c in calls:
+        by_target.setdefault(c.target, []).append(c.params)
+    out = {}
+    for target, params in by_target.items():
+        keys = list(dict.fromkeys(k for p in params for k in p))
+        differ = [k for k in keys if len({selection.format_param(p.get(k)) for p in params}) > 1]
+        out[target] = (differ if len(params) > 1 else keys)[:3]
+    return out
 
 
 def report_view(
@@ -340,8 +440,7 @@ def job_view(store: Store, job_id: int) -> dict[str, Any]:
     return {
         "job": job,
         "events": store.events(job_id),
-        "parents": store.parents(job_id),
-        "children": store.children(job_id),
+        "around": dashboard.neighbours(store, job_id),
         "files": files,
         "artifacts": sorted(artifacts.refs_in(job.results or {})),
         "tails": job_tails,
