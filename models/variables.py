@@ -164,8 +164,10 @@ class PSVariable(Variable):
         self._tmp = np.empty(end - first, self.dtype)
 
     def _write(self, value: np.ndarray, slots: Mapping[str, np.ndarray | None]) -> None:
-        """Every rank writes its own part of the values and slots (None: zeros), then waits for all."""
+        """Every rank writes its own part of the values and slots (None: zeros), between two barriers: no rank
+        still reads the old values, and every rank reads the new."""
         first, end = self._table.local_rows
+        self._ps.barrier()
         with ExitStack() as stack:
             stack.enter_context(self._table.local())[:, 0] = value[first:end]
             for s, table in self._slots.items():
