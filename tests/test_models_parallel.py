@@ -46,6 +46,23 @@ EXPERIMENTS = textwrap.dedent('''
                 os.kill(os.getpid(), signal.SIGKILL)
 
         return mlp.train(state, channel, plugins=[Plugin(always(), "iterations", killer, "killer")])
+
+
+    def late(state, channel):
+        """jobman.ps used and left; rank 0 goes on alone long after the others have returned."""
+        import time
+
+        import numpy as np
+
+        ps = channel.parameter_server()
+        table = ps.ArrayTableHandler(3)
+        table.add(np.ones(3))
+        ps.barrier()
+        total = table.get().tolist()
+        ps.shutdown()
+        if channel.rank == 0:
+            time.sleep(3)
+        state.total = total
 ''')
 DIGITS = ("dataset=digits", "nhid=64", "epochs=8", "checkpoint_every=0.3", "progress_every=0")
 
@@ -122,8 +139,8 @@ def schedule(jobman, url: str, exp: dict, target: str, *args: str) -> None:
     assert r.code == 0, r.out + r.err
 
 
-def work(jobman, url: str, exp: dict, tmp_path: Path, *args: str) -> None:
-    r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), *args, env=exp, timeout=600)
+def work(jobman, url: str, exp: dict, tmp_path: Path, *args: str, timeout: float = 600) -> None:
+    r = jobman("worker", url, "--exproot", str(tmp_path / "runs"), *args, env=exp, timeout=timeout)
     assert r.code == 0, r.out + r.err
 
 
@@ -180,6 +197,20 @@ def test_a_rank_killed_mid_training_resumes_from_the_checkpoint_to_the_same_weig
         assert all(np.array_equal(resumed[k], never[k]) for k in never)  # bit for bit
         same = ("train_error", "valid_error", "test_error", "best_epoch")
         assert {k: killed.results[k] for k in same} == {k: straight.results[k] for k in same}
+    finally:
+        store.dispose()
+
+
+def test_a_rank_that_returns_early_leaves_rank_0_to_finish_and_report(jobman, exp, tmp_path):
+    """MPICH's launcher ends every rank once one exits without MPI_Finalize: rank 0 would die unreported."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=late"
+    schedule(jobman, url, exp, f"{MODULE}:late", "--ranks", "2")
+    work(jobman, url, exp, tmp_path, timeout=120)
+    store = Store.open(url)
+    try:
+        [job] = store.jobs()
+        assert job.status is Status.DONE, job.error
+        assert job.results == {"total": [2.0, 2.0, 2.0]}
     finally:
         store.dispose()
 
