@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import experiment_module, need_service
+from conftest import experiment_module, need_service, signal_once_started
 from test_ps import mpiexec, run
 
 from jobman.jobdb.status import Status
@@ -197,6 +197,25 @@ def test_a_rank_killed_mid_training_resumes_from_the_checkpoint_to_the_same_weig
         assert all(np.array_equal(resumed[k], never[k]) for k in never)  # bit for bit
         same = ("train_error", "valid_error", "test_error", "best_epoch")
         assert {k: killed.results[k] for k in same} == {k: straight.results[k] for k in same}
+    finally:
+        store.dispose()
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_puts_the_data_parallel_job_back_to_resume(jobman, exp, tmp_path):
+    """A stopped worker's 2-rank MLP is put back to resume from rank 0's checkpoint, not crashed."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}?table=stop"
+    long = [p for p in DIGITS if not p.startswith("epochs=")] + ["epochs=200", "patience=1000", "lr_patience=0"]
+    schedule(jobman, url, exp, "jobman.models.mlp:train", *long, "ps=1", "--ranks", "2")
+    runs = tmp_path / "runs"
+    argv = [sys.executable, "-m", "jobman.cli.main", "worker", url, "--exproot", str(runs)]
+    code, err = signal_once_started(argv, exp, runs / "stop" / "1" / "checkpoint.npz")
+    assert code == 0, err
+    store = Store.open(url)
+    try:
+        [job] = store.jobs()
+        assert job.status is Status.QUEUED and job.attempt == 1, job.error  # put back to resume, not crashed
+        assert 0 < job.results["epochs"] < 200
     finally:
         store.dispose()
 
