@@ -35,12 +35,14 @@ def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
     ``patience=20`` validations, learning rate divided by ``lr_factor=5`` after
     ``lr_patience=5``, ...). Data: the parameters of :mod:`jobman.models.splits`
     (``dataset="digits"``, ``nb_cross_fold``, ``id_cross_fold``, ...).
-    ``plugins`` adds plugins to the training loop. ``ps=1`` in a job of ``--ranks N`` (N >= 2, started by
-    mpiexec or srun, the ``ps`` extra installed) trains data-parallel, the weights and the optimizer's slots
-    in the parameter server: see :mod:`jobman.models.parallel`.
+    ``plugins`` adds plugins to the training loop. ``ps=1`` in a job of ``--ranks N`` (N >= 2, its ranks
+    started through mpiexec, the ``ps`` extra installed) trains data-parallel, the weights and the optimizer's
+    slots in the parameter server: see :mod:`jobman.models.parallel`.
     """
     p = settings(job_params(state, channel), DEFAULTS)
-    ps = gang_of(channel) if p.ps else None
+    if not p.ps:
+        del p["ps"]  # out of the checkpoint's fingerprint: a run of one process resumes as it did before ps=
+    ps = gang_of(channel) if p.get("ps") else None
     channel.bind(state)
     split = make_split(p)
     rng = np.random.default_rng(p.seed)
