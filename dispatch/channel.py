@@ -176,6 +176,18 @@ class Channel:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGUSR1, on_signal)
 
+    # -- the job's other processes ---------------------------------------
+    def parameter_server(self) -> Any:
+        """``jobman.ps``, joined (``init()`` done) by this process: the tables this job's ranks share.
+
+        For code that may import nothing of jobman but this module (the bundled trainers). Raises
+        ``jobman.ps.PSError`` in one sentence in a job of one process or without the ``ps`` extra.
+        """
+        from . import ps
+
+        ps.init()
+        return ps
+
     # -- state ----------------------------------------------------------
     def bind(self, state: dict[str, Any]) -> None:
         """Attach the state object that save() checkpoints."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,19 @@ class _Table:
         """The rows this process holds: ``(first, end)``."""
         rank = self._world.comm.Get_rank()
         return int(self._bounds[rank]), int(self._bounds[rank + 1])
+
+    @contextmanager
+    def local(self) -> Iterator[np.ndarray]:
+        """This process's own rows, as a writable array over its shard of the table, for work done where the
+        values live (an updater's step). Use it between two ``barrier()`` calls, when no rank adds or gets:
+        MPI orders the memory only at ``Win.Sync``, done on entering and leaving."""
+        self._live()
+        first, end = self.local_rows
+        self._win.Sync()
+        try:
+            yield np.frombuffer(self._win, dtype=self.dtype).reshape(end - first, self.cols)
+        finally:
+            self._win.Sync()
 
     def _live(self) -> None:
         if self._win is None:

@@ -59,9 +59,12 @@ def main(argv: list[str]) -> None:
         os.environ.update(rank_env(0, world, request["port"], request["addr"], local))
         link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         link.connect("\0" + request["relay"])
-        send_msg(link, job_main(fn, {**request, "rank": 0}, link, set()))
+        report = job_main(fn, {**request, "rank": 0}, link, set())
+        send_msg(link, report)
         sys.stdout.flush()
         sys.stderr.flush()
+        if report.get("status") != "FAILED":
+            _finish_mpi()
         os._exit(0)
     errors = os.open(RANK_ERROR.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     parents = parents_of(request)
@@ -70,8 +73,17 @@ def main(argv: list[str]) -> None:
         run_other_rank(fn, request, parents, set(), r)
         os.close(errors)
         os.unlink(RANK_ERROR.format(rank=r))  # it returned: nothing to tell
+        _finish_mpi()
 
     rank_process(rank, world, request["port"], request["addr"], errors, run, local)
+
+
+def _finish_mpi() -> None:
+    """A rank whose call returned, and used MPI, waits in ``MPI_Finalize`` for the others: MPICH's launcher
+    ends every rank at once when one exits without it (a rank done early would end rank 0 before its report)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 def _watched(rank: int) -> None:

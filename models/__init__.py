@@ -13,5 +13,7 @@ Every trainer reports ``train_error``, ``valid_error``, ``test_error`` (fraction
 keeps its weights, optimizer slots and RNG in its workdir, and resumes from them
 bit for bit when relaunched. The modules below them: ``layers``, ``optim``,
 ``rbm`` (the maths), ``datasets``, ``folds``, ``splits`` (the data), ``loop``,
-``schedules``, ``plugins``, ``checkpoint`` (the training machinery).
+``schedules``, ``plugins``, ``checkpoint`` (the training machinery), ``variables`` (weights with
+their updater's slots, local or in the parameter server) and ``parallel`` (the MLP trained across the
+ranks of a gang job, ``ps=1 --ranks N``).
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .checkpoint import save_npz
 from .layers import Network
 from .loop import Loop
 from .optim import make_optimizer
+from .parallel import DataParallel, share
 from .params import fingerprint
 from .splits import Split
 
@@ -110,12 +111,20 @@ def fit(
     *,
     plugins: Sequence[pl.Plugin] = (),
     log_prefix: str = "",
+    ps: Any = None,
 ) -> str:
-    """Train ``net`` on ``split`` as ``p`` says; COMPLETE with results in ``state``, or INCOMPLETE."""
+    """Train ``net`` on ``split`` as ``p`` says; COMPLETE with results in ``state``, or INCOMPLETE.
+
+    With ``ps`` (``jobman.ps``, joined by every rank of a gang), train data-parallel: see :mod:`.parallel`.
+    """
     started = time.perf_counter()
-    opt = make_optimizer(
-        p["optimizer"], net.params, p["lr"], p["momentum"], p["weight_decay"], flat=(net.flat_params, net.flat_grads)
-    )
+    if ps is not None:  # the slots live with the weights, in the parameter server
+        opt = make_optimizer(p["optimizer"], {}, p["lr"], p["momentum"], p["weight_decay"])
+        gang: DataParallel | None = DataParallel(ps, net, opt, channel)
+    else:
+        flat = (net.flat_params, net.flat_grads)
+        opt = make_optimizer(p["optimizer"], net.params, p["lr"], p["momentum"], p["weight_decay"], flat=flat)
+        gang = None
     best = BestWeights(net.params)
     X, y = split.X_train, split.y_train
 
@@ -124,19 +133,24 @@ def fit(
     half_width = np.float32(noise * np.sqrt(3.0))
 
     def step(idx: np.ndarray) -> float:
-        xb = X[idx]
+        # A gang's rank takes its share of the batch, with the noise a lone process would draw for it.
+        first, end = (0, len(idx)) if gang is None else share(len(idx), gang.rank, gang.ranks)
+        xb = X[idx[first:end]]
         if noise > 0:  # denoising regulariser: jitter the inputs, stay in [0, 1]
-            u = rng.random(xb.shape, dtype=np.float32)
+            u = rng.random((len(idx), X.shape[1]), dtype=np.float32)[first:end]
             u -= np.float32(0.5)
             u *= 2 * half_width
             xb += u
             np.clip(xb, 0, 1, out=xb)
+        if gang is not None:
+            return gang.step(xb, y[idx[first:end]], len(idx))
         loss = net.loss_and_grads(xb, y[idx])
         opt.update(net.grads)
         return loss
 
     def validate(_loop: Loop) -> dict[str, float | None]:
-        error, loss = net.evaluate(split.X_valid, split.y_valid)
+        measure = net.evaluate if gang is None else gang.evaluate
+        error, loss = measure(split.X_valid, split.y_valid)
         return {"valid_error": error, "valid_loss": loss}
 
     monitor = str(p["monitor"])
@@ -180,17 +194,23 @@ def fit(
         max_epochs=int(p["epochs"]),
         step=step,
         rng=rng,
-        channel=channel,
+        channel=channel if gang is None else cast(Channel, gang.stop),
         plugins=standard_plugins(p, evaluate=evaluate, early=early, extra=extra, log_prefix=log_prefix),
-        parts={"net": net, "opt": opt, "best": best},
+        parts={"net": net if gang is None else gang, "opt": opt, "best": best},
         checkpoint_path=channel.workdir / CHECKPOINT_FILE,
         fingerprint=fingerprint(p),
         on_checkpoint=progress_results,
+        writes=channel.rank == 0,
     )
     loop.restore()
     resumed_seconds = loop.clock.wall_time
-    if loop.run() == INCOMPLETE:
+    ended = loop.run()
+    if gang is not None:
+        gang.release()
+    if ended == INCOMPLETE:
         return INCOMPLETE
+    if channel.rank != 0:  # the job's results and weights are rank 0's
+        return COMPLETE
     if best.copy is not None and p["restore_best"]:
         net.load_state_dict(best.copy)
     save_npz(channel.workdir / WEIGHTS_FILE, net.state_dict())

@@ -59,7 +59,8 @@ class Loop:
     ``parts`` are the objects saved with the loop (name -> state_dict/load_state_dict);
     ``fingerprint`` identifies the run (its parameters) so a checkpoint left by a
     different run in the same directory is ignored instead of resumed. ``timer``
-    is the clock the time timelines read (tests pass a fake one).
+    is the clock the time timelines read (tests pass a fake one). ``writes=False``
+    reads the checkpoint but never writes it (a gang's ranks other than 0).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class Loop:
         fingerprint: Any = None,
         on_checkpoint: Callable[[Loop], None] | None = None,
         timer: Callable[[], float] = time.perf_counter,
+        writes: bool = True,
     ) -> None:
         if n_examples <= 0:
             raise ValueError("the training set is empty")
@@ -88,6 +90,7 @@ class Loop:
         self.checkpoint_path = None if checkpoint_path is None else Path(checkpoint_path)
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
         self.on_checkpoint = on_checkpoint
+        self.writes = writes  # False in a gang's other ranks: the checkpoint file is rank 0's
         self.clock = Clock()
         self.metrics: dict[str, float] = {}
         self.updated: dict[str, int] = {}  # metric -> iteration at which it was last set
@@ -207,7 +210,7 @@ class Loop:
 
     def checkpoint(self) -> None:
         """Write the checkpoint file (if any), let the trainer note progress, then ``channel.save()``."""
-        if self.checkpoint_path is not None:
+        if self.checkpoint_path is not None and self.writes:
             save_npz(self.checkpoint_path, self.state_dict())
         if self.on_checkpoint is not None:
             self.on_checkpoint(self)

@@ -16,11 +16,12 @@ from jobman.dispatch.channel import Channel
 
 from . import layers
 from .classifier import TRAIN_DEFAULTS, fit
+from .parallel import gang_of
 from .params import int_list, job_params, settings
 from .plugins import Plugin
 from .splits import SPLIT_DEFAULTS, make_split
 
-DEFAULTS: dict[str, Any] = {**SPLIT_DEFAULTS, **TRAIN_DEFAULTS, "nhid": 256, "activation": "relu"}
+DEFAULTS: dict[str, Any] = {**SPLIT_DEFAULTS, **TRAIN_DEFAULTS, "nhid": 256, "activation": "relu", "ps": False}
 
 
 def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
@@ -34,11 +35,16 @@ def train(state: dict, channel: Channel, plugins: Sequence[Plugin] = ()) -> str:
     ``patience=20`` validations, learning rate divided by ``lr_factor=5`` after
     ``lr_patience=5``, ...). Data: the parameters of :mod:`jobman.models.splits`
     (``dataset="digits"``, ``nb_cross_fold``, ``id_cross_fold``, ...).
-    ``plugins`` adds plugins to the training loop.
+    ``plugins`` adds plugins to the training loop. ``ps=1`` in a job of ``--ranks N`` (N >= 2, its ranks
+    started through mpiexec, the ``ps`` extra installed) trains data-parallel, the weights and the optimizer's
+    slots in the parameter server: see :mod:`jobman.models.parallel`.
     """
     p = settings(job_params(state, channel), DEFAULTS)
+    if not p.ps:
+        del p["ps"]  # out of the checkpoint's fingerprint: a run of one process resumes as it did before ps=
+    ps = gang_of(channel) if p.get("ps") else None
     channel.bind(state)
     split = make_split(p)
     rng = np.random.default_rng(p.seed)
     net = layers.mlp([split.n_features, *int_list(p.nhid), split.n_classes], p.activation, rng)
-    return fit(net, split, p, channel, state, rng, plugins=plugins)
+    return fit(net, split, p, channel, state, rng, plugins=plugins, ps=ps)

@@ -63,8 +63,7 @@ class Optimizer:
 
     def update(self, grads: Mapping[str, np.ndarray]) -> None:
         """Apply one step from ``grads`` (with ``flat=``, the gradient buffer is read instead)."""
-        self.t += 1
-        self._prepare()
+        self.begin_step()
         if self.t % FLUSH_EVERY == 0:
             self._flush_tiny()
         if self.flat is not None:
@@ -82,6 +81,30 @@ class Optimizer:
             if self.weight_decay and p.ndim > 1:
                 g = g + self.weight_decay * p
             self._step(p, g, self.slots[name], self._scratch[name])
+
+    def begin_step(self) -> None:
+        """Count one more step and set its constants; then :meth:`apply` it to each part of the parameters."""
+        self.t += 1
+        self._prepare()
+
+    def apply(
+        self,
+        p: np.ndarray,
+        g: np.ndarray,
+        slots: Mapping[str, np.ndarray],
+        decay: np.ndarray | None = None,
+        tmp: np.ndarray | None = None,
+    ) -> None:
+        """This step on arrays held elsewhere (a variable's, with its own slots): ``p`` updated in place from
+        ``g``, its slots too; ``decay`` is the weight decay per value (already times ``weight_decay``), ``tmp``
+        scratch space like ``p``."""
+        if self.t % FLUSH_EVERY == 0:
+            for buf in slots.values():
+                if buf.dtype.kind == "f":
+                    buf[np.abs(buf) < TINY] = 0
+        if decay is not None and self.weight_decay:
+            g = g + decay * p
+        self._step(p, g, dict(slots), np.empty_like(p) if tmp is None else tmp)
 
     def _flush_tiny(self) -> None:
         """Zero slot values that decay towards the denormal range.
