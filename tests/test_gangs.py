@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -20,6 +21,7 @@ from conftest import experiment_module, need_service, signal_once_started
 from jobman.jobdb.errors import NoSuchExperiment
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import expand, parse_sweep
 
 MODULE = "jm_gang_exp"
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -89,6 +91,13 @@ EXPERIMENTS = textwrap.dedent('''
             state.total = table.get().tolist()
             state.workers, state.worker_id = ps.num_workers(), ps.worker_id()
             ps.shutdown()
+            return
+        if state.mode == "span":  # when each process ran, to count them
+            start = time.time()
+            (channel.workdir.parent / "started").write_text("")
+            time.sleep(state.secs)
+            span = {"job": channel.job_id, "rank": rank, "start": start, "end": time.time()}
+            (channel.workdir.parent / f"span-{channel.job_id}-{rank}.json").write_text(json.dumps(span))
             return
         state.rank_seen = rank
         state.resumed_from = state.get("progress")
@@ -307,3 +316,39 @@ def test_python_calls_take_ranks_and_refuse_bad_ones(db_url, tmp_path):
         assert job.ranks == 2 and job.status is Status.DONE
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("launch", ["fork"])
+def test_gangs_scheduled_while_a_dispatch_runs_hold_its_slots(jobman, db_url, store, exp, tmp_path):
+    """A dispatch of -j 2 started with jobs of one process only: a gang of 2 scheduled while it runs waits
+    for both slots (never more than 2 processes at once), and one of 3 fails with the reason."""
+    runs = tmp_path / "runs"
+    schedule(jobman, db_url, exp, "mode=span", "secs=1.5", "n={{1,2,3,4,7,8}}")
+    argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", db_url, "-j", "2", "--exproot", str(runs)]
+    proc = subprocess.Popen(argv, env=exp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not list(runs.glob("*/started")) and time.time() < end:
+            time.sleep(0.05)
+        for n, ranks in ((5, 2), (6, 3)):
+            store.schedule(
+                expand(parse_sweep([f"{MODULE}:gang", "mode=span", "secs=1", f"n={n}"])), ranks=ranks, priority=9
+            )
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    jobs = {job.params["n"]: job for job in store.jobs()}
+    assert [jobs[n].status for n in (1, 2, 3, 4, 5, 7, 8)] == [Status.DONE] * 7, err
+    assert jobs[6].status is Status.FAILED and jobs[6].error == (
+        "the job has 3 ranks, more than the 2 slots of its dispatch (-j)"
+    ), (jobs[6].error, err)
+    spans = [json.loads(p.read_text()) for p in runs.glob("*/span-*.json")]
+    assert sorted((s["job"], s["rank"]) for s in spans if s["job"] == jobs[5].id) == [(jobs[5].id, 0), (jobs[5].id, 1)]
+    assert len(spans) == 8
+    gang_start = min(s["start"] for s in spans if s["job"] == jobs[5].id)
+    assert any(s["start"] < gang_start for s in spans if s["job"] != jobs[5].id)  # it came while others ran
+    at_once = max(sum(1 for s in spans if s["start"] <= t < s["end"]) for t in (s["start"] for s in spans))
+    assert at_once <= 2, spans
