@@ -49,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .jobfiles import read_tail
 from .lifetime import die_with_parent
 from .messages import recv_msg, send_msg
 
@@ -59,6 +60,7 @@ GANG_REQUEST = "gang-request.json"  # launched: what the ranks run, for ``jobman
 LAUNCH_LOG = "gang-{launch}.log"  # launched: the launcher's own words (which rank was killed)
 LAUNCH_ENV = "JOBMAN_GANG_LAUNCH"  # fork (the default) or mpiexec
 RANK_LOG = "rank-{rank}.log"  # the output of rank R > 0, in the job's workdir (rank 0's: stdout.txt, stderr.txt)
+RANK_WHERE = "rank-{rank}.where"  # every rank: the host and pid it runs as, for show, list and the dashboard
 _ERROR_BYTES = 16_000  # of a rank's traceback, passed through a pipe that is read once the rank has ended
 
 
@@ -67,6 +69,36 @@ def rank_logs(workdir: str, ranks: int) -> list[str]:
     return [f"{workdir}/stdout.txt, {workdir}/stderr.txt"] + [
         f"{workdir}/{RANK_LOG.format(rank=rank)}" for rank in range(1, ranks)
     ]
+
+
+def note_where(rank: int) -> None:
+    """Write down, in the job's workdir (the current directory), where this process runs as rank ``rank``."""
+    try:
+        Path(RANK_WHERE.format(rank=rank)).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    except OSError:  # a workdir that cannot be written: the job runs all the same, unplaced
+        pass
+
+
+def rank_places(workdir: str, ranks: int) -> list[dict[str, Any]]:
+    """Each rank of a gang job: where it ran (host and pid, None until it started) and its log, by rank."""
+    places = []
+    for rank, log in enumerate(rank_logs(workdir, ranks)):
+        try:
+            where = json.loads(read_tail(Path(workdir, RANK_WHERE.format(rank=rank)), workdir, 4096))
+        except (OSError, ValueError):  # not started, or not there to be read from this host
+            where = None
+        if not isinstance(where, dict):
+            where = {}
+        host, pid = where.get("host"), where.get("pid")
+        places.append(
+            {
+                "rank": rank,
+                "host": host if isinstance(host, str) else None,
+                "pid": pid if isinstance(pid, int) else None,
+                "log": log,
+            }
+        )
+    return places
 
 
 def mpiexec_path() -> str | None:
@@ -147,6 +179,7 @@ def rank_process(
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        note_where(rank)
         os.environ.update(rank_env(rank, world_size, port, addr, local))
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)  # until the rank's channel installs its own
@@ -195,7 +228,10 @@ class Gang:
     def start(self, run_rank: Callable[[int], None], request: dict[str, Any]) -> None:
         """Start the ranks: forks running ``run_rank(rank)``, or a launcher's processes running ``request``
         (``jobman.dispatch.rank_main``). Rank 0's variables are set here."""
+        for rank in range(self.world_size):  # an earlier attempt's places are not this one's
+            Path(RANK_WHERE.format(rank=rank)).unlink(missing_ok=True)
         if self.launch == "fork":
+            note_where(0)  # the job's process is rank 0
             self._fork_ranks(run_rank)
         else:
             self._start_launcher(request)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .forkserver import function_of, job_main, parents_of, run_other_rank
-from .gang import RANK_END, RANK_ERROR, RANK_PID, rank_env, rank_process
+from .gang import RANK_END, RANK_ERROR, RANK_PID, note_where, rank_env, rank_process
 from .lifetime import die_with_parent
 from .messages import send_msg
 
@@ -55,6 +55,7 @@ def main(argv: list[str]) -> None:
     fn = function_of({}, request)
     if rank == 0:  # the launcher's rank 0: the job's own call, its requests and report relayed to the worker
         os.environ.update(rank_env(0, world, request["port"], request["addr"], local))
+        note_where(0)
         link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         link.connect("\0" + request["relay"])
         send_msg(link, job_main(fn, {**request, "rank": 0}, link, set()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -182,6 +183,14 @@ def test_every_rank_reads_its_variables_and_rank_0s_results_are_the_jobs(jobman,
     data = json.loads(shown.out)
     assert data["ranks"] == 3
     assert data["rank_logs"][1:] == [f"{job.workdir}/rank-1.log", f"{job.workdir}/rank-2.log"]
+    here = socket.gethostname()
+    assert data["rank_places"] == [  # where each rank ran, as the rank itself wrote it
+        {"rank": rank, "host": here, "pid": s["pid"], "log": log}
+        for rank, (s, log) in enumerate(zip(ranks, data["rank_logs"]))
+    ]
+    text = jobman("show", str(job.id), "--db", db_url, env={**exp, "COLUMNS": "250"})
+    for rank, s in enumerate(ranks):
+        assert f"rank {rank}  {here} pid {s['pid']}  {data['rank_logs'][rank]}" in text.out, text.out
 
 
 def test_a_rank_killed_crashes_the_job_and_a_relaunch_runs_every_rank_from_the_checkpoint(
@@ -352,3 +361,24 @@ def test_gangs_scheduled_while_a_dispatch_runs_hold_its_slots(jobman, db_url, st
     assert any(s["start"] < gang_start for s in spans if s["job"] != jobs[5].id)  # it came while others ran
     at_once = max(sum(1 for s in spans if s["start"] <= t < s["end"]) for t in (s["start"] for s in spans))
     assert at_once <= 2, spans
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("launch", ["fork"])
+def test_list_shows_where_the_ranks_of_a_running_gang_run(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=span", "secs=8", "--ranks", "2")
+    argv = [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(tmp_path / "runs")]
+    proc = subprocess.Popen(argv, env=exp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not list((tmp_path / "runs").glob("*/started")) and time.time() < end:
+            time.sleep(0.05)
+        [job] = store.jobs()
+        places = [json.loads((Path(job.workdir) / f"rank-{rank}.where").read_text()) for rank in range(2)]
+        listed = jobman("list", db_url, env={**exp, "COLUMNS": "200"})
+        assert listed.code == 0, listed.err
+        here = socket.gethostname()
+        assert f"{here}:{places[0]['pid']},{places[1]['pid']}" in listed.out, listed.out
+        assert {p["host"] for p in places} == {here} and job.status is Status.RUNNING
+    finally:
+        proc.communicate(timeout=120)
