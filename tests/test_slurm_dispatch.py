@@ -622,6 +622,10 @@ def ranks(state, channel):
         time.sleep(0.05)
     if state.mode == "raise" and channel.rank == 2:
         raise ValueError("rank 2 cannot go on")
+    if state.mode == "kill" and channel.attempt == 1:
+        if channel.rank == 1:
+            os.kill(os.getpid(), 9)
+        time.sleep(120)  # the others: ended by the gang long before this
     if state.mode == "ps":  # the ranks srun started are one MPI world
         import numpy as np
         from jobman import ps
@@ -644,15 +648,19 @@ def test_a_job_of_three_ranks_gets_three_tasks_srun_starts_them_as_one_mpi_world
     slurm_cluster: SlurmCluster, exp: Experiment
 ) -> None:
     (exp.root / "lib" / "gang_jobs.py").write_text(GANG_JOBS)
-    exp.store.schedule(expand(parse_sweep(["gang_jobs:ranks", "mode={{plain,raise,ps}}"])), ranks=3)
+    exp.store.schedule(expand(parse_sweep(["gang_jobs:ranks", "mode={{plain,raise,ps,kill}}"])), ranks=3)
     refused = exp.dispatch()
     assert refused.code == 2 and "Traceback" not in refused.err
     assert "ranks: on Slurm, jobs of several ranks run with --one-job-per-task" in refused.err, refused.err
 
     proc = exp.popen_dispatch("--one-job-per-task", "--heartbeat", "1")
     assert finish(proc, 240, exp) == 1, exp.dispatch_err()  # one job FAILED
-    assert "2 DONE, 1 FAILED" in exp.dispatch_err()
+    assert "3 DONE, 1 FAILED" in exp.dispatch_err()
     jobs = {j.params["mode"]: j for j in exp.jobs()}
+    killed = jobs["kill"]  # a rank SIGKILLed: CRASHED naming it, relaunched, every rank again, DONE
+    assert killed.status is Status.DONE and killed.attempt == 2, killed.error
+    crash = [e.why for e in exp.store.events(killed.id) if e.to_status == "CRASHED"]
+    assert len(crash) == 1 and "rank 1 of 3 was killed by SIGKILL" in crash[0], crash
     plain, raised, with_ps = jobs["plain"], jobs["raise"], jobs["ps"]
     assert plain.status is Status.DONE and plain.results["rank_seen"] == 0, plain.error
     assert scontrol(plain.backend_id)["NumTasks"] == "3"
