@@ -1,14 +1,20 @@
 """A gang's start: from the claim of a job of N ranks to every rank running its function.
 
     python bench/gang_start.py [--jobs 8] [--no-write]
+    python bench/gang_start.py --slurm [--jobs 8]    # SLURM_CONF set (python tests/slurm_cluster.py up)
 
 One ``jobman worker`` runs ``--jobs`` jobs of each kind in turn, on SQLite, in the same invocation:
 jobs of one process (the baseline: a claim to the function running, as every job pays it), then jobs
 of 2 and 3 ranks forked by the job's process, then the same started by the ``ps`` extra's mpiexec
 (``JOBMAN_GANG_LAUNCH=mpiexec``). Each rank writes the time its function began; a job's start is its
 last rank's time minus the job's ``started_at`` (the claim's time, stamped by the same clock on
-SQLite). The median of each kind is printed beside the baseline's. On Slurm a gang's start adds the
-allocation's and srun's; that is not measured here.
+SQLite). The median of each kind is printed beside the baseline's.
+
+With ``--slurm``, the same on the Slurm cluster ``SLURM_CONF`` names, through ``jobman dispatch --backend
+slurm --one-job-per-task`` on PostgreSQL (whose clock stamps the claim; the ranks run on this host's
+clock, the one-node test cluster's): each job its own Slurm job of ``--ntasks`` N, its ranks one srun
+step (an MPI world), beside jobs of one process dispatched the same way. The claim is made inside the
+allocation, so the allocation's own wait is left out; srun's start of the step is in.
 """
 
 from __future__ import annotations
@@ -66,13 +72,58 @@ def run_kind(tmp: Path, name: str, ranks: int, launch: str, jobs: int) -> list[f
         store.dispose()
 
 
+PG_SERVER = os.environ.get("JOBMAN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+
+
+def slurm_kind(tmp: Path, name: str, ranks: int, jobs: int) -> list[float]:
+    """``jobs`` jobs of ``ranks`` ranks, each its own Slurm job: each job's claim-to-last-rank seconds."""
+    import psycopg
+
+    database = "jobman_gang_bench"
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+            conn.execute(f"CREATE DATABASE {database}")
+    url = f"{PG_SERVER}/{database}?table={name}_{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": str(tmp)}
+    jobman = [sys.executable, "-m", "jobman.cli.main"]
+    subprocess.run(
+        [*jobman, "sqlschedule", url, "gang_bench:started", f"i={{{{{','.join(map(str, range(jobs)))}}}}}"]
+        + ["--ranks", str(ranks)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [*jobman, "dispatch", url, "--backend", "slurm", "--one-job-per-task", "--exproot", str(tmp / f"runs-{name}")]
+        + ["--follow", "-j", "2"],
+        env=env,
+        check=True,
+        capture_output=True,
+        cwd=tmp,
+    )
+    store = Store.open(url)
+    try:
+        starts = []
+        for job in store.jobs():
+            assert job.status.value == "DONE", (name, job.id, job.error)
+            began = [json.loads((Path(job.workdir) / f"began-{r}.json").read_text()) for r in range(ranks)]
+            starts.append(max(began) - job.started_at)
+        return starts
+    finally:
+        store.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8, help="jobs of each kind")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
+    parser.add_argument("--slurm", action="store_true", help="on the Slurm cluster SLURM_CONF names")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="jobman-gang-bench-"))
     (tmp / "gang_bench.py").write_text(JOBS)
+    if args.slurm:
+        slurm(tmp, args)
+        return
     kinds = [("one process", 1, "fork"), ("2 ranks, forked", 2, "fork"), ("3 ranks, forked", 3, "fork")]
     kinds += [("2 ranks, mpiexec", 2, "mpiexec"), ("3 ranks, mpiexec", 3, "mpiexec")]
     medians: dict[str, float] = {}
@@ -100,6 +151,39 @@ def main() -> None:
         low, high = spreads[name]
         lines.append(f"| {name} | {medians[name]:.1f} | {low:.1f} | {high:.1f} | {medians[name] / base:.2f}x |")
     RESULTS.write_text("\n".join(lines) + "\n")
+
+
+def slurm(tmp: Path, args: argparse.Namespace) -> None:
+    """The Slurm figures, appended to the results beside the local ones."""
+    if not os.environ.get("SLURM_CONF"):
+        sys.exit("gang_start.py --slurm: set SLURM_CONF (python tests/slurm_cluster.py up prints it)")
+    kinds = [("one process, Slurm", 1), ("2 ranks, srun", 2), ("3 ranks, srun", 3)]
+    found = {name: slurm_kind(tmp, name.split(",")[0].replace(" ", "_"), ranks, args.jobs) for name, ranks in kinds}
+    medians = {name: statistics.median(starts) * 1000 for name, starts in found.items()}
+    base = medians["one process, Slurm"]
+    for name, _r in kinds[1:]:
+        say(Figure(f"claim to every rank running, {name}", medians[name], "ms", base, "measured, no target"))
+    if args.no_write:
+        return
+    lines = [
+        "",
+        "## On Slurm",
+        "",
+        f"Written by `bench/gang_start.py --slurm --jobs {args.jobs}` ({machine()['cpu']}, {machine()['date']},"
+        f" load {os.getloadavg()[0]:.1f} at the end), on the one-node test cluster (`tests/slurm_cluster.py`):"
+        " `jobman dispatch --backend slurm --one-job-per-task -j 2` on PostgreSQL, each job its own Slurm job of"
+        " `--ntasks` N; from the claim inside the allocation to the last rank's function running, beside jobs"
+        " of one process dispatched the same way in the same run.",
+        "",
+        "| kind | median ms | fastest ms | slowest ms | / one process |",
+        "|---|---|---|---|---|",
+    ]
+    for name, _r in kinds:
+        starts = [s * 1000 for s in found[name]]
+        lines.append(
+            f"| {name} | {medians[name]:.1f} | {min(starts):.1f} | {max(starts):.1f} | {medians[name] / base:.2f}x |"
+        )
+    RESULTS.write_text(RESULTS.read_text() + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """jobman.ps between 2 ranks: adds and gets per second of an ArrayTableHandler of 1e3 and 1e6 floats, against
 mpi4py's own Allreduce of the same array in the same run (the floor), and whether a get waits for a busy rank.
 
-    python bench/ps_tables.py [--append]   # starts itself under the mpich wheel's mpiexec; writes bench/RESULTS-ps.md
+    python bench/ps_tables.py [--append] [--defaults] [--before REV]
+        # starts itself under the mpich wheel's mpiexec; writes bench/RESULTS-ps.md. --defaults: MPICH's
+        # defaults only; --before REV: jobman.ps as it was at git revision REV, measured in the same run
 
 Target: a jobman.ps step (every rank adds its array, barrier, every rank gets the sum), the work one Allreduce
 does, within 2x of the Allreduce.
@@ -14,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,17 +62,24 @@ def timed(comm, bodies: dict) -> dict[str, float]:
     return best
 
 
-def rates(comm, ps, size: int) -> dict[str, float]:
-    """Per-rank operations per second for one table size."""
-    from mpi4py import MPI
+def before_module():
+    """jobman.ps as it was at the revision $PS_BENCH_BEFORE (a file main wrote), to measure beside today's."""
+    import importlib.util
 
-    mine = np.random.default_rng(comm.rank).random(size, dtype=np.float32)
-    summed = np.empty_like(mine)
-    table = ps.ArrayTableHandler(size)
+    path = os.environ.get("PS_BENCH_BEFORE_FILE")
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location("jobman_ps_before", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.init()
+    return module
 
-    def allreduce(k: int) -> None:
-        for _ in range(k):
-            comm.Allreduce(mine, summed, op=MPI.SUM)
+
+def step_bodies(ps, table, mine, prefix: str = "") -> dict:
+    """Timed bodies of adds alone, gets alone and steps (add, barrier, get) of ``table``."""
 
     def adds(k: int) -> None:
         for _ in range(k):
@@ -86,6 +96,21 @@ def rates(comm, ps, size: int) -> dict[str, float]:
             ps.barrier()
             table.get()
 
+    return {prefix + "add": adds, prefix + "get": gets, prefix + "step": steps}
+
+
+def rates(comm, ps, size: int, before=None) -> dict[str, float]:
+    """Per-rank operations per second for one table size (and of the earlier jobman.ps, ``before``)."""
+    from mpi4py import MPI
+
+    mine = np.random.default_rng(comm.rank).random(size, dtype=np.float32)
+    summed = np.empty_like(mine)
+    table = ps.ArrayTableHandler(size)
+
+    def allreduce(k: int) -> None:
+        for _ in range(k):
+            comm.Allreduce(mine, summed, op=MPI.SUM)
+
     first, end = table.local_rows
     raw = MPI.Win.Allocate((end - first) * 4, 4, comm=comm)
     bounds = comm.allgather(table.local_rows)
@@ -98,17 +123,22 @@ def rates(comm, ps, size: int) -> dict[str, float]:
                 raw.Get(out[first:end], owner, target=(0, end - first, MPI.FLOAT))
             raw.Flush_all()
 
-    figures = timed(comm, {"allreduce": allreduce, "add": adds, "get": gets, "step": steps, "raw_get": raw_gets})
+    bodies = {"allreduce": allreduce, **step_bodies(ps, table, mine), "raw_get": raw_gets}
+    if before is not None:
+        bodies.update(step_bodies(before, before.ArrayTableHandler(size), mine, "before_"))
+    figures = timed(comm, bodies)
     raw.Unlock_all()
     raw.Free()
     return figures
 
 
 def progress(comm, ps) -> dict[str, dict]:
-    """Rank 0 adds to a table half held by rank 1 and gets it back (MPI orders the get after the add, so
+    """Rank 0 adds to a table held by rank 1 and gets it back (MPI orders the get after the add, so
     the pair waits for the add to land), while rank 1 computes without entering MPI, and while it waits in a
     barrier: how many pairs, the slowest, and whether every add was in once rank 1 came back."""
     table = ps.ArrayTableHandler(1000, dtype=np.int64)
+    while comm.allgather(table.local_rows)[1] != (0, 1000):  # small tables take turns: one rank 1 holds
+        table = ps.ArrayTableHandler(1000, dtype=np.int64)
     ones = np.ones(1000, dtype=np.int64)
     found: dict[str, dict] = {}
     for busy in (False, True):
@@ -119,7 +149,7 @@ def progress(comm, ps) -> dict[str, dict]:
             while time.perf_counter() < end:
                 start = time.perf_counter()
                 table.add(ones)
-                seen = int(table.get()[-1])  # the last value lives on rank 1
+                seen = int(table.get()[-1])  # it lives on rank 1
                 latencies.append(time.perf_counter() - start)
             found["busy" if busy else "idle"] = {
                 "pairs": len(latencies),
@@ -178,12 +208,15 @@ def rank_main() -> None:
 
     ps.init()
     comm = MPI.COMM_WORLD
+    before = before_module()
     figures = {
-        "sizes": {size: rates(comm, ps, size) for size in SIZES},
+        "sizes": {size: rates(comm, ps, size, before) for size in SIZES},
         "progress": progress(comm, ps),
         "anatomy": anatomy(comm),
     }
     ps.shutdown()
+    if before is not None:
+        before.shutdown()
     if comm.rank == 0:
         figures["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
         import mpi4py
@@ -222,24 +255,29 @@ def report(runs: dict[str, dict], command: str) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
+    before = any("before_step" in f for figures in runs.values() for f in figures["sizes"].values())
+    if before:
+        lines[0] += " before: step /s | before: step time / Allreduce time |"
+        lines[1] += "---|---|"
     for setting, figures in runs.items():
         for size, f in figures["sizes"].items():
             ratio = f["allreduce"] / f["step"]
             lines.append(
                 f"| {setting} | {int(size):,} | {f['allreduce']:,.0f} | {f['step']:,.0f} | {ratio:.2f}x |"
                 f" {f['add']:,.0f} | {f['get']:,.0f} | {f['raw_get']:,.0f} |"
+                + (f" {f['before_step']:,.0f} | {f['allreduce'] / f['before_step']:.2f}x |" if before else "")
             )
             verdicts.append(
                 f"- {setting}, {int(size):,} floats: a step within 2x of Allreduce:"
                 f" {'yes' if ratio <= 2 else 'NO'} ({ratio:.2f}x); adds alone"
                 f" {f['add'] / f['allreduce']:.2f}x and gets alone {f['get'] / f['allreduce']:.2f}x"
-                " the Allreduce rate"
+                " the Allreduce rate" + (f"; before: {f['allreduce'] / f['before_step']:.2f}x" if before else "")
             )
     lines += [
         "",
         *verdicts,
         "",
-        "An add then a get by rank 0 of a 1,000-number table half held by rank 1, for"
+        "An add then a get by rank 0 of a 1,000-number table held by rank 1, for"
         f" {BUSY_SECONDS:.0f} s, while rank 1 waits in a barrier (idle) or computes without calling MPI (busy);"
         " the get is ordered after the add, so each pair waits for its add to land:",
         "",
@@ -277,9 +315,20 @@ def report(runs: dict[str, dict], command: str) -> str:
 
 
 def main() -> None:
-    runs = {setting: launch(env) for setting, env in SETTINGS.items()}
-    append = "--append" in sys.argv  # a second run beside the first: on a shared machine, one run is an anecdote
-    text = report(runs, "python bench/ps_tables.py" + (" --append" if append else ""))
+    args = sys.argv[1:]
+    settings = dict(list(SETTINGS.items())[:1]) if "--defaults" in args else SETTINGS
+    extra: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "--before" in args:  # jobman.ps at that git revision, measured in the same run, in turns
+            revision = args[args.index("--before") + 1]
+            source = subprocess.run(
+                ["git", "show", f"{revision}:dispatch/ps.py"], cwd=HERE.parent, capture_output=True, check=True
+            ).stdout
+            Path(tmp, "ps_before.py").write_bytes(source)
+            extra["PS_BENCH_BEFORE_FILE"] = str(Path(tmp, "ps_before.py"))
+        runs = {setting: launch({**env, **extra}) for setting, env in settings.items()}
+    append = "--append" in args  # a second run beside the first: on a shared machine, one run is an anecdote
+    text = report(runs, "python bench/ps_tables.py " + " ".join(args))
     print(text)
     results = HERE / "RESULTS-ps.md"
     if append and results.exists():

@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from jobman.dispatch.gang import rank_logs
+from jobman.dispatch.gang import rank_logs, rank_places
 from jobman.jobdb.artifacts import REF
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
@@ -198,7 +198,7 @@ def list_jobs(
                 ],
                 [[f"{k}={fmt_value(v)}" for k, v in shown.items()], _results_summary(j.results)],
                 [
-                    f"{j.host}:{j.pid}" if j.status is Status.RUNNING and j.host else "",
+                    _where(j) if j.status is Status.RUNNING and j.host else "",
                     *((j.gpus or "",) if on_gpus else ()),
                 ],
             )
@@ -312,11 +312,24 @@ def show(args: tuple[str, ...], database: Database, fmt: str, diff: bool, packag
     out.print(history)
 
 
+def _where(job: Job) -> str:
+    """Where a running job runs: host:pid, or for a gang each host and the pids of its ranks there."""
+    if job.ranks > 1 and job.workdir:
+        hosts: dict[str, list[str]] = {}
+        for place in rank_places(job.workdir, job.ranks):
+            if place["host"]:
+                hosts.setdefault(place["host"], []).append(str(place["pid"]))
+        if hosts:
+            return " ".join(f"{host}:{','.join(pids)}" for host, pids in hosts.items())
+    return f"{job.host}:{job.pid}"
+
+
 def show_json(store: Store, job: Job, children: list[int], events: list[Any]) -> dict[str, Any]:
     """What `show --format json` prints of one job."""
     data = job_json(job)
     if job.ranks > 1 and job.workdir:
         data["rank_logs"] = rank_logs(job.workdir, job.ranks)
+        data["rank_places"] = rank_places(job.workdir, job.ranks)
     data["children"] = children
     rung = store.rungs([job.id]).get(job.id)
     data["rung"] = None if rung is None else {"rung": rung[0], "last": rung[1] - 1, "resource": rung[2]}
@@ -358,7 +371,9 @@ def show_lines(store: Store, job: Job, children: list[int]) -> list[str]:
     if job.ranks > 1:
         lines.append(f"ranks     {job.ranks}, started together; rank 0's results are the job's")
         if job.workdir:
-            lines += [f"  rank {r}  {log}" for r, log in enumerate(rank_logs(job.workdir, job.ranks))]
+            for place in rank_places(job.workdir, job.ranks):
+                where = f"{place['host']} pid {place['pid']}" if place["host"] else "not started"
+                lines.append(f"  rank {place['rank']}  {where}  {place['log']}")
     if job.log_path:
         lines.append(f"output    {job.log_path}")
     elif job.workdir and job.kind == "cmd":

@@ -112,7 +112,7 @@ def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socke
         gang.pass_on_stops()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    if gang is not None and gang.launch == "mpiexec":  # rank 0 is a process of mpiexec: its words are relayed
+    if gang is not None and gang.relays:  # rank 0 is a process of mpiexec or srun: its words are relayed
         report = gang.relay_rank_0(sock, channel.asking)
         status, error = gang.finish(report["status"], report["error"])
         return {**report, "status": status, "error": error}

@@ -18,8 +18,11 @@ come from one of three launches (:func:`launch_of`):
   rank 0's requests (save, log, its report) over a Unix socket. A rank is named by the pid file it
   wrote; what MPICH's launcher leaves behind is ended with the job's cgroup and, as orphans, by the
   fork server (a subreaper).
-- ``srun``, inside a Slurm allocation of enough tasks (``--ntasks=N``): rank 0 is the job's process
-  and ranks 1..N-1 one srun step (``--kill-on-bad-exit``), placed by Slurm.
+- ``srun``, inside a Slurm allocation of enough tasks (``--ntasks=N``): every rank is a task of one
+  srun step (``--kill-on-bad-exit``), placed by Slurm, rank R its task R, and one MPI world through
+  Slurm's PMI-2 (``--mpi=pmi2``, which the mpich wheel speaks; ``SLURM_MPI_TYPE``, if set, says
+  otherwise), so ``jobman.ps`` works in it. As under mpiexec, the job's process relays rank 0, which
+  Slurm starts on the first node of the allocation, the job's own.
 
 All or nothing: a thread of rank 0 waits on the other ranks; the first that raises, exits non-zero or
 is killed has every other rank killed, and the job's report names it: FAILED with its traceback (its
@@ -46,16 +49,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .jobfiles import read_tail
 from .lifetime import die_with_parent
 from .messages import recv_msg, send_msg
 
 RANK_ERROR = "rank-{rank}.error"  # launched: the traceback of a rank that raised (empty while it runs)
-RANK_PID = "rank-{rank}.pid"  # launched by mpiexec: each rank's pid, to signal it
-RANK_END = "rank-{rank}.end"  # launched by mpiexec: how a rank's process ended, and when
+RANK_PID = "rank-{rank}.pid"  # launched: each rank's pid and host, to signal it
+RANK_END = "rank-{rank}.end"  # launched: how a rank's process ended, and when
 GANG_REQUEST = "gang-request.json"  # launched: what the ranks run, for ``jobman.dispatch.rank_main``
 LAUNCH_LOG = "gang-{launch}.log"  # launched: the launcher's own words (which rank was killed)
 LAUNCH_ENV = "JOBMAN_GANG_LAUNCH"  # fork (the default) or mpiexec
 RANK_LOG = "rank-{rank}.log"  # the output of rank R > 0, in the job's workdir (rank 0's: stdout.txt, stderr.txt)
+RANK_WHERE = "rank-{rank}.where"  # every rank: the host and pid it runs as, for show, list and the dashboard
 _ERROR_BYTES = 16_000  # of a rank's traceback, passed through a pipe that is read once the rank has ended
 
 
@@ -64,6 +69,36 @@ def rank_logs(workdir: str, ranks: int) -> list[str]:
     return [f"{workdir}/stdout.txt, {workdir}/stderr.txt"] + [
         f"{workdir}/{RANK_LOG.format(rank=rank)}" for rank in range(1, ranks)
     ]
+
+
+def note_where(rank: int) -> None:
+    """Write down, in the job's workdir (the current directory), where this process runs as rank ``rank``."""
+    try:
+        Path(RANK_WHERE.format(rank=rank)).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    except OSError:  # a workdir that cannot be written: the job runs all the same, unplaced
+        pass
+
+
+def rank_places(workdir: str, ranks: int) -> list[dict[str, Any]]:
+    """Each rank of a gang job: where it ran (host and pid, None until it started) and its log, by rank."""
+    places = []
+    for rank, log in enumerate(rank_logs(workdir, ranks)):
+        try:
+            where = json.loads(read_tail(Path(workdir, RANK_WHERE.format(rank=rank)), workdir, 4096))
+        except (OSError, ValueError):  # not started, or not there to be read from this host
+            where = None
+        if not isinstance(where, dict):
+            where = {}
+        host, pid = where.get("host"), where.get("pid")
+        places.append(
+            {
+                "rank": rank,
+                "host": host if isinstance(host, str) else None,
+                "pid": pid if isinstance(pid, int) else None,
+                "log": log,
+            }
+        )
+    return places
 
 
 def mpiexec_path() -> str | None:
@@ -144,6 +179,7 @@ def rank_process(
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
+        note_where(rank)
         os.environ.update(rank_env(rank, world_size, port, addr, local))
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)  # until the rank's channel installs its own
@@ -185,14 +221,17 @@ class Gang:
         self.relay: socket.socket | None = None  # mpiexec: where rank 0 connects
 
     @property
-    def first_launched(self) -> int:
-        """The first rank a launcher starts: 0 under mpiexec (the job's process only relays), 1 under srun."""
-        return 0 if self.launch == "mpiexec" else 1
+    def relays(self) -> bool:
+        """Whether rank 0 is a launcher's process whose words the job's process relays (mpiexec, srun)."""
+        return self.launch != "fork"
 
     def start(self, run_rank: Callable[[int], None], request: dict[str, Any]) -> None:
         """Start the ranks: forks running ``run_rank(rank)``, or a launcher's processes running ``request``
         (``jobman.dispatch.rank_main``). Rank 0's variables are set here."""
+        for rank in range(self.world_size):  # an earlier attempt's places are not this one's
+            Path(RANK_WHERE.format(rank=rank)).unlink(missing_ok=True)
         if self.launch == "fork":
+            note_where(0)  # the job's process is rank 0
             self._fork_ranks(run_rank)
         else:
             self._start_launcher(request)
@@ -218,15 +257,16 @@ class Gang:
             Path(RANK_PID.format(rank=rank)).unlink(missing_ok=True)
             Path(RANK_END.format(rank=rank)).unlink(missing_ok=True)
         extra: dict[str, Any] = {"port": self.port, "addr": self.addr, "launch": self.launch}
+        self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = f"\0jobman-gang-{os.getpid()}-{os.urandom(6).hex()}"  # abstract: no file, no path limit
+        self.relay.bind(name)
+        self.relay.listen(1)
+        extra["relay"] = name[1:]
         if self.launch == "mpiexec":
-            self.relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            name = f"\0jobman-gang-{os.getpid()}-{os.urandom(6).hex()}"  # abstract: no file, no path limit
-            self.relay.bind(name)
-            self.relay.listen(1)
-            extra["relay"] = name[1:]
             argv = [mpiexec_path() or "mpiexec", "-n", str(self.world_size)]
         else:
-            argv = [shutil.which("srun") or "srun", f"--ntasks={self.world_size - 1}", "--kill-on-bad-exit=1"]
+            mpi = [] if os.environ.get("SLURM_MPI_TYPE") else ["--mpi=pmi2"]  # srun reads the variable itself
+            argv = [shutil.which("srun") or "srun", f"--ntasks={self.world_size}", "--kill-on-bad-exit=1", *mpi]
         Path(GANG_REQUEST).write_text(json.dumps({**request, **extra}))
         argv += [sys.executable, "-m", "jobman.dispatch.rank_main", os.path.abspath(GANG_REQUEST)]
         with open(LAUNCH_LOG.format(launch=self.launch), "ab") as log:
@@ -238,9 +278,9 @@ class Gang:
             previous = signal.getsignal(sig)
 
             def forward(signum: int, frame: Any, previous: Any = previous) -> None:
-                targets = self._launched_pids() if self.launch == "mpiexec" else list(self._ranks)
+                targets = self._launched_pids() if self.relays else list(self._ranks)
                 if self.launch == "srun" and self._launcher is not None:
-                    targets = [self._launcher]  # srun passes a signal on to its tasks
+                    targets = [self._launcher]  # srun passes a signal on to its tasks, on every node
                 for pid in targets:
                     try:
                         os.kill(pid, signum)
@@ -252,11 +292,13 @@ class Gang:
             signal.signal(sig, forward)
 
     def _launched_pids(self) -> list[int]:
-        """The pids the ranks of an mpiexec launch wrote (those started so far)."""
-        pids = []
+        """The pids the launched ranks on this host wrote (those started so far)."""
+        pids, here = [], socket.gethostname()
         for rank in range(self.world_size):
             try:
-                pids.append(int(Path(RANK_PID.format(rank=rank)).read_text()))
+                pid, _, host = Path(RANK_PID.format(rank=rank)).read_text().partition(" ")
+                if host in ("", here):
+                    pids.append(int(pid))
             except (OSError, ValueError):
                 pass
         return pids
@@ -333,7 +375,7 @@ class Gang:
             raised = self._raised()
             if raised is not None:
                 return raised
-            killed = self._first_killed() if self.launch == "mpiexec" else None
+            killed = self._first_killed()
             if killed is not None:
                 return "CRASHED", killed
             if done:
@@ -365,7 +407,7 @@ class Gang:
         if self.launch == "srun":
             killed = re.search(r"task (\d+): (Killed|Terminated|Segmentation fault|Aborted)", said)
             if killed:
-                rank = int(killed.group(1)) + 1
+                rank = int(killed.group(1))
                 how = killed.group(2).lower()
                 return "CRASHED", f"rank {rank} of {self.world_size} was {how} (srun: {killed.group(0)})"
         else:
@@ -380,7 +422,7 @@ class Gang:
         return "CRASHED", f"{self.launch}, which ran the ranks, {how}: {said.strip()[-2000:]}"
 
     def _first_killed(self) -> str | None:
-        """Under mpiexec: the first rank whose process a signal ended, as its ``rank-R.end`` says."""
+        """Launched: the first rank whose process a signal ended, as its ``rank-R.end`` says."""
         ends = []
         for rank in range(self.world_size):
             try:
@@ -396,7 +438,7 @@ class Gang:
 
     def kill_all(self) -> None:
         """SIGKILL every rank still running but the job's process (and the launcher, if any)."""
-        pids = list(self._ranks) + (self._launched_pids() if self.launch == "mpiexec" else [])
+        pids = list(self._ranks) + (self._launched_pids() if self.relays else [])
         pids += [self._launcher] if self._launcher is not None else []
         for pid in pids:
             if pid == os.getpid():
@@ -408,7 +450,7 @@ class Gang:
 
     # -- the end -----------------------------------------------------------------------------
     def relay_rank_0(self, sock: socket.socket, asking: threading.Lock) -> dict[str, Any]:
-        """mpiexec: pass rank 0's requests to the worker and its answers back, until its report, which is
+        """Launched: pass rank 0's requests to the worker and its answers back, until its report, which is
         returned. If rank 0 goes without one, this waits for the watcher to end the job."""
         assert self.relay is not None
         conn, _ = self.relay.accept()

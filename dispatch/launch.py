@@ -107,20 +107,21 @@ class Launch:
             )
 
     def _count_slots(self) -> None:
-        """Local: with a job of several ranks to run, the workers share the dispatch's slots (one per
-        worker), each job holding as many as it has ranks; a job wider than them all is refused here,
-        before any worker starts."""
+        """Local: the workers share the dispatch's slots (one per worker), each job holding as many as it
+        has ranks. Counted from the start, whether or not a job of several ranks is there yet, so that one
+        scheduled while the dispatch runs never runs beside more processes than it was given. A job wider
+        than them all is refused here, before any worker starts; one scheduled later fails, when a worker
+        meets it, with the same reason."""
         gang = self.store.widest_gang()
-        if gang is None:
-            return
-        job_id, ranks = gang
-        if ranks > self.workers:
+        if gang is not None and gang[1] > self.workers:
+            job_id, ranks = gang
             raise UsageError(
                 f"job {job_id} has {ranks} ranks, more than the {self.workers} slots of this dispatch: "
                 f"dispatch with -j {ranks} or more"
             )
         settings = self.spec.settings
-        processes = dataclasses.replace(settings.processes, slots=self.workers, slot_dir=str(self.log_dir / "slots"))
+        slot_dir = str(self.log_dir / "slots" / str(os.getpid()))  # this dispatch's: another has slots of its own
+        processes = dataclasses.replace(settings.processes, slots=self.workers, slot_dir=slot_dir)
         self.spec = dataclasses.replace(self.spec, settings=dataclasses.replace(settings, processes=processes))
 
     def _no_gangs_for_pull_workers(self) -> None:

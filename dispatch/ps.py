@@ -16,7 +16,8 @@ How it works, and why:
 
 - A table is split into contiguous shards, one per rank (a matrix by rows, so a row never spans two
   ranks), each held in that rank's ``MPI.Win.Allocate`` window: a table larger than one process's
-  memory works, and no rank serves the others.
+  memory works, and no rank serves the others. A small table (up to ``WHOLE_BYTES``) is held whole by
+  one rank, the tables taking turns: its add and its get are then one operation each, not one per rank.
 - ``add`` is ``Accumulate(op=SUM)`` into the owning ranks' windows under a shared ``Lock_all`` held for
   the table's life. It returns at once; its delta is copied first, so the caller may reuse its array.
   Adds are completed by the next ``barrier()`` (``Flush_all`` then ``Barrier``), or earlier when the
@@ -31,8 +32,11 @@ How it works, and why:
   unless MPICH's progress thread is on (``MPIR_CVAR_ASYNC_PROGRESS=1``), which costs a polling thread per
   rank: on a shared node of 2 cores it made adds and gets 4 to 37 times slower, so it is the user's choice.
 - Small tables pay for synchronisation: a step of a 1,000-float table (add, barrier, get) makes three
-  trips where one ``Allreduce`` makes one, with Python around each, and took 6 to 20 times as long; from
-  a million floats it takes about as long (measured, same file). ``MPIR_CVAR_POLLS_BEFORE_YIELD=0``
+  trips where one ``Allreduce`` makes one, with Python around each (measured in ``bench/RESULTS-ps.md``,
+  with the table split over the ranks and held whole); from a million floats it takes about as long. An
+  add copies its delta into the copy a completed add left, and a small table's get lands in one buffer
+  before it is copied out: MPI (through UCX) registers the memory it is given, and fresh memory on each
+  call cost more than the operation itself. ``MPIR_CVAR_POLLS_BEFORE_YIELD=0``
   (spin, never yield) helped small steps under load and hurt them on a quieter machine: left to the user.
 - ``init_value`` is written by the rank that owns each part, at creation, which is collective as in
   Multiverso: every rank creates the same tables in the same order, with the same arguments.
@@ -54,6 +58,12 @@ from jobman.jobdb.errors import UsageError
 
 # Copies of deltas waiting for completion past this size are completed at once, to bound memory.
 PENDING_BYTES = 256 << 20
+# A table of at most this many bytes is held whole by one rank (the tables taking turns): an add or a get
+# is then one trip, where a table split over N ranks costs N; past it, spreading the memory wins.
+WHOLE_BYTES = 64 << 10
+# MPI (through UCX) registers the memory it works on and remembers it: an add into the copy kept from the
+# previous one is several times faster than into fresh memory. Kept for tables up to this size.
+SPARE_BYTES = 64 << 20
 
 
 class PSError(UsageError):
@@ -146,10 +156,14 @@ def is_master_worker() -> bool:
     return worker_id() == 0
 
 
-def _split(rows: int, ranks: int) -> np.ndarray:
-    """The first row of each rank's shard, and the end: as even as can be, the larger shards first."""
+def _split(rows: int, ranks: int, holder: int | None = None) -> np.ndarray:
+    """The first row of each rank's shard, and the end: as even as can be, the larger shards first; or, with
+    ``holder``, every row on that rank and none on the others."""
     sizes = np.full(ranks, rows // ranks, dtype=np.int64)
     sizes[: rows % ranks] += 1
+    if holder is not None:
+        sizes[:] = 0
+        sizes[holder] = rows
     return np.concatenate([[0], np.cumsum(sizes)])
 
 
@@ -171,7 +185,10 @@ class _Table:
 
         self._mpi_type = from_numpy_dtype(self.dtype)
         self._nothing = [np.empty(0, self.dtype), 0, self._mpi_type]  # a get's ignored origin
-        self._bounds = _split(self.rows, world.comm.Get_size())
+        ranks = world.comm.Get_size()
+        small = self.rows * self.cols * self.dtype.itemsize <= WHOLE_BYTES
+        self._holder = len(world.tables) % ranks if small else None
+        self._bounds = _split(self.rows, ranks, self._holder)
         first, end = self.local_rows
         initial = None if init_value is None else self._shaped(init_value, "init_value")
         self._win = world.MPI.Win.Allocate(
@@ -180,7 +197,10 @@ class _Table:
         np.frombuffer(self._win, dtype=self.dtype)[:] = 0 if initial is None else initial[first:end].ravel()
         world.comm.Barrier()  # every shard holds its initial value before anyone adds to it
         self._win.Lock_all()
+        self._whole = list(self._pieces(None))  # the pieces of a whole-table add or get, worked out once
         self._pending: list[np.ndarray] = []
+        self._spare: list[np.ndarray] = []  # a completed add's copy, to take the next one
+        self._landing = None if self._holder is None else np.empty((self.rows, self.cols), dtype=self.dtype)
         self._pending_bytes = 0
         world.tables.append(self)
 
@@ -207,9 +227,16 @@ class _Table:
         if self._win is None:
             raise PSError(f"This {self._name} was freed by jobman.ps.shutdown(); make it again after init().")
 
-    def _shaped(self, data: Any, what: str, count: int | None = None) -> np.ndarray:
-        """``data`` as a fresh ``count x cols`` array of the table's dtype, or one sentence on its shape."""
+    def _shaped(self, data: Any, what: str, count: int | None = None, into: np.ndarray | None = None) -> np.ndarray:
+        """``data`` as a fresh ``count x cols`` array of the table's dtype (copied ``into`` that one, if given),
+        or one sentence on its shape."""
         count = self.rows if count is None else count
+        if isinstance(data, np.ndarray) and data.dtype == self.dtype and data.size == count * self.cols:
+            if data.shape == (count, self.cols) or self.cols == 1:  # the common case, checked cheaply
+                if into is None:
+                    return data.reshape(count, self.cols).copy()
+                np.copyto(into, data.reshape(count, self.cols))
+                return into
         try:
             array = np.array(data, dtype=self.dtype, copy=True)
         except (TypeError, ValueError) as exc:
@@ -219,6 +246,9 @@ class _Table:
         if array.size != count * self.cols or (self.cols > 1 and array.shape != (count, self.cols)):
             want = f"{count * self.cols} values" if self.cols == 1 else f"shape ({count}, {self.cols})"
             raise PSError(f"{self._name}'s {what} has shape {array.shape}; this table expects {want}.")
+        if into is not None:
+            np.copyto(into, array.reshape(count, self.cols))
+            return into
         return np.ascontiguousarray(array.reshape(count, self.cols))
 
     def _rows(self, row_ids: Any) -> np.ndarray:
@@ -260,8 +290,8 @@ class _Table:
     def _add(self, data: Any, row_ids: Any) -> None:
         self._live()
         rows = None
-        if row_ids is None:
-            delta = self._shaped(data, "delta")
+        if row_ids is None:  # into a copy kept from an earlier add: MPI works on memory it has seen faster
+            delta = self._shaped(data, "delta", into=self._spare.pop() if self._spare else None)
         else:
             ids = self._rows(row_ids)
             given = self._shaped(data, "delta", ids.size)
@@ -272,7 +302,7 @@ class _Table:
                 delta = np.zeros((rows.size, self.cols), dtype=self.dtype)
                 np.add.at(delta, where.ravel(), given)
         SUM = self._world.MPI.SUM
-        for owner, part, (target, datatype) in self._pieces(rows):
+        for owner, part, (target, datatype) in self._whole if rows is None else self._pieces(rows):
             self._win.Accumulate(delta[part], owner, target=target, op=SUM)
             if datatype is not None:
                 datatype.Free()  # MPI keeps it until the operation using it completes
@@ -286,9 +316,14 @@ class _Table:
         rows = order = None
         if row_ids is not None:
             rows, order = np.unique(self._rows(row_ids), return_inverse=True)
+        NO_OP = self._world.MPI.NO_OP
+        if rows is None and self._landing is not None:  # a small table: one trip, into memory MPI has seen
+            self._win.Get_accumulate(self._nothing, self._landing, self._holder, target=self._whole[0][2][0], op=NO_OP)
+            self._win.Flush(self._holder)
+            return self._landing.copy()
         out = np.empty((self.rows if rows is None else rows.size, self.cols), dtype=self.dtype)
-        NO_OP, owners = self._world.MPI.NO_OP, []
-        for owner, part, (target, datatype) in self._pieces(rows):
+        owners: list[int] = []
+        for owner, part, (target, datatype) in self._whole if rows is None else self._pieces(rows):
             self._win.Get_accumulate(self._nothing, out[part], owner, target=target, op=NO_OP)
             if datatype is not None:
                 datatype.Free()
@@ -299,7 +334,12 @@ class _Table:
 
     def _complete(self) -> None:
         if self._win is not None and self._pending:
-            self._win.Flush_all()
+            if self._holder is None:
+                self._win.Flush_all()
+            else:
+                self._win.Flush(self._holder)
+            whole = [delta for delta in self._pending if delta.shape == (self.rows, self.cols)]
+            self._spare = whole[-1:] if self.rows * self.cols * self.dtype.itemsize <= SPARE_BYTES else []
         self._pending, self._pending_bytes = [], 0
 
     def _free(self) -> None:

@@ -1,7 +1,7 @@
 """A rank of a gang job started by a launcher (``python -m jobman.dispatch.rank_main REQUEST``): the
-job's process wrote the request into the job's workdir and started ``srun`` (ranks 1..N-1, rank
-SLURM_PROCID + 1) or ``mpiexec`` (every rank, PMI_RANK; rank 0 talks to its worker through the job's
-process); see ``dispatch.gang``."""
+job's process wrote the request into the job's workdir and started ``srun`` (every rank, SLURM_PROCID)
+or ``mpiexec`` (every rank, PMI_RANK); rank 0 talks to its worker through the job's process; see
+``dispatch.gang``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .forkserver import function_of, job_main, parents_of, run_other_rank
-from .gang import RANK_END, RANK_ERROR, RANK_PID, rank_env, rank_process
+from .gang import RANK_END, RANK_ERROR, RANK_PID, note_where, rank_env, rank_process
 from .lifetime import die_with_parent
 from .messages import send_msg
 
@@ -32,7 +32,7 @@ def tasks_per_node(spec: str) -> list[int]:
 
 def place(request: dict) -> tuple[int, tuple[int, int]]:
     """This process's rank, and its LOCAL_RANK and LOCAL_WORLD_SIZE (its place among the gang's ranks
-    on its node; under srun, rank 0, the job's process, counts on its own node)."""
+    on its node)."""
     if request["launch"] == "mpiexec":
         rank = int(os.environ["PMI_RANK"])
         return rank, (int(os.environ.get("MPI_LOCALRANKID", rank)), int(os.environ.get("MPI_LOCALNRANKS", 1)))
@@ -40,8 +40,7 @@ def place(request: dict) -> tuple[int, tuple[int, int]]:
     per_node = tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
     node = int(os.environ.get("SLURM_NODEID", "0"))
     here = per_node[node] if node < len(per_node) else 1
-    local = (local_id + 1, here + 1) if socket.gethostname() == request["addr"] else (local_id, here)
-    return int(os.environ["SLURM_PROCID"]) + 1, local
+    return int(os.environ["SLURM_PROCID"]), (local_id, here)
 
 
 def main(argv: list[str]) -> None:
@@ -52,11 +51,11 @@ def main(argv: list[str]) -> None:
     if "path" in request:
         sys.path[:] = request["path"]
     os.environ.update(request.get("env", {}))
-    if request["launch"] == "mpiexec":
-        _watched(rank)
+    _watched(rank)
     fn = function_of({}, request)
-    if rank == 0:  # mpiexec's rank 0: the job's own call, its requests and report relayed to the worker
+    if rank == 0:  # the launcher's rank 0: the job's own call, its requests and report relayed to the worker
         os.environ.update(rank_env(0, world, request["port"], request["addr"], local))
+        note_where(0)
         link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         link.connect("\0" + request["relay"])
         report = job_main(fn, {**request, "rank": 0}, link, set())
@@ -87,14 +86,14 @@ def _finish_mpi() -> None:
 
 
 def _watched(rank: int) -> None:
-    """Under mpiexec: go on in a child, while this process waits for it and writes down how it ended
-    (``rank-R.end``) before exiting the same way. MPICH's launcher names no rank when one is killed, and
-    ends the others at once; the first end written is the culprit's."""
+    """Go on in a child, while this process waits for it and writes down how it ended (``rank-R.end``)
+    before exiting the same way. MPICH's launcher names no rank when one is killed, and ends the others
+    at once (srun, with --kill-on-bad-exit, too); the first end written is the culprit's."""
     child = os.fork()
     if child == 0:
         die_with_parent()
         return
-    Path(RANK_PID.format(rank=rank)).write_text(str(child))
+    Path(RANK_PID.format(rank=rank)).write_text(f"{child} {socket.gethostname()}")
     for sig in (signal.SIGTERM, signal.SIGUSR1):  # stops are the rank's own to answer
         signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
     status = os.waitpid(child, 0)[1]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -20,6 +22,7 @@ from conftest import experiment_module, need_service, signal_once_started
 from jobman.jobdb.errors import NoSuchExperiment
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
+from jobman.jobdb.sweep import expand, parse_sweep
 
 MODULE = "jm_gang_exp"
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -89,6 +92,13 @@ EXPERIMENTS = textwrap.dedent('''
             state.total = table.get().tolist()
             state.workers, state.worker_id = ps.num_workers(), ps.worker_id()
             ps.shutdown()
+            return
+        if state.mode == "span":  # when each process ran, to count them
+            start = time.time()
+            (channel.workdir.parent / "started").write_text("")
+            time.sleep(state.secs)
+            span = {"job": channel.job_id, "rank": rank, "start": start, "end": time.time()}
+            (channel.workdir.parent / f"span-{channel.job_id}-{rank}.json").write_text(json.dumps(span))
             return
         state.rank_seen = rank
         state.resumed_from = state.get("progress")
@@ -173,6 +183,14 @@ def test_every_rank_reads_its_variables_and_rank_0s_results_are_the_jobs(jobman,
     data = json.loads(shown.out)
     assert data["ranks"] == 3
     assert data["rank_logs"][1:] == [f"{job.workdir}/rank-1.log", f"{job.workdir}/rank-2.log"]
+    here = socket.gethostname()
+    assert data["rank_places"] == [  # where each rank ran, as the rank itself wrote it
+        {"rank": rank, "host": here, "pid": s["pid"], "log": log}
+        for rank, (s, log) in enumerate(zip(ranks, data["rank_logs"]))
+    ]
+    text = jobman("show", str(job.id), "--db", db_url, env={**exp, "COLUMNS": "250"})
+    for rank, s in enumerate(ranks):
+        assert f"rank {rank}  {here} pid {s['pid']}  {data['rank_logs'][rank]}" in text.out, text.out
 
 
 def test_a_rank_killed_crashes_the_job_and_a_relaunch_runs_every_rank_from_the_checkpoint(
@@ -307,3 +325,60 @@ def test_python_calls_take_ranks_and_refuse_bad_ones(db_url, tmp_path):
         assert job.ranks == 2 and job.status is Status.DONE
     finally:
         store.dispose()
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("launch", ["fork"])
+def test_gangs_scheduled_while_a_dispatch_runs_hold_its_slots(jobman, db_url, store, exp, tmp_path):
+    """A dispatch of -j 2 started with jobs of one process only: a gang of 2 scheduled while it runs waits
+    for both slots (never more than 2 processes at once), and one of 3 fails with the reason."""
+    runs = tmp_path / "runs"
+    schedule(jobman, db_url, exp, "mode=span", "secs=1.5", "n={{1,2,3,4,7,8}}")
+    argv = [sys.executable, "-m", "jobman.cli.main", "dispatch", db_url, "-j", "2", "--exproot", str(runs)]
+    proc = subprocess.Popen(argv, env=exp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not list(runs.glob("*/started")) and time.time() < end:
+            time.sleep(0.05)
+        for n, ranks in ((5, 2), (6, 3)):
+            store.schedule(
+                expand(parse_sweep([f"{MODULE}:gang", "mode=span", "secs=1", f"n={n}"])), ranks=ranks, priority=9
+            )
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    jobs = {job.params["n"]: job for job in store.jobs()}
+    assert [jobs[n].status for n in (1, 2, 3, 4, 5, 7, 8)] == [Status.DONE] * 7, err
+    assert jobs[6].status is Status.FAILED and jobs[6].error == (
+        "the job has 3 ranks, more than the 2 slots of its dispatch (-j)"
+    ), (jobs[6].error, err)
+    spans = [json.loads(p.read_text()) for p in runs.glob("*/span-*.json")]
+    assert sorted((s["job"], s["rank"]) for s in spans if s["job"] == jobs[5].id) == [(jobs[5].id, 0), (jobs[5].id, 1)]
+    assert len(spans) == 8
+    gang_start = min(s["start"] for s in spans if s["job"] == jobs[5].id)
+    assert any(s["start"] < gang_start for s in spans if s["job"] != jobs[5].id)  # it came while others ran
+    at_once = max(sum(1 for s in spans if s["start"] <= t < s["end"]) for t in (s["start"] for s in spans))
+    assert at_once <= 2, spans
+
+
+@pytest.mark.parametrize("engine_name", ["sqlite"])
+@pytest.mark.parametrize("launch", ["fork"])
+def test_list_shows_where_the_ranks_of_a_running_gang_run(jobman, db_url, store, exp, tmp_path):
+    schedule(jobman, db_url, exp, "mode=span", "secs=8", "--ranks", "2")
+    argv = [sys.executable, "-m", "jobman.cli.main", "worker", db_url, "--exproot", str(tmp_path / "runs")]
+    proc = subprocess.Popen(argv, env=exp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 120
+        while not list((tmp_path / "runs").glob("*/started")) and time.time() < end:
+            time.sleep(0.05)
+        [job] = store.jobs()
+        places = [json.loads((Path(job.workdir) / f"rank-{rank}.where").read_text()) for rank in range(2)]
+        listed = jobman("list", db_url, env={**exp, "COLUMNS": "200"})
+        assert listed.code == 0, listed.err
+        here = socket.gethostname()
+        assert f"{here}:{places[0]['pid']},{places[1]['pid']}" in listed.out, listed.out
+        assert {p["host"] for p in places} == {here} and job.status is Status.RUNNING
+    finally:
+        proc.communicate(timeout=120)

@@ -91,6 +91,18 @@ def test_a_table_is_spread_over_the_ranks(ranks: list[dict]) -> None:
         assert seen["big"] == [len(ranks), len(ranks)]  # the caller's delta changed after add: no effect
 
 
+def test_a_small_table_is_held_whole_by_one_rank_the_tables_taking_turns(ranks: list[dict]) -> None:
+    holders = []
+    for table in range(2):
+        shards = [seen["small_local_rows"][table] for seen in ranks]
+        held = [rank for rank, (first, end) in enumerate(shards) if end > first]
+        assert len(held) == 1 and shards[held[0]] == [0, 4], shards
+        holders.append(held[0])
+    assert holders[0] != holders[1]
+    for seen in ranks:
+        assert seen["small_sums"] == [[[float(len(ranks))] * 2] * 4] * 2
+
+
 def test_bad_input_gets_one_sentence(ranks: list[dict]) -> None:
     seen = ranks[-1]
     assert seen["before_init"] == "jobman.ps is not initialised: call jobman.ps.init() in every process first."

@@ -622,24 +622,46 @@ def ranks(state, channel):
         time.sleep(0.05)
     if state.mode == "raise" and channel.rank == 2:
         raise ValueError("rank 2 cannot go on")
+    if state.mode == "kill" and channel.attempt == 1:
+        if channel.rank == 1:
+            os.kill(os.getpid(), 9)
+        time.sleep(120)  # the others: ended by the gang long before this
+    if state.mode == "ps":  # the ranks srun started are one MPI world
+        import numpy as np
+        from jobman import ps
+
+        ps.init()
+        table = ps.MatrixTableHandler(3, 2)
+        table.add(np.full((1, 2), channel.rank + 1.0), row_ids=[channel.rank])
+        table.add(np.ones((3, 2)))
+        ps.barrier()
+        state.total = table.get().tolist()
+        state.workers, state.worker_id = ps.num_workers(), ps.worker_id()
+        ps.shutdown()
     state.rank_seen = channel.rank
 '''
 
 
 @pytest.mark.slurm
-def test_a_job_of_three_ranks_gets_three_tasks_and_srun_starts_its_other_ranks(
+@pytest.mark.slow
+def test_a_job_of_three_ranks_gets_three_tasks_srun_starts_them_as_one_mpi_world(
     slurm_cluster: SlurmCluster, exp: Experiment
 ) -> None:
     (exp.root / "lib" / "gang_jobs.py").write_text(GANG_JOBS)
-    exp.store.schedule(expand(parse_sweep(["gang_jobs:ranks", "mode={{plain,raise}}"])), ranks=3)
+    exp.store.schedule(expand(parse_sweep(["gang_jobs:ranks", "mode={{plain,raise,ps,kill}}"])), ranks=3)
     refused = exp.dispatch()
     assert refused.code == 2 and "Traceback" not in refused.err
     assert "ranks: on Slurm, jobs of several ranks run with --one-job-per-task" in refused.err, refused.err
 
     proc = exp.popen_dispatch("--one-job-per-task", "--heartbeat", "1")
-    assert finish(proc, 180, exp) == 1, exp.dispatch_err()  # one job FAILED
-    assert "1 DONE, 1 FAILED" in exp.dispatch_err()
-    plain, raised = sorted(exp.jobs(), key=lambda j: j.params["mode"] != "plain")
+    assert finish(proc, 240, exp) == 1, exp.dispatch_err()  # one job FAILED
+    assert "3 DONE, 1 FAILED" in exp.dispatch_err()
+    jobs = {j.params["mode"]: j for j in exp.jobs()}
+    killed = jobs["kill"]  # a rank SIGKILLed: CRASHED naming it, relaunched, every rank again, DONE
+    assert killed.status is Status.DONE and killed.attempt == 2, killed.error
+    crash = [e.why for e in exp.store.events(killed.id) if e.to_status == "CRASHED"]
+    assert len(crash) == 1 and "rank 1 of 3 was killed by SIGKILL" in crash[0], crash
+    plain, raised, with_ps = jobs["plain"], jobs["raise"], jobs["ps"]
     assert plain.status is Status.DONE and plain.results["rank_seen"] == 0, plain.error
     assert scontrol(plain.backend_id)["NumTasks"] == "3"
     seen = [json.loads((Path(plain.workdir) / f"seen-{r}.json").read_text()) for r in range(3)]
@@ -654,8 +676,10 @@ def test_a_job_of_three_ranks_gets_three_tasks_and_srun_starts_its_other_ranks(
         )
         assert env["MASTER_PORT"] == port and env["MASTER_ADDR"] == socket.gethostname()
         assert env["SLURM_JOB_ID"] == plain.backend_id
-    assert seen[0]["env"]["SLURM_PROCID"] == "0"  # the job's process: the batch step
-    assert [s["env"]["SLURM_PROCID"] for s in seen[1:]] == ["0", "1"]  # srun's tasks, ranks 1 and 2
-    assert seen[1]["env"]["SLURM_STEP_ID"] == seen[2]["env"]["SLURM_STEP_ID"] == "0"
+    assert [s["env"]["SLURM_PROCID"] for s in seen] == ["0", "1", "2"]  # srun's tasks, rank R its task R
+    assert seen[0]["env"]["SLURM_STEP_ID"] == seen[1]["env"]["SLURM_STEP_ID"] == seen[2]["env"]["SLURM_STEP_ID"]
+    assert with_ps.status is Status.DONE, with_ps.error
+    assert with_ps.results["total"] == [[4.0, 4.0], [5.0, 5.0], [6.0, 6.0]]  # every rank's adds, in one world
+    assert (with_ps.results["workers"], with_ps.results["worker_id"]) == (3, 0)
     assert raised.status is Status.FAILED and raised.error.startswith("rank 2 of 3 raised:\n"), raised.error
     assert "ValueError: rank 2 cannot go on" in raised.error

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from urllib.parse import urlsplit
 
 import pytest
 from browser import chromium, missing, served
-from conftest import need_service
+from conftest import experiment_module, need_service
 from web_data import fill, fill_wide
 
 from jobman.jobdb.status import Status
@@ -309,3 +312,44 @@ def test_a_graph_of_a_thousand_calls_is_drawn_grouped_and_the_page_answers(tmp_p
         rows = driver.execute_script("return Array.from(document.querySelectorAll('tr.job'), r => r.dataset.id);")
         assert rows == [str(roles["trains"][-1])]
     store.dispose()
+
+
+GANG = """
+def gang(state, channel):
+    print(f"rank {channel.rank} of {channel.world_size} says hello", flush=True)
+    return {"rank": channel.rank}
+"""
+
+
+def test_a_gang_jobs_page_shows_where_each_rank_ran_and_its_log(jobman, tmp_path):
+    """A job of 3 ranks run by a real worker: its page lists each rank's host, pid and log, as the ranks
+    wrote them, and shows the end of every rank's output."""
+    why = missing()
+    if why:
+        need_service(why)
+    env = {**os.environ, "PYTHONPATH": experiment_module(tmp_path, "jm_gang_page", GANG)}
+    base = f"sqlite:///{tmp_path / 'gangs.db'}"
+    scheduled = jobman("sqlschedule", f"{base}?table=gangs", "jm_gang_page:gang", "--ranks", "3", env=env)
+    assert scheduled.code == 0, scheduled.err
+    ran = jobman("worker", f"{base}?table=gangs", "--exproot", str(tmp_path / "runs"), env=env)
+    assert ran.code == 0, ran.err
+    store = Store.open(f"{base}?table=gangs")
+    [job] = store.jobs()
+    store.dispose()
+    assert job.status is Status.DONE, job.error
+    pids = [
+        int(json.loads((tmp_path / "runs" / "gangs" / str(job.id) / f"rank-{r}.where").read_text())["pid"])
+        for r in range(3)
+    ]
+    with served(base) as link, chromium() as driver:
+        driver.get(link)
+        driver.get(f"{link.split('/?')[0]}/e/gangs/job/{job.id}")
+        rows = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#ranks tr[data-rank]'),"
+            " r => Array.from(r.cells, c => c.textContent));"
+        )
+        logs = [f"{job.workdir}/stdout.txt, {job.workdir}/stderr.txt"] + [f"{job.workdir}/rank-{r}.log" for r in (1, 2)]
+        assert rows == [[str(r), socket.gethostname(), str(pids[r]), logs[r]] for r in range(3)]
+        tails = driver.execute_script("return Array.from(document.querySelectorAll('pre.tail'), p => p.textContent);")
+        for rank in range(3):
+            assert any(f"rank {rank} of 3 says hello" in t for t in tails), tails

@@ -17,6 +17,7 @@ from urllib.parse import quote, urlencode
 
 from sqlalchemy.engine import Engine
 
+from jobman.dispatch.gang import RANK_LOG, rank_places
 from jobman.dispatch.jobfiles import read_tail
 from jobman.jobdb import artifacts, dashboard, report, selection
 from jobman.jobdb.engine import bound_lock_waits
@@ -435,8 +436,8 @@ def default_curve_ids(store: Store) -> list[int]:
 def job_view(store: Store, job_id: int) -> dict[str, Any]:
     job = store.job(job_id)
     workdir = own_workdir(job.workdir, job_id, store.experiment)
-    seen = off_thread(lambda: (workdir_files(workdir), tails(workdir, job.log_path)))
-    files, job_tails = seen if seen is not None else ([], [])
+    seen = off_thread(lambda: (workdir_files(workdir), tails(workdir, job.log_path, job.ranks), places(workdir, job)))
+    files, job_tails, ranks = seen if seen is not None else ([], [], [])
     return {
         "job": job,
         "events": store.events(job_id),
@@ -444,6 +445,7 @@ def job_view(store: Store, job_id: int) -> dict[str, Any]:
         "files": files,
         "artifacts": sorted(artifacts.refs_in(job.results or {})),
         "tails": job_tails,
+        "ranks": ranks,
         "files_unread": seen is None,
         "file_seconds": f"{FILE_READ_SECONDS:g}",
         "diff": code_diff(store, job.code),
@@ -538,12 +540,19 @@ def workdir_files(workdir: Path | None) -> list[tuple[str, int]]:
     return sorted(out)
 
 
-def tails(workdir: Path | None, log_path: str | None) -> list[tuple[str, str]]:
+def places(workdir: Path | None, job: Any) -> list[dict[str, Any]]:
+    """A gang job's ranks: where each ran and its log (none for a job of one process)."""
+    return rank_places(str(workdir), job.ranks) if workdir is not None and job.ranks > 1 else []
+
+
+def tails(workdir: Path | None, log_path: str | None, ranks: int = 1) -> list[tuple[str, str]]:
     """The last few kilobytes of a job's stdout and stderr (regular files inside its workdir only),
-    and of its backend's log (inside the run folder the workdir belongs to)."""
+    each other rank's log for a gang, and of its backend's log (inside the run folder the workdir
+    belongs to)."""
     if workdir is None:
         return []
     paths = [(workdir / "stdout.txt", workdir), (workdir / "stderr.txt", workdir)]
+    paths += [(workdir / RANK_LOG.format(rank=rank), workdir) for rank in range(1, ranks)]
     if log_path:
         paths.append((Path(log_path), workdir.parent))
     out = []

@@ -59,6 +59,13 @@ def main() -> None:
     seen["big"] = [float(got.min()), float(got.max())]
     seen["big_local_rows"] = list(big.local_rows)
 
+    pair = [ps.MatrixTableHandler(4, 2) for _ in range(2)]  # small: each held whole by one rank, in turns
+    for table in pair:
+        table.add(np.ones((4, 2)))
+    ps.barrier()
+    seen["small_local_rows"] = [list(table.local_rows) for table in pair]
+    seen["small_sums"] = [table.get().tolist() for table in pair]
+
     seen["wrong_shape"] = refusal(lambda: array.add(np.ones(9)))
     seen["wrong_rows_shape"] = refusal(lambda: matrix.add(np.ones((2, 3)), row_ids=[0]))
     seen["row_out_of_range"] = refusal(lambda: matrix.get(row_ids=[0, 5]))
