@@ -264,6 +264,13 @@ def main() -> None:
         print(f"{len(results)} runs saved in {args.tables}", end="")
         print(f", loadavg {min(loads):.1f} to {max(loads):.1f} as they ended" if loads else "")
         print("seconds per run: " + ", ".join(f"{m} {sum(s) / len(s):.2f}" for m, s in took.items()))
+        covered: dict[tuple[int, int], list[int]] = {}
+        runs = {(m, q) for m, _, q in results}
+        for f, d, i in sorted({p for _, p, _ in results}):
+            if all((m, (f, d, i), q) in results for m, q in runs):  # every method, in every mode
+                covered.setdefault((d, i), []).append(f)
+        for (d, i), functions in sorted(covered.items()):
+            print(f"  {d}-D, instance {i}: functions {','.join(map(str, functions))}")
         report(results, sorted({m for m, _, _ in results}, key=list(METHODS).index), spans(args.budgets))
         return
     try:
