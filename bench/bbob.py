@@ -1,11 +1,11 @@
 """Benchmark: jobman's ``--sampler tpe`` against Optuna's own TPE and random search on BBOB.
 
-    pip install coco-experiment                      # BBOB, compiled in: no download
+    pip install 'jobman-sql[bench]'                  # coco-experiment: BBOB, compiled in, no download
     python bench/bbob.py --functions 1-24 --dims 2,5,10 --instances 1-5 --evals 100
     python bench/bbob.py --functions 1,8,15,21 --dims 2 --instances 1-3 --cli   # and the full CLI path
 
 The problems are COCO's noiseless ``bbob`` suite (module ``cocoex`` of the ``coco-experiment``
-package, which is not one of jobman's extras: install it beside jobman to run this file). A
+package, in the ``bench`` extra with the Optuna it compares against; never needed to run jobman). A
 problem is a function (f1-f24), a dimension and an instance; the instance number is also the seed
 of every method on it. Each method has ``--evals`` evaluations over the box [-5, 5]^d, one at a
 time (sequential) and with ``--pending`` points out at a time (the oldest is evaluated, then one
@@ -27,6 +27,13 @@ problem by the best value found (ties share their mean rank); the mean ranks are
 each pair of methods the sign test over the problems: how often one is better, worse, tied, and
 the two-sided p-value of the exact binomial test on the untied ones. The same algorithm should be
 indistinguishable from itself (large p-values between the two TPEs) and both ahead of random.
+Before TPE's 10 start-up points have ended every method is drawing at random, and with one seed
+per instance a method draws the same start-up points for every function of a dimension and
+instance: the figures at 10 evaluations compare a few random designs, not the samplers.
+
+The full grid takes hours on a loaded 2-core machine: ``--save F`` appends each run to ``F`` as it
+ends (runs go instance by instance, so a run cut short covers whole instances), and
+``--tables F`` prints the tables of the saved runs and the problems they cover.
 """
 
 from __future__ import annotations
@@ -276,7 +283,7 @@ def main() -> None:
     try:
         import cocoex  # noqa: F401
     except ImportError:
-        sys.exit("bench/bbob.py needs COCO's BBOB functions: pip install coco-experiment")
+        sys.exit("bench/bbob.py needs COCO's BBOB functions: pip install 'jobman-sql[bench]' (or coco-experiment)")
     budgets = [b for b in spans(args.budgets) if b <= args.evals]
     # Instance by instance: the runs that ended by any moment cover whole instances of every function.
     problems = [(f, d, i) for i in spans(args.instances) for d in spans(args.dims) for f in spans(args.functions)]
