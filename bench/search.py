@@ -35,6 +35,21 @@ In either space, over the same ranges and the same folds:
   the rules the database applies (``jobdb.halving.choose``), each promoted run continuing in a copy
   of its parent's workdir, as a worker starts it.
 
+With ``--learn``, searches that learn instead (``python bench/search.py --learn --space 2d --points 32
+--folds 3 --epochs 9 --outer-folds 5 --seeds 5``), each seed in one process, ``--jobs`` at once:
+
+- at the grid's number of evaluations, full budget: the grid, random search, and jobman's
+  ``--sampler tpe`` through a SQLite job table (its jobs claimed and finished in this process by the
+  store, each end proposing the next configuration in the finishing transaction, one pending at a
+  time); for each, the evaluations it took to first reach the grid's best (never: more than the grid's);
+- epochs spent until a configuration trained to ``--epochs`` first reaches the grid's best: Optuna's
+  own recommended pair, ``TPESampler`` with ``HyperbandPruner(min_resource=--min-epochs,
+  max_resource=--epochs, reduction_factor=--eta)`` driving the same trainer in this process (each
+  trial trained rung by rung in its own workdirs, reporting the folds' mean at each rung), against
+  jobman's ``--sampler tpe --halving epochs=MIN:MAX --eta E --async`` through the job table (a
+  promoted job continuing a copy of its parent's workdirs, as a worker does), one job at a time; both
+  given ``3 * --points`` configurations at most.
+
 Runs are made in this process with ``run_direct`` (no database: the benchmark measures the search,
 not the queue), one BLAS thread, one after another. Epochs are counted as trained: a promoted run
 counts only the epochs it added. Figures are measured in this run and written to
@@ -50,6 +65,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import argparse
+import math
 import platform
 import re
 import shutil
@@ -222,9 +238,14 @@ def main() -> None:
         help="the share of each fold's training part held out for validation (the trainer's "
         "default: 0.1, 119 digits a fold); larger makes the validation error finer",
     )
+    ap.add_argument("--learn", action="store_true", help="compare searches that learn (see the docstring)")
+    ap.add_argument("--jobs", type=int, default=2, help="with --learn: seeds run at once, one process each")
     args = ap.parse_args()
     if args.outer_folds is not None and args.valid_fraction is not None:
         ap.error("--outer-folds validates on whole folds: --valid-fraction has no share to set there")
+    if args.learn:
+        learned(args)
+        return
     space = SPACES[args.space]
 
     rows = []
@@ -313,10 +334,235 @@ def with_section(document: str, heading: str, command: str, text: str) -> str:
         document = "# Search benchmark\n\nWritten by `bench/search.py`; see its docstring for the method.\n"
     parts = re.split(r"(?m)^(?=## )", document)
     run = command.split(" (")[0]
-    kept = [part for part in parts if not (part.startswith("## Search quality") and run in part)]
+    kind = heading.split(",")[0]
+    kept = [part for part in parts if not (part.startswith(kind) and run in part)]
     position = next((i for i, part in enumerate(parts) if part not in kept), len(kept))
     kept.insert(position, text if text.endswith("\n") else text + "\n")
     return "".join(part if part.endswith("\n\n") or i == len(kept) - 1 else part + "\n" for i, part in enumerate(kept))
+
+
+# -- searches that learn (--learn) -----------------------------------------------------------------
+
+
+def _numbers(results: dict) -> dict:
+    return {k: v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _fold_params(args: argparse.Namespace, fixed: dict) -> list[dict]:
+    tokens = [TARGET, *SPACES[args.space]["fixed"]]
+    base = {**FIXED, **fixed, **expand(parse_sweep(tokens))[0].params}
+    base.pop("epochs", None)
+    return [{**base, "nb_cross_fold": args.folds, "id_cross_fold": f} for f in range(args.folds)]
+
+
+def _space(args: argparse.Namespace) -> dict:
+    from jobman.jobdb.halving import sweep_space
+
+    return sweep_space(parse_sweep([TARGET, *SPACES[args.space]["drawn"]]))
+
+
+def _first_reach(scores: list[float], goal: float) -> int | None:
+    """The 1-based evaluation at which ``scores`` first reach ``goal`` (None: never)."""
+    return next((i + 1 for i, v in enumerate(scores) if v <= goal + 1e-9), None)
+
+
+def jobman_search(args: argparse.Namespace, root: Path, seed: int, goal: float, halving: bool) -> tuple[list, int]:
+    """jobman's ``--sampler tpe`` (with ``--halving ... --async`` when ``halving``) through a SQLite job
+    table, one job at a time: (the full-budget configurations' mean errors in the order they ended,
+    epochs spent until the first reached ``goal``, or in all when none did)."""
+    from jobman.jobdb.halving import Halving, parse_halving, sampled
+    from jobman.jobdb.learn import Plan
+    from jobman.jobdb.records import WorkerInfo
+    from jobman.jobdb.store import Store
+
+    fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+    if args.outer_folds is not None:
+        fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
+    folds = _fold_params(args, fixed)
+    if halving:
+        rules = parse_halving(f"epochs={args.min_epochs}:{args.epochs}", args.eta, "valid_error", False, True)
+        runs, samples = [{**f, "epochs": args.min_epochs} for f in folds], 3 * args.points
+    else:
+        rules, samples = Halving("", (), 0, "valid_error"), args.points
+        runs = [{**f, "epochs": args.epochs} for f in folds]
+    name = f"{'bohb' if halving else 'tpe'}{seed}"
+    store = Store.open(f"sqlite:///{root / name}.db?table=t", create=True)
+    plan = Plan("tpe", samples, 1, seed, (("valid_error", "min"),), "fn", TARGET, tuple(runs))
+    store.start_search(sampled(_space(args), rules), plan)  # type: ignore[arg-type]
+    worker, spent, reached = WorkerInfo.here(), 0, None
+    errors: dict[str, list[float]] = {}
+    finals: list[float] = []
+    while reached is None and (claimed := store.claim(worker)) is not None:
+        job = claimed.job
+        workdir = root / name / str(job.id)
+        start = store.continuation(job.id)
+        before = 0
+        if start is not None and start[0]:
+            shutil.copytree(start[0], workdir)
+            before = _epochs_in(workdir)
+        outcome = run_direct(TARGET, job.params, workdir)
+        if outcome.status != "DONE":
+            raise RuntimeError(f"{job.params}: {outcome.status} {outcome.error}")
+        spent += job.params["epochs"] - before
+        store.finish(job.id, claimed.lease, "DONE", results=_numbers(outcome.results))
+        if job.params["epochs"] == args.epochs:
+            key = config_of(job.params, "epochs")
+            errors.setdefault(key, []).append(outcome.results["valid_error"])
+            if len(errors[key]) == args.folds:
+                finals.append(statistics.fmean(errors[key]))
+                if halving and finals[-1] <= goal + 1e-9:
+                    reached = spent
+    store.dispose()
+    return finals, spent
+
+
+def optuna_hyperband(args: argparse.Namespace, root: Path, seed: int, goal: float) -> tuple[float, int, bool]:
+    """Optuna's TPE with its HyperbandPruner driving the trainer here, rung by rung: (best full-budget
+    error, epochs spent until it first reached ``goal`` or in all, whether it did)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rungs = rung_values(args.min_epochs, args.epochs, args.eta)
+    fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+    if args.outer_folds is not None:
+        fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
+    folds = _fold_params(args, fixed)
+    state = {"spent": 0, "reached": False, "best": float("inf")}
+
+    def objective(trial: optuna.Trial) -> float:
+        config = {
+            "lr": trial.suggest_float("lr", 1e-4, 1e-1, log=True),
+            "nhid": trial.suggest_categorical("nhid", list(NHID)),
+        }
+        if args.space != "2d":
+            config["momentum"] = trial.suggest_float("momentum", 0.5, 0.99)
+        done, mean = 0, float("inf")
+        for epochs in rungs:
+            errors = []
+            for f, params in enumerate(folds):
+                workdir = root / f"hb{seed}-{trial.number}-{f}"
+                outcome = run_direct(TARGET, {**params, **config, "epochs": epochs}, workdir)
+                errors.append(outcome.results["valid_error"])
+            state["spent"] += (epochs - done) * len(folds)  # epochs trained, summed over the folds
+            done, mean = epochs, statistics.fmean(errors)
+            trial.report(mean, epochs)
+            if epochs == args.epochs:
+                state["best"] = min(state["best"], mean)
+                if mean <= goal + 1e-9:
+                    state["reached"] = True
+                    trial.study.stop()
+            elif trial.should_prune():
+                raise optuna.TrialPruned()
+        return mean
+
+    study = optuna.create_study(
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.HyperbandPruner(
+            min_resource=args.min_epochs, max_resource=args.epochs, reduction_factor=args.eta
+        ),
+    )
+    study.optimize(objective, n_trials=3 * args.points)
+    return state["best"], int(state["spent"]), bool(state["reached"])
+
+
+def _one_seed(job: tuple) -> dict:
+    args, tmp, seed, goal = job
+    root = Path(tmp) / f"seed{seed}"
+    root.mkdir()
+    fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+    if args.outer_folds is not None:
+        fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
+    runner = Runner(root / "random", args.folds, fixed)
+    random_scores = [runner.score(c, args.epochs)[0] for c in random_configs(args.space, args.points, seed)]
+    tpe_scores, _ = jobman_search(args, root, seed, goal, halving=False)
+    bohb_scores, bohb_epochs = jobman_search(args, root, seed, goal, halving=True)
+    hb_best, hb_epochs, hb_reached = optuna_hyperband(args, root, seed, goal)
+    out = {
+        "seed": seed,
+        "random": _first_reach(random_scores, goal),
+        "random_best": min(random_scores),
+        "tpe": _first_reach(tpe_scores, goal),
+        "tpe_best": min(tpe_scores),
+        "bohb_epochs": bohb_epochs,
+        "bohb_reached": bool(bohb_scores) and min(bohb_scores) <= goal + 1e-9,
+        "bohb_best": min(bohb_scores, default=float("inf")),
+        "hb_epochs": hb_epochs,
+        "hb_reached": hb_reached,
+        "hb_best": hb_best,
+    }
+    print(f"seed {seed}: {out}", flush=True)
+    return out
+
+
+def _median_reach(values: list, never: int) -> str:
+    """The median of evaluations (or epochs) to reach the goal, a run that never did counted past ``never``."""
+    ordered = sorted(v if v is not None else never + 1 for v in values)
+    median = statistics.median(ordered)
+    return f"> {never}" if median > never else f"{median:g}"
+
+
+def learned(args: argparse.Namespace) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    started, load_before = time.perf_counter(), os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="jobman-bench-learn-") as tmp:
+        fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+        if args.outer_folds is not None:
+            fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
+        grid = grid_configs(args.space, args.points)
+        grid_runner = Runner(Path(tmp) / "grid", args.folds, fixed)
+        grid_scores = [grid_runner.score(c, args.epochs)[0] for c in grid]
+        goal = min(grid_scores)
+        grid_reach = _first_reach(grid_scores, goal)
+        print(f"grid of {len(grid)}: best {goal:.4f}, first reached at evaluation {grid_reach}", flush=True)
+        jobs = [(args, tmp, seed, goal) for seed in range(args.seeds)]
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(_one_seed, jobs))
+    seconds, load_after = time.perf_counter() - started, os.getloadavg()
+    n = len(grid)
+    tpe_median = _median_reach([r["tpe"] for r in rows], n)
+    tpe_met = statistics.median(r["tpe"] if r["tpe"] is not None else n + 1 for r in rows) <= n / 2
+    hb = statistics.median(r["hb_epochs"] if r["hb_reached"] else math.inf for r in rows)
+    bohb = statistics.median(r["bohb_epochs"] if r["bohb_reached"] else math.inf for r in rows)
+    command = (
+        f"python bench/search.py --learn --space {args.space} --points {args.points} --folds {args.folds} "
+        f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}"
+        + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "")
+        + (f" --outer-folds {args.outer_folds}" if args.outer_folds is not None else "")
+    )
+    lines = [
+        f"## Search that learns, space {args.space} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        f"{platform.machine()}, {os.cpu_count()} cores, shared; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after)",
+        "",
+        f"`{command}` ({seconds:.0f} s, {args.jobs} seeds at once). The grid: {n} points, best "
+        f"{100 * goal:.2f} % (first reached at its evaluation {grid_reach}). Evaluations: configurations "
+        f"trained to {args.epochs} epochs, each the mean over {args.folds} folds; 'never': not within {n}.",
+        "",
+        "| seed | random: evaluations to the grid's best | its best | jobman tpe: evaluations | its best "
+        "| Optuna TPE + Hyperband: epochs | its best | jobman tpe --halving --async: epochs | its best |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[
+            f"| {r['seed']} | {r['random'] or 'never'} | {100 * r['random_best']:.2f} | {r['tpe'] or 'never'} | "
+            f"{100 * r['tpe_best']:.2f} | {r['hb_epochs']}{'' if r['hb_reached'] else ' (never)'} | "
+            f"{100 * r['hb_best']:.2f} | {r['bohb_epochs']}{'' if r['bohb_reached'] else ' (never)'} | "
+            f"{100 * r['bohb_best']:.2f} |"
+            for r in rows
+        ],
+        "",
+        f"- jobman tpe reaches the grid's best in a median of {tpe_median} evaluations (random search: "
+        f"{_median_reach([r['random'] for r in rows], n)}; the grid: {grid_reach}). Target (at most half the "
+        f"grid's {n}): {'met' if tpe_met else 'MISSED'}.",
+        f"- epochs until a configuration trained to {args.epochs} reaches the grid's best, median over seeds "
+        f"(a run that never did counts as infinite): Optuna TPE + HyperbandPruner {hb:g}, jobman "
+        f"`--sampler tpe --halving epochs={args.min_epochs}:{args.epochs} --eta {args.eta} --async` {bohb:g} "
+        f"(each with {3 * args.points} configurations at most). Target (jobman spends no more): "
+        f"{'met' if bohb <= hb else 'MISSED'}.",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.write_text(with_section(RESULTS.read_text() if RESULTS.exists() else "", lines[0], lines[2], text))
 
 
 if __name__ == "__main__":

@@ -321,9 +321,9 @@ def sqlschedule(  # noqa: C901
     if sampler in LEARNING:
         _schedule_learning(
             database, parsed, samples, seed, sampler, parallel, metrics, maximize, priority, max_attempts,
-            no_check=no_check, dry_run=dry_run, constraints=constraints,
-            refused=[("--halving", halving), ("--prune", prune), ("--after", after), ("-f", force),
-                     ("-r", repeat > 1), ("--async", asynchronous)],
+            no_check=no_check, dry_run=dry_run, constraints=constraints, halving=halving, eta=eta,
+            asynchronous=asynchronous,
+            refused=[("--prune", prune), ("--after", after), ("-f", force), ("-r", repeat > 1)],
         )  # fmt: skip
         return
     if constraints:
@@ -485,19 +485,35 @@ def _schedule_learning(
     dry_run: bool,
     refused: list[tuple[str, Any]],
     constraints: tuple[str, ...] = (),
+    halving: str | None = None,
+    eta: int = 3,
+    asynchronous: bool = False,
 ) -> None:
-    """A learning search: its first configurations now, the others proposed as jobs end."""
-    from jobman.jobdb.learn import Plan, check_plan, parse_constraints, parse_objectives, resolve_auto
+    """A learning search: its first configurations now, the others proposed as jobs end. With
+    ``--halving``, a multi-fidelity one (BOHB's way): new configurations start at the first rung,
+    proposed from a model of the highest rung with enough results, and are promoted as halving does."""
+    from jobman.jobdb.learn import Plan, check_halving, check_plan, parse_constraints, parse_objectives, resolve_auto
     from jobman.jobdb.selection import default_group_keys
 
     for option, given in refused:
         if given:
             raise UsageError(f"--sampler {sampler} does not combine with {option}: use --sampler random or halton")
+    if asynchronous and halving is None:
+        raise UsageError("--async goes with --halving RESOURCE=MIN:MAX")
     if len(parsed.phases) > 1:
         raise UsageError(f"--sampler {sampler} proposes the jobs of one phase: give a sweep without '--'")
     if samples is None:
         raise UsageError(f"--sampler {sampler} needs --samples N, the number of configurations to evaluate")
     space = sweep_space(parsed)
+    rules: Halving | None = None
+    if halving is not None:
+        objectives = parse_objectives(metrics, maximize)
+        if len(objectives) > 1:
+            raise UsageError("--halving ranks configurations by one --metric: give one, or leave --halving out")
+        if not objectives:
+            raise UsageError(f"--sampler {sampler} needs --metric M: the result it minimises (M:max to maximise)")
+        ((metric, direction),) = objectives
+        rules, parsed = _halving_rules(parsed, halving, eta, metric, direction == "max", asynchronous)
     phase = parsed.phases[0]
     fixed = [a for a in phase.assignments if a.key not in space]
     runs = [a.key for a in fixed if a.grid and len(a.values) > 1]
@@ -521,19 +537,28 @@ def _schedule_learning(
         parse_constraints(constraints),
     )
     check_plan(plan, space)
+    rules = rules or _learning_rules(plan)
+    check_halving(plan, rules, space)
     if not no_check:
         check_targets(Expansion(parsed, samples=1, seed=seed).function_parameters())
     chosen = resolve_auto(sampler, space, samples, len(plan.objectives))
     how = f"{chosen} (chosen by auto)" if chosen != sampler else chosen
     per = len(plan.runs)
+    fidelity = ""
+    if rules.rungs:
+        fidelity = (
+            f"; each from a model of the highest rung with {len(space) + 1} results (random before), promoted "
+            f"by halving {rules.resource} {rules.rungs[0]} to {rules.rungs[-1]}, eta {rules.eta}"
+            + (", async" if rules.asynchronous else "")
+        )
     if dry_run:
         click.echo(
             f"{samples} configurations of {per} job(s), proposed by {how} as jobs end, {plan.parallel} "
-            "pending at most; nothing written (--dry-run)"
+            f"pending at most{fidelity}; nothing written (--dry-run)"
         )
         return
     store = database.open()
-    search_id, new, before = store.start_search(sampled(space, _learning_rules(plan)), plan)  # type: ignore[arg-type]
+    search_id, new, before = store.start_search(sampled(space, rules), plan)  # type: ignore[arg-type]
     where = f"experiment {store.experiment!r} of {store.target.display}"
     if not new:
         rest = "" if before >= samples else f"; the rest of the {samples} are proposed as jobs end"
@@ -543,7 +568,7 @@ def _schedule_learning(
     click.echo(
         f"search {search_id}: {how} proposed {configs} configuration{'s' if configs != 1 else ''} ({len(new)} "
         f"job{'s' if len(new) != 1 else ''}) to {where}; the rest of the {samples} are proposed as jobs end, "
-        f"{plan.parallel} pending at most"
+        f"{plan.parallel} pending at most{fidelity}"
     )
 
 

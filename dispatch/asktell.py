@@ -10,6 +10,7 @@ sampler, never run by a worker (the job's kind is ``asked``, its attempt limit 1
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,21 +45,37 @@ def learning_plan(
     maximize: bool = False,
     constraints: Sequence[str] = (),
     max_attempts: int = 3,
+    halving: str | None = None,
+    eta: int = 3,
+    asynchronous: bool = False,
 ) -> tuple[Halving, Plan]:
-    """The rules and plan of a learning search over ``space`` (distributions, and fixed values)."""
-    from jobman.jobdb.learn import parse_constraints
+    """The rules and plan of a learning search over ``space`` (distributions, and fixed values);
+    with ``halving`` (``"epochs=1:27"``), a multi-fidelity one whose configurations start at the first
+    rung and are promoted as ``sqlschedule --halving`` does."""
+    from jobman.jobdb.halving import parse_halving
+    from jobman.jobdb.learn import check_halving, parse_constraints
 
     if not isinstance(space, Mapping):
         raise UsageError("the space is a dict of parameter names to distributions (jobman.uniform(0, 1), ...)")
     drawn = {k: v for k, v in space.items() if isinstance(v, Distribution)}
     fixed = {k: v for k, v in space.items() if not isinstance(v, Distribution)}
     metrics = [metric] if isinstance(metric, str) else list(metric)
+    objectives = parse_objectives(metrics, maximize)
+    rules = Halving("", (), 0, objectives[0][0], objectives[0][1]) if objectives else None
+    if halving is not None:
+        rules = parse_halving(halving, eta, objectives[0][0] if objectives else None, False, asynchronous)
+        rules = dataclasses.replace(rules, mode=objectives[0][1])
+        if rules.resource in fixed:
+            raise UsageError(f"halving sets {rules.resource}; leave it out of the space")
+        fixed = {**fixed, rules.resource: rules.rungs[0]}
+    elif asynchronous:
+        raise UsageError("asynchronous goes with halving='RESOURCE=MIN:MAX'")
     plan = Plan(
         sampler,
         samples,
         parallel,
         seed,
-        parse_objectives(metrics, maximize),
+        objectives,
         kind,
         target,
         (fixed,),
@@ -66,9 +83,11 @@ def learning_plan(
         max_attempts=1 if kind == ASKED else max_attempts,
     )
     check_plan(plan, drawn)
-    rules = sampled(drawn, Halving("", (), 0, plan.objectives[0][0], plan.objectives[0][1]))
-    assert rules is not None  # check_plan refused an empty space
-    return rules, plan
+    assert rules is not None  # check_plan refused a plan without a metric
+    check_halving(plan, rules, drawn)
+    out = sampled(drawn, rules)
+    assert out is not None  # check_plan refused an empty space
+    return out, plan
 
 
 class Search:

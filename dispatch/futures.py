@@ -490,10 +490,18 @@ class Experiment:
         seed: int = 0,
         maximize: bool = False,
         constraints: Sequence[str] = (),
+        halving: str | None = None,
+        eta: int = 3,
+        asynchronous: bool = False,
     ) -> tuple[list[JobFuture], Any]:
         """Run a learning search of ``samples`` calls of ``fn`` over ``space`` (as ``sqlschedule
         --sampler``): each point proposed as a job ends, ``parallel`` (default: the workers) pending
-        at once. Waits for the search to end; its futures, in the order proposed, and :meth:`best`."""
+        at once. Waits for the search to end; its futures, in the order proposed, and :meth:`best`.
+
+        ``halving="epochs=1:27"`` (with ``eta`` and ``asynchronous``, as ``--halving``, ``--eta`` and
+        ``--async``): ``samples`` configurations start at the first rung, proposed from a model of the
+        highest rung with enough results, and the best are promoted; the best is then the best at
+        the highest rung reached."""
         import time
 
         from .asktell import learning_plan
@@ -518,6 +526,9 @@ class Experiment:
             maximize=maximize,
             constraints=constraints,
             max_attempts=self.max_attempts,
+            halving=halving,
+            eta=eta,
+            asynchronous=asynchronous,
         )
         search_id, _, _ = self.store.start_search(rules, plan)
         futures: dict[int, JobFuture] = {}
@@ -540,7 +551,7 @@ class Experiment:
             time.sleep(0 if runnable is not None else self.poll_interval)
         self._settle_now(list(futures.values()))
         objectives = plan.objectives
-        if len(objectives) > 1 or plan.constraints:
+        if len(objectives) > 1 or plan.constraints or rules.rungs:
             best = self.best()
         else:
             best = self.best(objectives[0][0], objectives[0][1])
@@ -567,7 +578,7 @@ class Experiment:
             fronts = self.store.search_fronts()
             if fronts and len(fronts[-1].objectives) > 1:
                 return list(fronts[-1].points)
-            if fronts:  # one metric under constraints: the best feasible configuration
+            if fronts:  # one metric under constraints, or at a multi-fidelity search's top rung
                 if not fronts[-1].points:
                     raise NothingEligible("no configuration of the search is feasible and finished yet")
                 return fronts[-1].points[0]

@@ -4,6 +4,7 @@ would claim it, heartbeat from a thread, recorded under its lease.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -20,7 +21,7 @@ from jobman.jobdb.url import DbTarget
 from .channel import Parent, StoreChannel, job_info
 from .experiment import failure_why
 from .provenance import CodeRecords, what_ran, where_of
-from .runner import run_here
+from .runner import continued_state, run_here
 
 
 class InlineRunner:
@@ -64,7 +65,8 @@ class InlineRunner:
                 self._heartbeats.start()
             self._heartbeats.running[job.id] = lease
             try:
-                ending = run_here(fn, channel, job.results, info)
+                start = continued_state(job, workdir, functools.partial(store.continuation, job.id))
+                ending = run_here(fn, channel, start, info)
             except BaseException:  # Ctrl-C: the job goes back to the queue, to resume
                 store.finish(job.id, lease, "REQUEUE", why="interrupted in the calling process; put back")
                 raise

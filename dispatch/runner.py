@@ -115,6 +115,24 @@ def _argument(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def continued_state(
+    job: Job, workdir: Path, continuation: Callable[[], tuple[str | None, dict[str, Any]] | None]
+) -> dict[str, Any] | None:
+    """The state a job starts from (see ``continuation``: the job it continues at a higher rung of a
+    search, read only when needed): its own checkpoint when it has one, else a copy of its parent's
+    workdir, made while its own is still empty, and the state the parent saved."""
+    empty = not any(workdir.iterdir())
+    if job.results and not empty:  # a relaunch of a job that has its own checkpoint
+        return job.results
+    found = continuation()
+    if found is None:
+        return job.results
+    source, saved = found
+    if empty and source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
+        copy_tree(source, workdir)
+    return job.results or saved
+
+
 def run_here(
     fn: Callable[..., Any],
     channel: Channel,
@@ -603,16 +621,11 @@ class Runner:
         """The state a job starts from. A job promoted to a higher rung of a search continues its parent's
         whole checkpoint: a copy of its workdir (made once, while the job's own is still empty) and the
         state it saved, under the job's own parameters; once the job saved a checkpoint of its own, that."""
-        empty = not any(workdir.iterdir())
-        if job.results and not empty:  # a relaunch of a job that has its own checkpoint
-            return job.results
-        found = self.outage.call(lambda: self.store.continuation(job.id), "reading the job it continues")
-        if found is None:
-            return job.results
-        source, saved = found
-        if empty and source and Path(source).is_dir():  # symlinks stay symlinks: what they point to is not the job's
-            copy_tree(source, workdir)
-        return job.results or saved
+
+        def read() -> tuple[str | None, dict[str, Any]] | None:
+            return self.outage.call(lambda: self.store.continuation(job.id), "reading the job it continues")
+
+        return continued_state(job, workdir, read)
 
     def _start_function(
         self, job: Job, lease: int, parents: list[Job], workdir: Path, start: dict[str, Any] | None

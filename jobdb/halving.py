@@ -294,8 +294,10 @@ def _promote(
     hash_of: Callable[[int, str, str, dict], str],
     now: Callable[[], float],
 ) -> list[int]:
+    # The search's row is locked (PostgreSQL; SQLite's writer holds the database) so that two jobs of a
+    # rung ending at once decide one after the other, the second seeing the first's end and promotions.
     exp, spec = conn.execute(
-        sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id)
+        sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
     ).one()
     rules = Halving.from_json(spec)
     if rung + 1 >= len(rules.rungs):
@@ -308,8 +310,11 @@ def _promote(
     ).all()
     jobs: dict[str, list[Any]] = {}
     promoted: set[str] = set()
-    # The rung is closed when every job below it has ended: no configuration can join it any more.
-    closed = all(r.status in _ENDED for r in rows if r.rung < rung)
+    # The rung is closed when every job below it has ended and, in a learning search, every first-rung
+    # configuration of its budget was proposed: no configuration can join it any more.
+    budget = json.loads(spec).get("learn", {}).get("samples")
+    proposed = len({r.config for r in rows if r.rung == 0})
+    closed = all(r.status in _ENDED for r in rows if r.rung < rung) and (budget is None or proposed >= budget)
     for r in rows:
         if r.rung == rung:
             jobs.setdefault(r.config, []).append(r)

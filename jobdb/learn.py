@@ -56,6 +56,7 @@ _BAD = {s.value for s in (Status.FAILED, Status.CRASHED, Status.CANCELED, Status
 GP_BUDGET = 250
 GP_LIMIT = 1000  # the GP's cost grows as the cube of the trials: past this, a proposal takes seconds
 MISSING = 1e9  # the violation of a constraint whose result is missing: large, and finite for the GP's model
+STARTUP = 10  # Optuna's default: the finished trials TPE and the GP draw at random before they model
 _RETRIES = 20  # asks before a space whose points are all taken is declared exhausted
 
 
@@ -194,6 +195,25 @@ def check_plan(plan: Plan, space: Mapping[str, Distribution]) -> None:
             f"--sampler gp slows as the cube of the evaluations: past {GP_LIMIT} use --sampler tpe or cmaes"
         )
     available(resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives)))
+
+
+def check_halving(plan: Plan, rules: Halving, space: Mapping[str, Distribution]) -> None:
+    """Refuse, in one sentence, a multi-fidelity search (a learning sampler with ``--halving``) that
+    cannot work: its model is TPE's or the GP's, of one metric, over one rung's results."""
+    if not rules.rungs:
+        return
+    chosen = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
+    if chosen not in ("tpe", "gp"):
+        raise UsageError(
+            f"--sampler {plan.sampler} with --halving: the model of a rung's results is TPE's or the GP's, "
+            "use --sampler tpe or gp"
+        )
+    if len(plan.objectives) > 1:
+        raise UsageError("--halving ranks configurations by one --metric: give one, or leave --halving out")
+    if plan.constraints:
+        raise UsageError("--halving promotes by --metric alone and cannot honour --constraint: leave one out")
+    if rules.resource in space:
+        raise UsageError(f"--halving sets {rules.resource}; leave it out of the distributions")
 
 
 def optuna_distribution(key: str, dist: Distribution) -> tuple[str, dict[str, Any]]:
@@ -342,13 +362,39 @@ class Config:
 def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
     out: dict[str, Config] = {}
     for row in conn.execute(
-        sa.select(t_job.c.id, t_job.c.status, t_job.c.params, t_job.c.results, t_sjob.c.config)
+        sa.select(t_job.c.id, t_job.c.status, t_job.c.params, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
         .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
         .where(t_sjob.c.search_id == search_id)
         .order_by(t_job.c.id)
     ):
         out.setdefault(row.config, Config(row.config, [])).jobs.append(row)
     return out
+
+
+def model_minimum(space: Mapping[str, Distribution]) -> int:
+    """The finished results a rung needs before a multi-fidelity search proposes from its model:
+    BOHB's d + 1, d the number of parameters drawn."""
+    return len(space) + 1
+
+
+def model_rung(configs: Mapping[str, Config], rules: Halving, minimum: int) -> tuple[int | None, int]:
+    """BOHB's rule: the highest rung with at least ``minimum`` finished results, and how many it has;
+    (None, the first rung's count) when no rung has that many yet."""
+    done = Status.DONE.value
+    counts = [0] * max(1, len(rules.rungs))
+    for config in configs.values():
+        for rung in range(len(counts)):
+            runs = [j for j in config.jobs if j.rung == rung]
+            if runs and all(j.status == done and _finite(_result(j, rules.metric)) for j in runs):
+                counts[rung] += 1
+    for rung in reversed(range(len(counts))):
+        if counts[rung] >= minimum:
+            return rung, counts[rung]
+    return None, counts[0]
+
+
+def _result(job: Any, metric: str) -> Any:
+    return (load_json(job.results) if job.results else {}).get(metric)
 
 
 def propose(
@@ -376,21 +422,32 @@ def propose(
         return []
     space = rules.distributions()
     sampler_name = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
-    study, dists = build_study(conn, plan, rules, configs, state)
+    rung, startup, source = None, None, ""
+    if rules.rungs:  # multi-fidelity: the model of one rung's results, BOHB's way
+        startup = model_minimum(space)
+        rung, count = model_rung(configs, rules, startup)
+        results = f"{count} result{'s' if count != 1 else ''}"
+        source = (
+            f", from a model of the {results} at {rules.resource}={rules.rungs[rung]}"
+            if rung is not None
+            else f", at random: {results} at {rules.resource}={rules.rungs[0]}, the model needs {startup}"
+        )
+    study, dists = build_study(conn, plan, rules, configs, state, rung=rung or 0)
     new: list[int] = []
     number = len(configs)
     tries = 0
     while room > 0 and tries < _RETRIES * max(1, room):
         tries += 1
-        study.sampler = make_sampler(sampler_name, proposal_seed(plan.seed, number + tries * 1_000_003), plan)
+        seed = proposal_seed(plan.seed, number + tries * 1_000_003)
+        study.sampler = make_sampler(sampler_name, seed, plan, startup)
         trial = study.ask(fixed_distributions=dists)
         point = {k: _jobman_value(v) for k, v in trial.params.items()}
         runs = [{**run, **point} for run in plan.runs]
-        config = config_of(runs[0], "")
+        config = config_of(runs[0], rules.resource)
         if config in configs:  # the same point again (a small discrete space): ask with another seed
             continue
         configs[config] = Config(config, [])
-        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}"
+        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}{source}"
         for params in runs:
             job_id, made = _insert(conn, exp, plan, params, hash_of, why, now)
             conn.execute(sa.insert(t_sjob).values(job_id=job_id, search_id=search_id, rung=0, config=config))
@@ -462,17 +519,23 @@ def _jobman_value(v: Any) -> Any:
     return v
 
 
-def make_sampler(name: str, seed: int, plan: Plan) -> Any:
-    """Optuna's sampler of that name, seeded."""
+def make_sampler(name: str, seed: int, plan: Plan, startup: int | None = None) -> Any:
+    """Optuna's sampler of that name, seeded; ``startup``: the finished trials before TPE or the GP
+    proposes from its model (Optuna's default when None)."""
     import optuna
 
     samplers = optuna.samplers
     # Constraints need nothing here: their values are in each trial's system attributes (build_study),
     # where Optuna's samplers read them.
     if name == "tpe":
-        return samplers.TPESampler(seed=seed, multivariate=len(plan.objectives) == 1, constant_liar=True)
+        return samplers.TPESampler(
+            seed=seed,
+            multivariate=len(plan.objectives) == 1,
+            constant_liar=True,
+            n_startup_trials=STARTUP if startup is None else startup,
+        )
     if name == "gp":
-        return samplers.GPSampler(seed=seed)
+        return samplers.GPSampler(seed=seed, n_startup_trials=STARTUP if startup is None else startup)
     if name == "cmaes":
         return samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if name == "nsga2":
@@ -483,9 +546,18 @@ def make_sampler(name: str, seed: int, plan: Plan) -> Any:
 
 
 def build_study(
-    conn: Connection, plan: Plan, rules: Halving, configs: Mapping[str, Config], state: Mapping[str, Any]
+    conn: Connection,
+    plan: Plan,
+    rules: Halving,
+    configs: Mapping[str, Config],
+    state: Mapping[str, Any],
+    rung: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
-    """An in-memory study holding one trial per configuration, in the order they were proposed."""
+    """An in-memory study holding one trial per configuration, in the order they were proposed.
+
+    A multi-fidelity search's trials are its configurations' runs at ``rung``: one that has none
+    there is a RUNNING trial while any of its runs is pending (so that new points keep away from
+    those in flight), and is left out once it stopped below that rung."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -507,6 +579,13 @@ def build_study(
         params = load_json(config.jobs[0].params)
         if not all(k in params for k in dists):
             continue
+        runs = [j for j in config.jobs if j.rung == rung] if rules.rungs else config.jobs
+        if runs:
+            outcome = trial_outcome(runs, plan.objectives, curves, optuna.trial.TrialState)
+        elif config.pending:
+            outcome = {"state": optuna.trial.TrialState.RUNNING}
+        else:
+            continue
         point = {k: params[k] for k in dists}
         study.add_trial(
             optuna.trial.create_trial(
@@ -514,7 +593,7 @@ def build_study(
                 distributions=dists,
                 system_attrs={**trial_attrs.get(config.key, {}), **_constraint_attrs(config, plan)},
                 user_attrs={"config": config.key},
-                **trial_outcome(config.jobs, plan.objectives, curves, optuna.trial.TrialState),
+                **outcome,
             )
         )
     return study, dists
@@ -626,9 +705,10 @@ class Front:
 
 
 def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
-    """The Pareto front of each multi-objective or constrained learning search of the experiment
-    (Optuna's ``best_trials`` over the same trials a proposal sees: feasible ones only, under
-    constraints; with one metric, the best); empty when Optuna is not installed."""
+    """The Pareto front of each multi-objective, constrained or multi-fidelity learning search of the
+    experiment (Optuna's ``best_trials`` over the same trials a proposal sees: feasible ones only,
+    under constraints; at the highest rung with a result, with halving; with one metric, the best);
+    empty when Optuna is not installed."""
     try:
         import optuna
     except ImportError:
@@ -640,11 +720,12 @@ def fronts(conn: Connection, exp: int, every: bool = False) -> list[Front]:
         data = json.loads(spec)
         if "learn" not in data:
             continue
-        if not every and len(data["learn"]["objectives"]) < 2 and not data["learn"].get("constraints"):
-            continue
         plan, rules = Plan.from_dict(data["learn"]), Halving.from_json(spec)
+        if not every and len(plan.objectives) < 2 and not plan.constraints and not rules.rungs:
+            continue
         configs = _configs(conn, search_id)
-        study, _ = build_study(conn, plan, rules, configs, {})
+        top, _ = model_rung(configs, rules, 1)  # a multi-fidelity search is judged at its highest rung
+        study, _ = build_study(conn, plan, rules, configs, {}, rung=top or 0)
         points = []
         for trial in sorted(study.best_trials, key=lambda t: t.values):
             config = configs[trial.user_attrs["config"]]

@@ -1,0 +1,247 @@
+"""Model-based multi-fidelity search (BOHB's way): ``--sampler tpe --halving epochs=1:9 [--async]``.
+
+New first-rung configurations are proposed by TPE fit on the highest rung with at least d + 1 finished
+results (d: the parameters drawn), at random before any rung has that many; promotions are halving's.
+Real workers on SQLite and PostgreSQL: exactly ``--samples`` first-rung configurations, never the same
+one twice, each promoted job the child of its configuration's job one rung below, with concurrent
+workers and with workers SIGKILLed at random moments (some while proposing).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from search_helpers import experiment_module
+from test_search_learn import start_worker
+
+from jobman.jobdb.halving import rung_sizes
+from jobman.jobdb.status import Status
+
+MODULE = "jm_bohb_exp"
+TRAINER = textwrap.dedent('''
+    """A function of two parameters trained for ``epochs``: a promoted job goes on from its parent's count."""
+    import time
+
+
+    def train(state, channel):
+        done = channel.workdir / "epochs.txt"
+        start = int(done.read_text()) if done.exists() else 0
+        time.sleep(state.get("pause", 0.0) * (state.epochs - start))
+        done.write_text(str(state.epochs))
+        state.start = start
+        state.loss = (state.x - 0.3) ** 2 + (state.y - 2) ** 2 + 1.0 / state.epochs
+''')
+SPACE = ["x=uniform(-2,2)", "y=uniform(0,4)"]
+MINIMUM = len(SPACE) + 1  # BOHB's d + 1
+PROPOSED = re.compile(
+    r"proposed by tpe: configuration (\d+) of (\d+), "
+    r"(?:from a model of the (\d+) results? at epochs=(\d+)"
+    r"|at random: (\d+) results? at epochs=1, the model needs (\d+))"
+)
+
+
+@pytest.fixture
+def exp(tmp_path: Path):
+    return experiment_module(tmp_path, MODULE, TRAINER)
+
+
+def schedule(jobman, db_url, exp, *extra: str):
+    return jobman(
+        "sqlschedule", db_url, f"{MODULE}:train", *SPACE, "--metric", "loss", "--sampler", "tpe", *extra, env=exp.env
+    )
+
+
+def run_out(jobman, db_url, exp, store, tmp_path: Path, workers: int) -> None:
+    procs = [start_worker(db_url, exp, tmp_path / f"w{i}.log") for i in range(workers)]
+    for p in procs:
+        p.wait(timeout=300)
+    for _ in range(5):  # a worker that found nothing queued for a moment exits: run another
+        jobs = store.jobs()
+        if jobs and all(j.status is Status.DONE for j in jobs):
+            break
+        jobman("worker", db_url, "--exproot", str(exp.runs), env=exp.env, timeout=300)
+    logs = "".join(p.read_text() for p in tmp_path.glob("w*.log"))
+    assert "Traceback" not in logs and "locked" not in logs
+
+
+def first_rung_points(store) -> list[tuple[float, float]]:
+    return [(j.params["x"], j.params["y"]) for j in store.jobs() if j.params["epochs"] == 1]
+
+
+def check_promotions(store, n: int, rungs: list[int], eta: int) -> dict[int, list]:
+    """Every job DONE; exactly ``n`` distinct first-rung configurations; each promoted job continues
+    its configuration's job one rung below; each rung as large as halving makes it once all ended."""
+    jobs = store.jobs()
+    assert jobs and all(j.status is Status.DONE for j in jobs), [(j.id, j.status) for j in jobs]
+    by_id = {j.id: j for j in jobs}
+    by_rung: dict[int, list] = {}
+    for job in jobs:
+        by_rung.setdefault(rungs.index(job.params["epochs"]), []).append(job)
+    assert len(by_rung[0]) == n and len(set(first_rung_points(store))) == n
+    for rung, members in by_rung.items():
+        for job in members:
+            if rung == 0:
+                assert job.depends_on == [] and job.results["start"] == 0
+                continue
+            (parent,) = [by_id[p] for p in job.depends_on]
+            assert parent.params["epochs"] == rungs[rung - 1]
+            assert {k: v for k, v in parent.params.items() if k != "epochs"} == {
+                k: v for k, v in job.params.items() if k != "epochs"
+            }
+            assert job.results["start"] == rungs[rung - 1]  # it went on from its parent's workdir
+    # Once every job ended, synchronous and asynchronous halving alike have promoted max(1, n // eta).
+    assert [len(by_rung.get(k, [])) for k in range(len(rungs))] == rung_sizes(n, eta, len(rungs))
+    return by_rung
+
+
+def proposals(store) -> list[tuple[int, int | None, int]]:
+    """Each first-rung job's proposal as recorded: (configuration number, the rung's resource the model
+    was fit at or None for random, the results it had)."""
+    out = []
+    for job in store.jobs():
+        if job.params["epochs"] != 1:
+            continue
+        why = next(e.why for e in store.events(job.id) if e.from_status is None)
+        m = PROPOSED.fullmatch(why)
+        assert m, why
+        if m.group(3) is not None:
+            out.append((int(m.group(1)), int(m.group(4)), int(m.group(3))))
+        else:
+            assert int(m.group(6)) == MINIMUM
+            out.append((int(m.group(1)), None, int(m.group(5))))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("mode", [[], ["--async"]], ids=["sync", "async"])
+def test_bohb_runs_exactly_n_configurations_and_promotes_the_best(jobman, db_url, store, exp, tmp_path, mode):
+    n = 18
+    done = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", "--parallel", "3", *mode)
+    assert done.code == 0 and "tpe proposed 3 configurations" in done.out and "halving epochs 1 to 9" in done.out
+    again = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", "--parallel", "3", *mode)
+    assert again.code == 0 and "nothing added" in again.out and len(store.jobs()) == 3, again
+    run_out(jobman, db_url, exp, store, tmp_path, 3)
+    by_rung = check_promotions(store, n, [1, 3, 9], 3)
+    if not mode:  # synchronous: each rung's promoted are its best
+        for rung in (0, 1):
+            ranked = sorted(by_rung[rung], key=lambda j: j.results["loss"])
+            best = {(j.params["x"], j.params["y"]) for j in ranked[: len(by_rung[rung + 1])]}
+            assert best == {(j.params["x"], j.params["y"]) for j in by_rung[rung + 1]}
+    # The model was used, and only with enough results at the rung it was fit on.
+    made = proposals(store)
+    assert [p[0] for p in made] == list(range(1, n + 1))
+    assert all(count < MINIMUM for _, rung, count in made if rung is None)
+    assert all(count >= MINIMUM for _, rung, count in made if rung is not None)
+    assert made[0][1] is None and made[-1][1] is not None
+    # The report names the search's best at its highest rung.
+    shown = jobman("report", db_url, "--metric", "loss", env=exp.env)
+    assert shown.code == 0 and "best (loss lowest best)" in shown.out, shown
+
+
+def test_the_model_moves_up_a_rung_once_it_has_enough_results(jobman, tmp_path, exp):
+    url = f"sqlite:///{tmp_path / 'up.db'}?table=t"
+    from jobman.jobdb.store import Store
+
+    done = schedule(jobman, url, exp, "--samples", "30", "--halving", "epochs=1:9", "--async", "--parallel", "1")
+    assert done.code == 0, done
+    ran = jobman("worker", url, "--exproot", str(exp.runs), env=exp.env, timeout=300)
+    assert ran.code == 0, ran
+    store = Store.open(url)
+    made = proposals(store)
+    # One worker, one pending: the first d + 1 at random, each with the results before it.
+    assert [(rung, count) for _, rung, count in made[:MINIMUM]] == [(None, k) for k in range(MINIMUM)]
+    used = [0 if rung is None else rung for _, rung, _ in made]
+    assert {1, 3} <= set(used)  # rung 0's model, then a higher rung's
+    assert used == sorted(used)  # never back down: one worker, results only grow
+    check_promotions(store, 30, [1, 3, 9], 3)
+    store.dispose()
+
+
+@pytest.mark.slow
+def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, store, exp, tmp_path):
+    n = 24
+    extra = ["--parallel", "2", "pause=0.3", "--max-attempts", "100", "--async"]
+    done = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", *extra)
+    assert done.code == 0, done
+    rng = random.Random(11)
+    kills = 0
+    deadline = time.time() + 480
+    while time.time() < deadline:
+        jobs = store.jobs()
+        if len(first_rung_points(store)) >= n and all(j.status is Status.DONE for j in jobs):
+            break
+        workers = [start_worker(db_url, exp, tmp_path / "w.log") for _ in range(2)]
+        for victim in workers if kills < 10 else ():
+            time.sleep(rng.uniform(0.6, 1.8))
+            if victim.poll() is None:
+                os.killpg(victim.pid, signal.SIGKILL)
+                kills += 1
+        for w in workers:
+            try:
+                w.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait()
+        scan = jobman("monitor", db_url, "--once", env=exp.env)  # the killed worker's job: CRASHED, queued again
+        assert scan.code == 0, scan
+    assert kills >= 4
+    check_promotions(store, n, [1, 3, 9], 3)
+    assert "Traceback" not in (tmp_path / "w.log").read_text()
+
+
+def test_optimize_with_halving_from_python(tmp_path, exp, monkeypatch):
+    import sys
+
+    import jobman
+
+    monkeypatch.syspath_prepend(exp.env["PYTHONPATH"].split(os.pathsep)[0])
+    sys.modules.pop(MODULE, None)
+    ex = jobman.Experiment(f"sqlite:///{tmp_path / 'py.db'}?table=t", backend="inline", exproot=tmp_path / "runs")
+    futures, best = ex.optimize(
+        f"{MODULE}:train",
+        {"x": jobman.uniform(-2, 2), "y": jobman.uniform(0, 4)},
+        samples=9,
+        metric="loss",
+        parallel=1,
+        halving="epochs=1:9",
+        asynchronous=True,
+    )
+    assert len(futures) == 9 + 3 + 1 and all(f.result()["loss"] > 0 for f in futures)
+    jobs = [ex.store.job(f.job_id) for f in futures]
+    assert sorted(j.params["epochs"] for j in jobs) == [1] * 9 + [3] * 3 + [9]
+    (top,) = [j for j in jobs if j.params["epochs"] == 9]
+    assert top.results["start"] == 3  # it went on from its parent's workdir
+    assert best.params == {"x": top.params["x"], "y": top.params["y"]}  # the best at the highest rung
+    assert best.values["loss"] == pytest.approx(top.results["loss"])
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--sampler", "cmaes", "--halving", "epochs=1:9"], "use --sampler tpe or gp"),
+        (["--sampler", "tpe", "--halving", "epochs=1:9", "--metric", "start"], "one --metric"),
+        (["--sampler", "tpe", "--halving", "epochs=1:9", "--constraint", "start<=1"], "--constraint"),
+        (["--sampler", "tpe", "--async"], "--async goes with --halving"),
+        (["--sampler", "tpe", "--halving", "epochs=1:9", "--prune", "median"], "does not combine with --prune"),
+        (["--sampler", "tpe", "--halving", "x=1:9"], "leave it out"),
+    ],
+)
+def test_combinations_that_cannot_work_are_refused_in_one_sentence(jobman, tmp_path, exp, extra, says):
+    url = f"sqlite:///{tmp_path / 'bad.db'}?table=t"
+    done = jobman(
+        "sqlschedule", url, f"{MODULE}:train", *SPACE, "--samples", "5", "--metric", "loss", *extra, env=exp.env
+    )
+    assert done.code != 0 and says in done.out + done.err, done
+    assert "Traceback" not in done.out + done.err and len((done.out + done.err).strip().splitlines()) == 1
+    if (tmp_path / "bad.db").exists():  # nothing written
+        with sqlite3.connect(tmp_path / "bad.db") as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            assert "job" not in tables or db.execute("SELECT count(*) FROM job").fetchone() == (0,)
