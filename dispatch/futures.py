@@ -41,7 +41,17 @@ from .channel import DD, NOT_KEPT, Channel
 from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
 
-__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
+__all__ = [
+    "Experiment",
+    "JobFuture",
+    "as_completed",
+    "cached",
+    "call",
+    "default_experiment",
+    "map",
+    "pipeline",
+    "wait",
+]
 
 BACKENDS = ("inline", "local", "slurm", None)
 _FINAL = set(ENDED)
@@ -372,6 +382,37 @@ class Experiment:
         if any(not f.done() for f in futures.values()):
             self._follow()
         return out
+
+    def pipeline(self, steps: Sequence[Any], *, retry: bool = False) -> JobFuture:
+        """Steps run one after another, each called with the previous step's future as its first
+        parameter (by name: ``pca(data, k)`` gets ``data``), as nested calls would be; the last
+        step's future. A step is a function (or its path), or ``(function, {params})`` for its other
+        parameters; the first may be a future already made. ``exp.pipeline([load, (pca, {"k": 32}),
+        train])`` is ``exp.call(train, features=exp.call(pca, data=exp.call(load), k=32))``."""
+        if isinstance(steps, (str, Mapping)) or not isinstance(steps, Sequence) or not steps:
+            raise UsageError("a pipeline is a non-empty list of steps: functions, or (function, {params}) pairs")
+        previous: JobFuture | None = None
+        for n, step in enumerate(steps):
+            if isinstance(step, JobFuture) and n == 0:
+                previous = step
+                continue
+            fn, params = step if isinstance(step, tuple) and len(step) == 2 else (step, {})
+            if not isinstance(params, Mapping) or not (callable(fn) or isinstance(fn, str)):
+                raise UsageError(
+                    f"step {n + 1} of the pipeline is a {type(step).__name__}: give a function, "
+                    "or a (function, {params}) pair"
+                )
+            params = dict(params)
+            if previous is not None:
+                name = _first_parameter(resolve(target_of(fn).partition("@")[0]) if isinstance(fn, str) else fn)
+                if name is None:
+                    raise UsageError(f"step {n + 1} of the pipeline takes no parameter to give the step before to")
+                if name in params:
+                    raise UsageError(f"step {n + 1} of the pipeline is given {name!r}, which the step before gives it")
+                params[name] = previous
+            previous = self.call(fn, params, retry=retry)
+        assert previous is not None
+        return previous
 
     def _schedule(self, specs: list[JobSpec], hashes: list[str], needs: list[list[int]], ranks: int) -> dict[str, int]:
         """Schedule new calls in one transaction; their job ids by identity. A call that takes calls
@@ -753,6 +794,15 @@ def job_row(job: Job, given_back: Callable[[dict[str, Any]], dict[str, Any]] | N
     }
 
 
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name of the first parameter ``fn`` takes by name (``data`` of ``pca(data, k)``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return next((p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)), None)
+
+
 def _futures_in(params: Mapping[str, Any]) -> Iterable[tuple[str, JobFuture]]:
     """The futures among ``params``' values (inside lists, tuples and dicts too), each with its name."""
 
@@ -992,6 +1042,12 @@ def call(fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, 
 def map(fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[JobFuture]:
     """:meth:`Experiment.map` on the default experiment (``$JOBMAN_DB``)."""
     return default_experiment().map(fn, params, **kwargs)
+
+
+def pipeline(steps: Sequence[Any], *, experiment: Experiment | None = None, retry: bool = False) -> JobFuture:
+    """:meth:`Experiment.pipeline` on ``experiment`` (default: ``$JOBMAN_DB``'s): each step is called
+    with the previous step's future as its first parameter; the last step's future."""
+    return (experiment or default_experiment()).pipeline(steps, retry=retry)
 
 
 as_completed = concurrent.futures.as_completed
