@@ -9,6 +9,9 @@ leaves none.
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
 import textwrap
 import threading
@@ -320,3 +323,56 @@ def test_the_inline_backend_runs_the_graph_too(db_url, tmp_path, steps):
         bad = exp.call(steps.boom, x=2)
         with pytest.raises(JobNotRun, match=f"job {bad.job_id}"):
             exp.call(steps.train, features=bad, lr=1).result()
+
+
+SCRIPT = """
+import json, os, sys
+import jobman
+
+SIDE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "side.txt")
+
+
+def load(n):
+    open(SIDE, "a").write("load\\n")
+    return {"xs": list(range(n))}
+
+
+def scale(data, by):
+    open(SIDE, "a").write("scale\\n")
+    return {"xs": [x * by for x in data["xs"]]}
+
+
+def total(data):
+    open(SIDE, "a").write("total\\n")
+    return {"sum": sum(data["xs"])}
+
+
+exp = jobman.Experiment(sys.argv[1], backend="local", workers=2, exproot="runs", poll_interval=0.1)
+out = exp.pipeline([(load, {"n": 4}), (scale, {"by": 2}), total]).result(timeout=120)
+exp.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_changed_function_reruns_it_and_its_dependents_only(db_url, tmp_path):
+    """Functions of a script are run by value; editing one is a new call, and so are the calls that take it."""
+
+    def run(source: str) -> dict:
+        (tmp_path / "script.py").write_text(source)
+        proc = subprocess.run(
+            [sys.executable, "script.py", db_url],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ},
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    side = tmp_path / "side.txt"
+    assert run(SCRIPT) == {"sum": 12}
+    assert run(SCRIPT) == {"sum": 12}  # the same script again runs nothing
+    assert side.read_text().split() == ["load", "scale", "total"]
+    assert run(SCRIPT.replace("x * by for", "x * by + 1 for")) == {"sum": 16}
+    assert side.read_text().split() == ["load", "scale", "total", "scale", "total"]
