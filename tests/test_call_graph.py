@@ -85,6 +85,13 @@ def nap(tag, seconds):
     return {{"start": t0, "end": time.time(), "tag": tag}}
 
 
+def flaky(x):
+    _ran("flaky", x=x)
+    if not os.path.exists(SIDE + ".fixed"):
+        raise ValueError("not yet")
+    return {{"v": x}}
+
+
 def lock(x):
     import threading
     _ran("lock", x=x)
@@ -198,6 +205,19 @@ def test_a_failed_upstream_blocks_its_dependents_whose_futures_name_it(db_url, t
         assert [j.status for j in store.jobs(ids=[child.job_id, grandchild.job_id])] == [Status.BLOCKED] * 2
     finally:
         store.dispose()
+
+
+def test_retrying_a_failed_upstream_call_runs_the_calls_it_blocked(db_url, tmp_path, steps):
+    with experiment(db_url, tmp_path) as exp:
+        up = exp.call(steps.flaky, x=3)
+        down = exp.call(steps.total, parts=[up])
+        with pytest.raises(JobNotRun, match="not yet"):
+            down.result(timeout=120)
+        Path(str(steps.side) + ".fixed").touch()
+        again = exp.call(steps.total, parts=[exp.call(steps.flaky, x=3, retry=True)])
+        assert again.job_id == down.job_id
+        assert again.result(timeout=120) == {"sum": 3}
+    assert ran(steps) == ["flaky", "flaky", "total"]
 
 
 def test_an_array_passed_between_calls_is_written_once_and_read_by_the_call_that_takes_it(db_url, tmp_path, steps):
