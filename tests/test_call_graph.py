@@ -396,3 +396,54 @@ def test_a_changed_function_reruns_it_and_its_dependents_only(db_url, tmp_path):
     assert side.read_text().split() == ["load", "scale", "total"]
     assert run(SCRIPT.replace("x * by for", "x * by + 1 for")) == {"sum": 16}
     assert side.read_text().split() == ["load", "scale", "total", "scale", "total"]
+
+
+SLURM_SCRIPT = """
+import json, sys, time
+import jobman
+
+
+def root():
+    return {"v": 1}
+
+
+def nap(data, n):
+    t0 = time.time()
+    time.sleep(6.0)  # long enough for the second worker to start under a loaded Slurm
+    return {"start": t0, "end": time.time(), "v": data["v"] + n}
+
+
+def merge(parts):
+    return {"sum": sum(p["v"] for p in parts), "spans": [[p["start"], p["end"]] for p in parts]}
+
+
+exp = jobman.Experiment(sys.argv[1], backend="slurm", workers=2, exproot="runs")
+r = exp.call(root)
+out = exp.call(merge, parts=[exp.call(nap, data=r, n=n) for n in (1, 2)]).result(timeout=200)
+exp.close()
+print(json.dumps(out))
+"""
+
+
+def test_slurm_workers_run_the_graph_and_its_independent_branches_in_parallel(slurm_cluster, pg_database, tmp_path):
+    name = f"graphslurm_{uuid.uuid4().hex[:8]}"
+    url = f"{pg_database}?table={name}"
+    (tmp_path / "script.py").write_text(SLURM_SCRIPT)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "script.py", url], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["sum"] == 5
+        (a0, a1), (b0, b1) = out["spans"]
+        assert a0 < b1 and b0 < a1, out["spans"]  # the two branches ran at once
+        store = Store.open(url)
+        try:
+            jobs = store.jobs()
+            assert [j.status for j in jobs] == [Status.DONE] * 4
+            assert {j.backend for j in jobs} == {"slurm"}
+        finally:
+            store.dispose()
+    finally:
+        subprocess.run(["scancel", f"--name=jobman-{name}"], capture_output=True)
