@@ -927,7 +927,10 @@ class _Pump(threading.Thread):
 
             self.launch = Launch(self.store, self.experiment._launch_plan())
             self.dispatcher = self.launch.dispatcher()
-        self.dispatcher.keep_workers(Tally.of(self.store))
+        tally = Tally.of(self.store)
+        if tally["WAITING"]:  # a graph of calls: workers for its width start while its first calls run
+            tally = Tally({**tally.counts, "QUEUED": tally["QUEUED"] + tally["WAITING"]})
+        self.dispatcher.keep_workers(tally)
         self.dispatcher.scan_when_due()
 
 

@@ -557,7 +557,9 @@ class Runner:
         except FileNotFoundError:  # the first job of an experiment makes the root
             workdir.mkdir(parents=True, exist_ok=True)
         try:
-            start = self._continue_parent(job, workdir) if job.depends_on else job.results
+            # A call that takes calls continues none (only a promoted job of a search does): one query less.
+            continues = job.depends_on and not takes_calls(job.params)
+            start = self._continue_parent(job, workdir) if continues else job.results
             parents = (
                 self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
                 if job.depends_on
