@@ -63,7 +63,7 @@ import cgmod
 
 url, calls, exproot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 start = time.perf_counter()
-exp = jobman.Experiment(url, backend="local", workers=2, exproot=exproot, poll_interval=0.05)
+exp = jobman.Experiment(url, backend="local", workers=2, exproot=exproot)
 src = exp.call(cgmod.source)
 leaves = exp.map(cgmod.leaf, [{"data": src, "i": i} for i in range(calls - 2)])
 total = exp.call(cgmod.merge, parts=leaves).result(timeout=3600)
@@ -96,7 +96,7 @@ def rss_kb():
             return int(line.split()[1])
 
 url, mb, exproot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-exp = jobman.Experiment(url, backend="local", workers=2, exproot=exproot, poll_interval=0.05)
+exp = jobman.Experiment(url, backend="local", workers=2, exproot=exproot)
 before = rss_kb()
 made = exp.call(cgmod.make, mb=mb)
 out = exp.call(cgmod.consume, data=made).result(timeout=3600)
