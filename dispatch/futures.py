@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = [
 BACKENDS = ("inline", "local", "slurm", None)
 _FINAL = set(ENDED)
 _AGAIN = set(BLOCKING)  # what retry=True runs again
+REDERIVE_EVERY = 2.0  # seconds between two re-derivations of the calls still WAITING
 
 # -- futures --------------------------------------------------------------------------------
 
@@ -480,15 +482,20 @@ class Experiment:
                 self._pending[job_id] = (future, unwrap)
             return future
 
-    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> None:
-        """Settle the futures whose jobs are final (read on ``store``: the calling thread's)."""
+    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> list[int]:
+        """Settle the futures whose jobs are final (read on ``store``: the calling thread's); the ids of
+        those still WAITING."""
         ids = [f.job_id for f in futures]
+        waiting = []
         for start in range(0, len(ids), 900):
             for job in (store or self.store).jobs(ids=ids[start : start + 900], with_deps=False):
+                if job.status is Status.WAITING:
+                    waiting.append(job.id)
                 with self._lock:
                     entry = self._pending.get(job.id)
                     if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1], store)):
                         del self._pending[job.id]
+        return waiting
 
     def _blocked_by(self, job: Job, store: Store | None = None) -> Job | None:
         """The job upstream of a BLOCKED one that ended badly (FAILED, CRASHED, CANCELED), nearest first."""
@@ -866,6 +873,7 @@ class _Pump(threading.Thread):
         self.store = Store(experiment.store.target, check_schema=False)
         self._wake = threading.Event()
         self._stopping = False
+        self._rederive_at = time.monotonic() + REDERIVE_EVERY
         self.launch: Any = None  # the workers it started (a launch.Launch), made when first wanted
         self.dispatcher: Any = None
 
@@ -891,7 +899,10 @@ class _Pump(threading.Thread):
                     if not futures:
                         self._stopping = True  # under the lock: a call made now starts a new thread
                         break
-                exp._settle_now(futures, self.store)
+                waiting = exp._settle_now(futures, self.store)
+                if waiting and time.monotonic() >= self._rederive_at:  # see Store.rederive
+                    self.store.rederive(waiting)
+                    self._rederive_at = time.monotonic() + REDERIVE_EVERY
                 with exp._lock:
                     for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
                         del exp._pending[job_id]

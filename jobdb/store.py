@@ -179,6 +179,13 @@ class Store:
 
         return self._write(run)
 
+    def rederive(self, job_ids: Sequence[int]) -> None:
+        """Re-derive WAITING/QUEUED/BLOCKED of the not-started ``job_ids`` from their parents. Under
+        PostgreSQL's read committed, a parent that ends while a call taking it is being scheduled can
+        miss the new dependency (and the schedule its end): whoever waits on such a call re-derives it."""
+        if job_ids:
+            self._write(lambda conn: graph.refresh(conn, self._events, list(job_ids), why="its dependencies ended"))
+
     def identities(self, job_ids: Sequence[int]) -> dict[int, str]:
         """The identity (``params_hash``) of each of ``job_ids`` still in the experiment, by id."""
 
