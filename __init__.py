@@ -21,6 +21,7 @@ _LAZY = {
     "JobFuture": "jobman.dispatch.futures",
     "call": "jobman.dispatch.futures",
     "map": "jobman.dispatch.futures",
+    "pipeline": "jobman.dispatch.futures",
     "grid": "jobman.dispatch.calls",
     "as_completed": "jobman.dispatch.futures",
     "wait": "jobman.dispatch.futures",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import shlex
 import sys
@@ -17,6 +18,7 @@ from rich.text import Text
 
 from jobman.dispatch.gang import rank_logs, rank_places
 from jobman.jobdb.artifacts import REF
+from jobman.jobdb.callrefs import call_refs, replace_refs, takes_calls
 from jobman.jobdb.errors import UsageError
 from jobman.jobdb.status import CODES, Status, in_display_order, parse_status
 from jobman.jobdb.store import Job, Store
@@ -174,6 +176,7 @@ def list_jobs(
                 ]
             )
         return
+    jobs = _calls_shown(store, jobs)
     varying = _varying_keys(jobs)
     if jobs:
         common = {k: v for k, v in jobs[0].params.items() if k not in varying}
@@ -324,6 +327,37 @@ def _where(job: Job) -> str:
     return f"{job.host}:{job.pid}"
 
 
+def _calls_shown(store: Store, jobs: list[Job]) -> list[Job]:
+    """``jobs`` with each parameter that is another call's value shown as that call's job
+    (``<job 3>``), not as the identity it is stored by."""
+    taking = [j for j in jobs if takes_calls(j.params)]
+    if not taking:
+        return jobs
+    id_of = {h: i for i, h in store.identities(sorted({d for j in taking for d in j.depends_on})).items()}
+    if any(not j.depends_on for j in taking):  # read without their dependencies: look them up by identity
+        wanted = {h for j in taking for h in call_refs(j.params)} - set(id_of)
+        id_of.update((h, job.id) for h, job in store.find(sorted(wanted)).items())
+    shown = {j.id: replace_refs(j.params, lambda h: f"<job {id_of[h]}>" if h in id_of else "<gone>") for j in taking}
+    return [dataclasses.replace(j, params=shown[j.id]) if j.id in shown else j for j in jobs]
+
+
+def _call_lines(store: Store, job: Job, children: list[int]) -> list[str]:
+    """`show`'s lines on the calls a job takes (by parameter) and the calls that take it."""
+    lines = []
+    if takes_calls(job.params):
+        by_identity = {p.identity: p for p in store.parents(job.id)}
+        for name, value in job.params.items():
+            taken = [by_identity.get(h) for h in dict.fromkeys(call_refs(value))]
+            said = ", ".join(f"job {p.id} ({p.target})" if p else "a call no longer here" for p in taken)
+            if said:
+                lines.append(f"takes     {name} = {said}")
+    if children and job.identity:
+        takers = [c for c in store.jobs(ids=children, with_deps=False) if job.identity in set(call_refs(c.params))]
+        if takers:
+            lines.append(f"taken by  {', '.join(f'job {c.id} ({c.target})' for c in takers)}")
+    return lines
+
+
 def show_json(store: Store, job: Job, children: list[int], events: list[Any]) -> dict[str, Any]:
     """What `show --format json` prints of one job."""
     data = job_json(job)
@@ -348,9 +382,10 @@ def show_lines(store: Store, job: Job, children: list[int]) -> list[str]:
         f"[bold]job {job.id}[/]  phase {job.phase}  {styled_status(job.status)}  attempt {job.attempt}/"
         f"{job.max_attempts}  priority {plain_number(job.priority)}",
         f"target    {job.kind} {job.target}",
-        f"params    {fmt_params(job.params) or '-'}",
+        f"params    {fmt_params(_calls_shown(store, [job])[0].params) or '-'}",
         f"results   {json.dumps(shown_results(job.results), sort_keys=True) if job.results else '-'}",
         f"after     {', '.join(map(str, job.depends_on)) or '-'}     before  {', '.join(map(str, children)) or '-'}",
+        *_call_lines(store, job, children),
         f"ran on    {job.host or '-'} pid {job.pid or '-'}  backend {job.backend or '-'} {job.backend_id or ''}"
         + (f"  GPU {job.gpus}" if job.gpus else ""),
         f"workdir   {job.workdir or '-'}",

@@ -12,12 +12,23 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jobman.jobdb.callrefs import CALL, RESERVED_KEYS, call_refs, replace_refs
 from jobman.jobdb.distributions import Distribution
-from jobman.jobdb.errors import UsageError
+from jobman.jobdb.errors import JobmanError, UsageError
+from jobman.jobdb.records import Job
 from jobman.jobdb.shape import MAX_DEPTH
+from jobman.jobdb.status import Status
 from jobman.jobdb.sweep import Assignment, Phase, Sweep, canonical_target, expand
 
+from .channel import NOT_KEPT
 from .experiment import TargetError, resolve
+
+
+class CallRef(dict):
+    """A future given as a parameter, as it is stored: ``{"$call": IDENTITY}`` (see :mod:`jobman.jobdb.callrefs`)."""
+
+    def __init__(self, identity: str) -> None:
+        super().__init__({CALL: identity})
 
 
 def json_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -36,6 +47,8 @@ def json_params(params: Mapping[str, Any]) -> dict[str, Any]:
 def _json_value(value: Any, name: str, depth: int = 1) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, CallRef):
+        return dict(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -52,12 +65,40 @@ def _json_value(value: Any, name: str, depth: int = 1) -> Any:
     if isinstance(value, Mapping):
         if not all(isinstance(k, str) for k in value):
             raise UsageError(f"parameter {name!r} is a dict whose keys are not all strings")
+        reserved = next((k for k in RESERVED_KEYS if k in value), None)
+        if reserved is not None:
+            raise UsageError(
+                f"parameter {name!r} is a dict with the key {reserved!r}, which jobman keeps for its references"
+            )
         return {k: _json_value(v, f"{name}.{k}", depth + 1) for k, v in value.items()}
     hint = " (pass arr.tolist())" if type(value).__module__ == "numpy" else ""
     raise UsageError(
         f"parameter {name!r} is a {type(value).__name__}, not a JSON value "
         f"(a number, string, bool, None, list or dict){hint}"
     )
+
+
+def taken_values(params: Mapping[str, Any], parents: list[Job]) -> dict[str, Any]:
+    """The parameters of a job that takes other calls, by top-level name, each reference replaced by the
+    stored results of the call it names (one of ``parents``, DONE); artifacts stay references, for the
+    job's own process to read. A JobmanError, one sentence, when one cannot be given."""
+    by_identity = {p.identity: p for p in parents if p.identity}
+
+    def value_of(identity: str) -> Any:
+        parent = by_identity.get(identity)
+        if parent is None:
+            raise JobmanError(f"the call {identity[:12]} it takes is no longer in the experiment")
+        where = f"job {parent.id} ({parent.target})"
+        if parent.status is not Status.DONE:
+            raise JobmanError(f"{where}, a call it takes, is {parent.status.value}, not DONE")
+        results = parent.results or {}
+        lost = results.get(NOT_KEPT)
+        if isinstance(lost, dict) and lost:
+            key, why = next(iter(lost.items()))
+            raise JobmanError(f"{where} returned {key!r}, which could not be kept ({why}), so no call can take it")
+        return results
+
+    return {key: replace_refs(value, value_of) for key, value in params.items() if next(call_refs(value), None)}
 
 
 def target_of(fn: Callable[..., Any] | str, version: str | None = None) -> str:

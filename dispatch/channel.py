@@ -73,6 +73,14 @@ def job_state(
     return state
 
 
+def taking(channel: Channel, state: DD, taken: Mapping[str, Any] | None) -> None:
+    """A job that takes other calls' values: ``taken`` (by top-level name, read back) put into its state
+    and its channel's parameters as the same objects, so that they are never kept again as its results."""
+    if taken:
+        state.update(taken)
+        channel.params = {**channel.params, **taken}
+
+
 def _as_written(value: Any) -> Any:
     """A stored result as the job wrote it: its dicts with attribute access, their keys unsplit."""
     if isinstance(value, Mapping):
@@ -399,6 +407,8 @@ def _json_default(value: Any) -> Any:
 
 def _unchanged(param: Any, value: Any) -> bool:
     """Whether ``value`` is the parameter as given; an array put in its place is a change, not an error."""
+    if param is value:  # a value taken from another call: never compared, arrays and all
+        return True
     try:
         return bool(param == value)
     except ValueError:  # NumPy's "truth value of an array is ambiguous"

@@ -216,5 +216,16 @@ def resumed(results: Mapping[str, Any] | None, artifacts: Any) -> Mapping[str, A
         raise ValueError(f"the job's checkpoint cannot be read back: {exc}") from None
 
 
+def given(taken: Mapping[str, Any] | None, artifacts: Any) -> Mapping[str, Any] | None:
+    """The values of the calls a job takes (``taken``, by parameter), each artifact read back once, in the
+    job's own process. ValueError (one sentence) if one is gone."""
+    if not taken or artifacts is None:
+        return taken
+    try:
+        return load_refs(dict(taken), artifacts)  # type: ignore[no-any-return,unused-ignore]
+    except Exception as exc:  # noqa: BLE001 - gone, damaged, or a class its module no longer has
+        raise ValueError(f"a value the job takes from another call cannot be read back: {exc}") from None
+
+
 def _safe_results(channel: Channel, state: DD) -> dict[str, Any]:
     return keepable(channel.results_of(state), channel.artifacts)

@@ -55,8 +55,8 @@ from typing import Any
 from jobman.jobdb.artifacts import open_store  # standard library only, imported once by the server
 
 from .cgroup import Slot, cgroup_of, enter_own_cgroup, job_cgroup_base, kill_cgroup, worker_folder
-from .channel import Parent, RankChannel, WorkerChannel, job_state, to_jsonable
-from .experiment import CallEnd, TargetError, call, load_function, resolve, resumed, takes_state_and_channel
+from .channel import Parent, RankChannel, WorkerChannel, job_state, taking, to_jsonable
+from .experiment import CallEnd, TargetError, call, given, load_function, resolve, resumed, takes_state_and_channel
 from .gang import Gang, GangError, RankFailed, launch_of
 from .leftovers import end_job_processes
 from .lifetime import LAST_RITES, become_subreaper, die_with_parent, signal_on_parent_death
@@ -79,7 +79,8 @@ def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socke
     store = _artifact_store(request.get("artifacts"))
     try:
         saved = resumed(job["results"], store)
-    except ValueError as exc:  # an artifact of its checkpoint gone from the store
+        taken = given(request.get("taken"), store)
+    except ValueError as exc:  # an artifact of its checkpoint, or of a call it takes, gone from the store
         return {"op": "report", "status": "FAILED", "results": job["results"] or {}, "error": str(exc)}
     state = job_state(job["params"], saved, job.get("jobman"))
     parents = parents_of(request)
@@ -98,6 +99,7 @@ def job_main(fn: Callable[..., Any], request: dict[str, Any], sock: socket.socke
         artifacts=store,
         sock=sock,
     )
+    taking(channel, state, taken)
     gang = None
     if world_size > 1 and "rank" not in request:  # the job's process leads its gang: the ranks start first
         try:
@@ -155,11 +157,15 @@ def run_other_rank(
     channel.install_signal_handlers()
     signal.signal(LAST_RITES, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    store = _artifact_store(request.get("artifacts"))
     try:
-        saved = resumed(job["results"], _artifact_store(request.get("artifacts")))
-    except ValueError as exc:  # an artifact of its checkpoint gone from the store
+        saved = resumed(job["results"], store)
+        taken = given(request.get("taken"), store)
+    except ValueError as exc:  # an artifact of its checkpoint, or of a call it takes, gone from the store
         raise RankFailed(str(exc)) from exc
-    outcome = call(fn, job_state(job["params"], saved, job.get("jobman")), channel)
+    state = job_state(job["params"], saved, job.get("jobman"))
+    taking(channel, state, taken)
+    outcome = call(fn, state, channel)
     if outcome.status == "FAILED":
         raise RankFailed(outcome.error or "failed")
 

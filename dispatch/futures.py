@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,21 +32,33 @@ from jobman.jobdb.errors import CallTimeout, JobFailed, JobmanError, JobNotRun, 
 from jobman.jobdb.halving import sampled, sweep_space
 from jobman.jobdb.priority import check_ranks
 from jobman.jobdb.scheduling import pickled_by_value
+from jobman.jobdb.shape import MAX_DEPTH
 from jobman.jobdb.status import BLOCKING, ENDED, RAN_BADLY, Status
 from jobman.jobdb.store import Job, Store, params_hash
 from jobman.jobdb.sweep import JobSpec, expand, parse_sweep
 from jobman.jobdb.url import mask_password
 
-from .calls import code_version, json_params, source_version, target_of
+from .calls import CallRef, code_version, json_params, source_version, target_of
 from .channel import DD, NOT_KEPT, Channel
 from .experiment import TargetError, by_value, resolve, unaccepted
 from .worker_settings import DEFAULT_EXPROOT
 
-__all__ = ["Experiment", "JobFuture", "as_completed", "cached", "call", "default_experiment", "map", "wait"]
+__all__ = [
+    "Experiment",
+    "JobFuture",
+    "as_completed",
+    "cached",
+    "call",
+    "default_experiment",
+    "map",
+    "pipeline",
+    "wait",
+]
 
 BACKENDS = ("inline", "local", "slurm", None)
 _FINAL = set(ENDED)
 _AGAIN = set(BLOCKING)  # what retry=True runs again
+REDERIVE_EVERY = 2.0  # seconds between two re-derivations of the calls still WAITING
 
 # -- futures --------------------------------------------------------------------------------
 
@@ -64,6 +77,9 @@ class JobFuture(concurrent.futures.Future):
         self.job_id = job_id
         self.target = target
         self._experiment = weakref.ref(experiment)
+        self._unwrap: Callable[[dict[str, Any]], Any] | None = None
+        self._value: Any = _UNREAD  # a result with artifacts, read back when first asked for
+        self._reading = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<JobFuture job {self.job_id} {self.target} {self._state}>"
@@ -84,11 +100,19 @@ class JobFuture(concurrent.futures.Future):
 
     def result(self, timeout: float | None = None) -> Any:
         try:
-            return super().result(timeout)
+            raw = super().result(timeout)
         except concurrent.futures.TimeoutError as exc:
             if isinstance(exc, JobmanError):
                 raise
             raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
+        if self._value is _UNREAD and not getattr(self, "_lazy", False):
+            return raw
+        with self._reading:  # artifacts are read once, by whoever asks first: a call taking it never does
+            if self._value is _UNREAD:
+                exp = self._experiment()
+                given = exp.given_back(raw) if exp is not None else raw
+                self._value = self._unwrap(given) if self._unwrap else given
+            return self._value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
@@ -96,21 +120,32 @@ class JobFuture(concurrent.futures.Future):
         except concurrent.futures.TimeoutError:
             raise CallTimeout(f"job {self.job_id} ({self.target}) did not finish within {timeout:g} s") from None
 
-    def _settle(self, job: Job, unwrap: Callable[[dict[str, Any]], Any] | None = None) -> bool:
-        """Resolve from the job's row if it is final; True if it was."""
+    def _settle(
+        self, job: Job, unwrap: Callable[[dict[str, Any]], Any] | None = None, store: Store | None = None
+    ) -> bool:
+        """Resolve from the job's row if it is final; True if it was. A BLOCKED job's error names the call
+        that did not finish (looked up on ``store``: the calling thread's)."""
         if job.status not in _FINAL:
             return False
         try:
             if job.status is Status.DONE:
                 self._set_done(job.results or {}, unwrap)
             else:
-                self.set_exception(_failure(job))
+                exp = self._experiment()
+                culprit = exp._blocked_by(job, store) if exp is not None and job.status is Status.BLOCKED else None
+                self.set_exception(_failure(job, culprit))
         except concurrent.futures.InvalidStateError:  # cancelled meanwhile
             pass
         return True
 
     def _set_done(self, results: dict[str, Any], unwrap: Callable[[dict[str, Any]], Any] | None) -> None:
-        """The result of a DONE job: its results as the job gave them (artifacts read back), unwrapped."""
+        """The result of a DONE job: its results as the job gave them (artifacts read back), unwrapped.
+        Artifacts are read when the result is first asked for, not here: a future only passed on to
+        other calls never brings its arrays into this process."""
+        if any(artifacts.refs_in(results)):
+            self._lazy, self._unwrap = True, unwrap
+            self.set_result(results)
+            return
         exp = self._experiment()
         try:
             given = exp.given_back(results) if exp is not None else results
@@ -121,14 +156,23 @@ class JobFuture(concurrent.futures.Future):
         self.set_result(value)
 
 
-def _failure(job: Job) -> JobFailed:
+_UNREAD = object()
+
+
+def _failure(job: Job, culprit: Job | None = None) -> JobFailed:
     where = f"job {job.id} ({job.target})"
     error = (job.error or "").strip()
     if job.status is Status.CANCELED:
         return JobNotRun(f"{where} was cancelled", job_id=job.id, status=job.status.value, error=job.error)
     if job.status is Status.BLOCKED:
+        cause = "a job it depends on did not finish"
+        if culprit is not None:
+            said = (culprit.error or "").strip().splitlines()
+            cause = f"job {culprit.id} ({culprit.target}), which it depends on, is {culprit.status.value}" + (
+                f": {said[-1]}" if said else ""
+            )
         return JobNotRun(
-            f"{where} is BLOCKED: a job it depends on did not finish",
+            f"{where} is BLOCKED: {cause}",
             job_id=job.id,
             status=job.status.value,
             error=job.error,
@@ -297,6 +341,7 @@ class Experiment:
         ranks: int = 1,
         legacy: str | None = None,
     ) -> list[JobFuture]:
+        params, needs = self._taking(params)
         clean = [json_params(p) for p in params]  # first: a bad value is refused before anything is written
         encoded = [dump_json(p, "parameters") for p in clean]
         hashes = [params_hash(0, "fn", target, e) for e in encoded]
@@ -311,14 +356,10 @@ class Experiment:
                 if h in recorded:
                     found[hashes[i]] = recorded[h]
             missing = [i for i in missing if old[i] not in recorded]
-        if missing:
-            if code is not None:
-                self._store_code(target, code)
-            specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
-            scheduled = self.store.schedule(specs, max_attempts=self.max_attempts, ranks=ranks)
-            new_ids = dict(zip(dict.fromkeys(hashes[i] for i in missing), scheduled.job_ids))
-        else:
-            new_ids = {}
+        if missing and code is not None:
+            self._store_code(target, code)
+        specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]
+        new_ids = self._schedule(specs, [hashes[i] for i in missing], [needs[i] for i in missing], ranks)
         again = [job for job in found.values() if job.status in _AGAIN] if retry else []
         self._again(again)
         again_ids = {job.id for job in again}
@@ -345,6 +386,83 @@ class Experiment:
             self._follow()
         return out
 
+    def pipeline(self, steps: Sequence[Any], *, retry: bool = False) -> JobFuture:
+        """Steps run one after another, each called with the previous step's future as its first
+        parameter (by name: ``pca(data, k)`` gets ``data``), as nested calls would be; the last
+        step's future. A step is a function (or its path), or ``(function, {params})`` for its other
+        parameters; the first may be a future already made. ``exp.pipeline([load, (pca, {"k": 32}),
+        train])`` is ``exp.call(train, features=exp.call(pca, data=exp.call(load), k=32))``."""
+        if isinstance(steps, (str, Mapping)) or not isinstance(steps, Sequence) or not steps:
+            raise UsageError("a pipeline is a non-empty list of steps: functions, or (function, {params}) pairs")
+        previous: JobFuture | None = None
+        for n, step in enumerate(steps):
+            if isinstance(step, JobFuture) and n == 0:
+                previous = step
+                continue
+            fn, params = step if isinstance(step, tuple) and len(step) == 2 else (step, {})
+            if not isinstance(params, Mapping) or not (callable(fn) or isinstance(fn, str)):
+                raise UsageError(
+                    f"step {n + 1} of the pipeline is a {type(step).__name__}: give a function, "
+                    "or a (function, {params}) pair"
+                )
+            params = dict(params)
+            if previous is not None:
+                name = _first_parameter(resolve(target_of(fn).partition("@")[0]) if isinstance(fn, str) else fn)
+                if name is None:
+                    raise UsageError(f"step {n + 1} of the pipeline takes no parameter to give the step before to")
+                if name in params:
+                    raise UsageError(f"step {n + 1} of the pipeline is given {name!r}, which the step before gives it")
+                params[name] = previous
+            previous = self.call(fn, params, retry=retry)
+        assert previous is not None
+        return previous
+
+    def _schedule(self, specs: list[JobSpec], hashes: list[str], needs: list[list[int]], ranks: int) -> dict[str, int]:
+        """Schedule new calls in one transaction; their job ids by identity. A call that takes calls
+        waits for those it takes."""
+        if not specs:
+            return {}
+        if any(needs):
+            return self.store.schedule_calls(specs, needs, max_attempts=self.max_attempts, ranks=ranks)
+        scheduled = self.store.schedule(specs, max_attempts=self.max_attempts, ranks=ranks)
+        return dict(zip(dict.fromkeys(hashes), scheduled.job_ids))
+
+    def _taking(self, params: list[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[list[int]]]:
+        """Each point with the futures in its values made references to their calls (by identity: see
+        :mod:`jobman.jobdb.callrefs`), and the jobs each point takes. A future of another experiment,
+        or of a job no longer there, is refused in one sentence."""
+        given = [(name, f) for p in params if isinstance(p, Mapping) for name, f in _futures_in(p)]
+        if not given:
+            return params, [[] for _ in params]
+        here = self.store.target.with_table()
+        for name, f in given:
+            other = f._experiment()
+            if other is not self and (other is None or other.store.target.with_table() != here):
+                where = "a closed experiment" if other is None else f"experiment {other.name!r} of {other.store.target}"
+                raise UsageError(
+                    f"parameter {name!r} is a future of {where}: a call takes only calls of its own "
+                    f"experiment ({self.name!r}); pass its .result() instead"
+                )
+        identities = self.store.identities(sorted({f.job_id for _name, f in given}))
+        for name, f in given:
+            if f.job_id not in identities:
+                raise UsageError(
+                    f"parameter {name!r} is the future of job {f.job_id}, "
+                    f"which is no longer in experiment {self.name!r}"
+                )
+        points: list[Mapping[str, Any]] = []
+        needs: list[list[int]] = []
+        for p in params:
+            taken: list[int] = []
+
+            def ref(f: JobFuture, taken: list[int] = taken) -> CallRef:
+                taken.append(f.job_id)
+                return CallRef(identities[f.job_id])
+
+            points.append({k: _with_refs(v, ref) for k, v in p.items()} if isinstance(p, Mapping) else p)
+            needs.append(taken)
+        return points, needs
+
     def _again(self, jobs: list[Job]) -> None:
         """``retry=True``: failed and crashed calls resume from their checkpoint, cancelled ones start over."""
         failed = [j.id for j in jobs if j.status in RAN_BADLY]
@@ -365,15 +483,34 @@ class Experiment:
                 self._pending[job_id] = (future, unwrap)
             return future
 
-    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> None:
-        """Settle the futures whose jobs are final (read on ``store``: the calling thread's)."""
+    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> list[int]:
+        """Settle the futures whose jobs are final (read on ``store``: the calling thread's); the ids of
+        those still WAITING."""
         ids = [f.job_id for f in futures]
+        waiting = []
         for start in range(0, len(ids), 900):
             for job in (store or self.store).jobs(ids=ids[start : start + 900], with_deps=False):
+                if job.status is Status.WAITING:
+                    waiting.append(job.id)
                 with self._lock:
                     entry = self._pending.get(job.id)
-                    if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1])):
+                    if entry is not None and (entry[0].done() or entry[0]._settle(job, entry[1], store)):
                         del self._pending[job.id]
+        return waiting
+
+    def _blocked_by(self, job: Job, store: Store | None = None) -> Job | None:
+        """The job upstream of a BLOCKED one that ended badly (FAILED, CRASHED, CANCELED), nearest first."""
+        store = store or self.store
+        seen: set[int] = set()
+        todo = list(job.depends_on) or [p.id for p in store.parents(job.id)]
+        while todo and len(seen) < 1000:
+            parents = store.jobs(ids=sorted(set(todo) - seen))
+            seen.update(todo)
+            for p in parents:
+                if p.status in _AGAIN and p.status is not Status.BLOCKED:
+                    return p
+            todo = [d for p in parents if p.status is Status.BLOCKED for d in p.depends_on]
+        return None
 
     def _follow(self) -> None:
         """Make sure the background thread follows the pending jobs (and runs workers for them)."""
@@ -676,6 +813,43 @@ def job_row(job: Job, given_back: Callable[[dict[str, Any]], dict[str, Any]] | N
     }
 
 
+def _first_parameter(fn: Callable[..., Any]) -> str | None:
+    """The name of the first parameter ``fn`` takes by name (``data`` of ``pca(data, k)``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return next((p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)), None)
+
+
+def _futures_in(params: Mapping[str, Any]) -> Iterable[tuple[str, JobFuture]]:
+    """The futures among ``params``' values (inside lists, tuples and dicts too), each with its name."""
+
+    def walk(value: Any, name: str, depth: int) -> Iterable[tuple[str, JobFuture]]:
+        if isinstance(value, JobFuture):
+            yield name, value
+        elif depth < MAX_DEPTH and isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                yield from walk(v, f"{name}[{i}]", depth + 1)
+        elif depth < MAX_DEPTH and isinstance(value, Mapping):
+            for k, v in value.items():
+                yield from walk(v, f"{name}.{k}", depth + 1)
+
+    for key, value in params.items():
+        yield from walk(value, str(key), 1)
+
+
+def _with_refs(value: Any, ref: Callable[[JobFuture], CallRef]) -> Any:
+    """``value`` with each future in it replaced by ``ref(future)``; untouched if it holds none."""
+    if isinstance(value, JobFuture):
+        return ref(value)
+    if isinstance(value, (list, tuple)) and any(_futures_in({"": value})):
+        return [_with_refs(v, ref) for v in value]
+    if isinstance(value, Mapping) and any(_futures_in({"": value})):
+        return {k: _with_refs(v, ref) for k, v in value.items()}
+    return value
+
+
 def _refuse_unaccepted(fn: Callable[..., Any], params: Iterable[Mapping[str, Any]]) -> None:
     """A UsageError naming the first parameter ``fn`` cannot take: refused before anything is written."""
     names: dict[str, None] = {}
@@ -711,6 +885,7 @@ class _Pump(threading.Thread):
         self.store = Store(experiment.store.target, check_schema=False)
         self._wake = threading.Event()
         self._stopping = False
+        self._rederive_at = time.monotonic() + REDERIVE_EVERY
         self.launch: Any = None  # the workers it started (a launch.Launch), made when first wanted
         self.dispatcher: Any = None
 
@@ -736,7 +911,10 @@ class _Pump(threading.Thread):
                     if not futures:
                         self._stopping = True  # under the lock: a call made now starts a new thread
                         break
-                exp._settle_now(futures, self.store)
+                waiting = exp._settle_now(futures, self.store)
+                if waiting and time.monotonic() >= self._rederive_at:  # see Store.rederive
+                    self.store.rederive(waiting)
+                    self._rederive_at = time.monotonic() + REDERIVE_EVERY
                 with exp._lock:
                     for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
                         del exp._pending[job_id]
@@ -772,7 +950,10 @@ class _Pump(threading.Thread):
 
             self.launch = Launch(self.store, self.experiment._launch_plan())
             self.dispatcher = self.launch.dispatcher()
-        self.dispatcher.keep_workers(Tally.of(self.store))
+        tally = Tally.of(self.store)
+        if tally["WAITING"]:  # a graph of calls: workers for its width start while its first calls run
+            tally = Tally({**tally.counts, "QUEUED": tally["QUEUED"] + tally["WAITING"]})
+        self.dispatcher.keep_workers(tally)
         self.dispatcher.scan_when_due()
 
 
@@ -887,6 +1068,12 @@ def call(fn: Callable[..., Any] | str, params: Mapping[str, Any] | None = None, 
 def map(fn: Callable[..., Any] | str, params: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[JobFuture]:
     """:meth:`Experiment.map` on the default experiment (``$JOBMAN_DB``)."""
     return default_experiment().map(fn, params, **kwargs)
+
+
+def pipeline(steps: Sequence[Any], *, experiment: Experiment | None = None, retry: bool = False) -> JobFuture:
+    """:meth:`Experiment.pipeline` on ``experiment`` (default: ``$JOBMAN_DB``'s): each step is called
+    with the previous step's future as its first parameter; the last step's future."""
+    return (experiment or default_experiment()).pipeline(steps, retry=retry)
 
 
 as_completed = concurrent.futures.as_completed

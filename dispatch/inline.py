@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from jobman.jobdb import artifacts
+from jobman.jobdb.callrefs import takes_calls
 from jobman.jobdb.errors import JobmanError
 from jobman.jobdb.status import Status
 from jobman.jobdb.store import Job, Store, WorkerInfo
 from jobman.jobdb.url import DbTarget
 
+from .calls import taken_values
 from .channel import Parent, StoreChannel, job_info
 from .experiment import failure_why
 from .provenance import CodeRecords, what_ran, where_of
@@ -65,8 +67,14 @@ class InlineRunner:
                 self._heartbeats.start()
             self._heartbeats.running[job.id] = lease
             try:
+                taken = taken_values(job.params, parents) if takes_calls(job.params) else None
+            except JobmanError as exc:  # a call it takes is gone, or gave what cannot be taken
+                store.finish(job.id, lease, "FAILED", error=str(exc), why=f"could not start: {exc}")
+                self._heartbeats.running.pop(job.id, None)
+                return None
+            try:
                 start = continued_state(job, workdir, functools.partial(store.continuation, job.id))
-                ending = run_here(fn, channel, start, info)
+                ending = run_here(fn, channel, start, info, taken)
             except BaseException:  # Ctrl-C: the job goes back to the queue, to resume
                 store.finish(job.id, lease, "REQUEUE", why="interrupted in the calling process; put back")
                 raise

@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobman.jobdb.callrefs import takes_calls
 from jobman.jobdb.canonical import dump_json
 from jobman.jobdb.errors import DatabaseError, DatabaseUnavailable, JobmanError, LeaseLost, UsageError
 from jobman.jobdb.status import LOST
 
-from .channel import Channel, DirectChannel, job_info, job_state
-from .experiment import CallEnd, TargetError, by_value, call, failure_why, resolve, resumed
+from .calls import taken_values
+from .channel import Channel, DirectChannel, job_info, job_state, taking
+from .experiment import CallEnd, TargetError, by_value, call, failure_why, given, resolve, resumed
 from .forkhandle import ForkServer, ForkServerGone, JobProcess, job_environment
 from .interrupted import mark_interrupted
 from .jobfiles import copy_tree, read_capped, read_tail
@@ -138,9 +140,11 @@ def run_here(
     channel: Channel,
     results: Mapping[str, Any] | None = None,
     info: Mapping[str, Any] | None = None,
+    taken: Mapping[str, Any] | None = None,
 ) -> CallEnd:
     """Run one job in this process, on ``channel``: its state is its parameters, ``results`` (what it
-    saved before) and ``info`` (``state.jobman``). How it ended; recording it is the caller's.
+    saved before), ``taken`` (the values of the calls it takes, by parameter, artifacts still stored)
+    and ``info`` (``state.jobman``). How it ended; recording it is the caller's.
 
     The inline mode of the Python API (a :class:`~.channel.StoreChannel`) and ``jobman cmdline``
     (:func:`run_direct`) run jobs through it; an exception that is not an ``Exception`` (Ctrl-C)
@@ -148,9 +152,12 @@ def run_here(
     """
     try:
         saved = resumed(results, channel.artifacts)
+        values = given(taken, channel.artifacts)
     except ValueError as exc:
         return CallEnd("FAILED", dict(results or {}), str(exc))
-    return call(fn, job_state(channel.params, saved, info), channel)
+    state = job_state(channel.params, saved, info)
+    taking(channel, state, values)
+    return call(fn, state, channel)
 
 
 def run_direct(
@@ -568,7 +575,9 @@ class Runner:
         except FileNotFoundError:  # the first job of an experiment makes the root
             workdir.mkdir(parents=True, exist_ok=True)
         try:
-            start = self._continue_parent(job, workdir) if job.depends_on else job.results
+            # A call that takes calls continues none (only a promoted job of a search does): one query less.
+            continues = job.depends_on and not takes_calls(job.params)
+            start = self._continue_parent(job, workdir) if continues else job.results
             parents = (
                 self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
                 if job.depends_on
@@ -661,6 +670,8 @@ class Runner:
         }
         if self.job_env:
             request["env"] = self.job_env
+        if takes_calls(job.params):
+            request["taken"] = taken_values(job.params, parents)
         if job.ranks > 1:
             request["ranks"] = job.ranks
         where = where_of(job.code)

@@ -306,6 +306,18 @@ def find(conn: Connection, hot: HotStatements, exp: int, hashes: Sequence[str]) 
     return out
 
 
+def identities(conn: Connection, exp: int, job_ids: Sequence[int]) -> dict[int, str]:
+    """The identity (``params_hash``) of each of ``job_ids`` that is a job of the experiment, by id."""
+    out: dict[int, str] = {}
+    for chunk in chunks(list(job_ids)):
+        out.update(
+            conn.execute(
+                sa.select(t_job.c.id, t_job.c.params_hash).where(t_job.c.experiment_id == exp, t_job.c.id.in_(chunk))
+            ).all()
+        )
+    return out
+
+
 def running_select(exp: int, *columns: Any) -> sa.Select:
     """RUNNING jobs of an experiment: the monitor's scan."""
     return sa.select(*(columns or (t_job,))).where(t_job.c.experiment_id == exp, t_job.c.status == Status.RUNNING.value)

@@ -57,6 +57,7 @@ class Job:
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
     ranks: int = 1  # processes that run it together (a gang), rank 0's results being the job's
     code: dict[str, Any] | None = None  # what it ran: where found, code and environment (``coderecord``)
+    identity: str | None = None  # its params_hash, when read whole (a call that takes it refers to it so)
 
     def _repr_html_(self) -> str:
         """The job in a notebook: status, parameters, results or error, times."""
@@ -103,6 +104,7 @@ class Job:
             gpus=m.get("gpus"),
             ranks=m.get("ranks") or 1,
             code=code_of(m.get("code")),
+            identity=m.get("params_hash"),
         )
 
     @classmethod

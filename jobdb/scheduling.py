@@ -211,6 +211,47 @@ def schedule(
     return ScheduleResult(added=writer.added, existing=writer.existing, job_ids=writer.job_ids, repeated=repeated)
 
 
+def schedule_calls(
+    conn: Connection,
+    log: Log,
+    hot: HotStatements,
+    exp: int,
+    experiment: str,
+    specs: Sequence[JobSpec],
+    needs: Sequence[Sequence[int]],
+    *,
+    max_attempts: int,
+    ranks: int = 1,
+) -> dict[str, int]:
+    """Insert calls from Python, each depending on the jobs of the calls it takes (``needs[i]`` for
+    ``specs[i]``), in the caller's transaction; the job id of each spec's identity. Calls that take
+    the same calls are one :func:`schedule` with them as ``after``: WAITING until those are DONE,
+    QUEUED at once if they are, BLOCKED if one ended badly."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, need in enumerate(needs):
+        groups.setdefault(tuple(sorted(set(need))), []).append(i)
+    out: dict[str, int] = {}
+    for after, members in groups.items():
+        group = [specs[i] for i in members]
+        result = schedule(
+            conn,
+            log,
+            hot,
+            exp,
+            experiment,
+            ReadySweep(group, False),
+            after=after,
+            priority=0,
+            max_attempts=max_attempts,
+            ranks=ranks,
+            progress=None,
+            halving=None,
+        )
+        chunk = ready_chunk(0, group, False)
+        out.update(zip(dict.fromkeys(chunk.hashes), result.job_ids))
+    return out
+
+
 def newest_id(conn: Connection) -> int:
     """The largest job id given so far (0 in an empty database): a schedule's new jobs come after it."""
     return conn.execute(sa.select(sa.func.coalesce(sa.func.max(t_job.c.id), 0))).scalar_one()

@@ -30,7 +30,7 @@ from .artifacts import digests_in_text
 from .canonical import dump_json
 from .clock import ServerClock
 from .connections import ConnectionUse
-from .errors import DatabaseError, LeaseLost, NoSuchExperiment
+from .errors import DatabaseError, LeaseLost, NoSuchExperiment, NoSuchJob
 from .hot import HotStatements
 from .priority import check_priority, check_ranks
 from .records import (
@@ -146,6 +146,57 @@ class Store:
             after=after, priority=priority, max_attempts=max_attempts, ranks=ranks, progress=progress, halving=halving
         )
         return self._write(lambda conn: self._schedule_in(conn, sweep, keep_ids=keep_ids, where=where, **options))
+
+    def schedule_calls(
+        self, specs: Sequence[JobSpec], needs: Sequence[Sequence[int]], *, max_attempts: int = 3, ranks: int = 1
+    ) -> dict[str, int]:
+        """Insert calls from Python in one transaction, ``specs[i]`` depending on the jobs ``needs[i]``
+        (the calls it takes); the job id of each identity. See :func:`.scheduling.schedule_calls`."""
+        check_ranks(ranks)
+
+        def run(conn: Connection) -> dict[str, int]:
+            exp = self._exp(conn, create=True)
+            scheduling.lock_experiment(conn, exp)
+            wanted = sorted({i for need in needs for i in need})
+            found = browse.identities(conn, exp, wanted)
+            gone = [i for i in wanted if i not in found]
+            if gone:
+                raise NoSuchJob(
+                    f"a parameter refers to the call of job {gone[0]}, which is no longer in experiment "
+                    f"{self.experiment!r}"
+                )
+            return scheduling.schedule_calls(
+                conn,
+                self._events,
+                self.hot,
+                exp,
+                self.experiment,
+                specs,
+                needs,
+                max_attempts=max_attempts,
+                ranks=ranks,
+            )
+
+        return self._write(run)
+
+    def rederive(self, job_ids: Sequence[int]) -> None:
+        """Re-derive WAITING/QUEUED/BLOCKED of the not-started ``job_ids`` from their parents. Under
+        PostgreSQL's read committed, a parent that ends while a call taking it is being scheduled can
+        miss the new dependency (and the schedule its end): whoever waits on such a call re-derives it."""
+        if job_ids:
+            self._write(lambda conn: graph.refresh(conn, self._events, list(job_ids), why="its dependencies ended"))
+
+    def identities(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """The identity (``params_hash``) of each of ``job_ids`` still in the experiment, by id."""
+
+        def run(conn: Connection) -> dict[int, str]:
+            try:
+                exp = self._exp(conn)
+            except NoSuchExperiment:
+                return {}
+            return browse.identities(conn, exp, job_ids)
+
+        return self._read(run)
 
     def preview_schedule(
         self,
