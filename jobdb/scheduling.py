@@ -166,7 +166,11 @@ def schedule(
         found: set[int] = set()
         for part in chunks(list(after)):
             found.update(
-                conn.execute(sa.select(t_job.c.id).where(t_job.c.experiment_id == exp, t_job.c.id.in_(part))).scalars()
+                conn.execute(
+                    sa.select(t_job.c.id)
+                    .where(t_job.c.experiment_id == exp, t_job.c.id.in_(part))
+                    .with_for_update(read=True)  # see lock_parents
+                ).scalars()
             )
         missing = sorted(set(after) - found)
         if missing:
@@ -470,6 +474,19 @@ def refresh_statistics(conn: Connection) -> None:
     except sa.exc.OperationalError:  # the lock was not free in time: the savepoint undid the attempt
         pass
     conn.execute(sa.text("SELECT set_config('lock_timeout', :t, true)"), {"t": timeout})
+
+
+def lock_parents(conn: Connection, job_ids: Sequence[int]) -> None:
+    """Hold the rows of the jobs new jobs will depend on (FOR SHARE) until the schedule commits.
+
+    Under PostgreSQL's read committed, a parent ending while its child is scheduled would otherwise
+    read its children before the child's dependency is committed, while the schedule read the parent
+    as still running: the child would stay WAITING with every parent DONE. With the rows held, a
+    parent's end (which takes its row FOR UPDATE first) either commits before the schedule reads it,
+    or waits for the schedule's commit and then finds the child. SQLite serialises writers already."""
+    if conn.dialect.name == "postgresql":
+        for part in chunks(sorted(set(job_ids))):
+            conn.execute(sa.select(t_job.c.id).where(t_job.c.id.in_(part)).with_for_update(read=True)).all()
 
 
 def lock_experiment(conn: Connection, exp: int) -> None:

@@ -158,6 +158,7 @@ class Store:
             exp = self._exp(conn, create=True)
             scheduling.lock_experiment(conn, exp)
             wanted = sorted({i for need in needs for i in need})
+            scheduling.lock_parents(conn, wanted)
             found = browse.identities(conn, exp, wanted)
             gone = [i for i in wanted if i not in found]
             if gone:
@@ -180,9 +181,9 @@ class Store:
         return self._write(run)
 
     def rederive(self, job_ids: Sequence[int]) -> None:
-        """Re-derive WAITING/QUEUED/BLOCKED of the not-started ``job_ids`` from their parents. Under
-        PostgreSQL's read committed, a parent that ends while a call taking it is being scheduled can
-        miss the new dependency (and the schedule its end): whoever waits on such a call re-derives it."""
+        """Re-derive WAITING/QUEUED/BLOCKED of the not-started ``job_ids`` from their parents: whoever
+        waits on a call that takes calls does so now and then, a safety net under the parents' rows held
+        while it was scheduled (:func:`.scheduling.lock_parents`)."""
         if job_ids:
             self._write(lambda conn: graph.refresh(conn, self._events, list(job_ids), why="its dependencies ended"))
 
