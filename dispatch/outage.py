@@ -30,6 +30,12 @@ FIRST_DELAY, MAX_DELAY = 0.5, 10.0
 # server that is away, so that a worker still waiting for a slot when the work is done learns it soon
 # (a 10 s cap kept such workers up to 15 s past the last job).
 FULL_MAX_DELAY = 3.0
+# Each look at a full server is a connection of its own, counted by the server beside those the others
+# hold: a refusal that found it ``over`` connections past jobman's share (other waiting workers looking
+# at once) stretches the next wait ``over`` times, up to this, so that the more workers wait, the
+# seldomer each looks. Jittered by half either way, it keeps a waiting worker's exit within 6 s of the
+# slot it waited for (with 6 s, 9 s, 150 workers outlived the work by 12.8 s).
+FULL_LONGEST_DELAY = 4.0
 
 
 def default_patience() -> float:
@@ -69,12 +75,20 @@ class Outage:
                 if now - began >= self.patience or self.stopping():
                     raise DatabaseUnavailable(f"{exc}; gave up {doing} after {now - began:.0f} s") from None
                 # Jittered: the workers a full server refused together do not all come back at once.
-                time.sleep(min(delay * random.uniform(0.5, 1.5), began + self.patience - now))
+                time.sleep(min(_wait_after(exc, delay) * random.uniform(0.5, 1.5), began + self.patience - now))
                 delay = min(delay * 2, FULL_MAX_DELAY if isinstance(exc, ServerFull) else MAX_DELAY)
                 continue
             if began is not None:
                 self.log(f"the database is back after {time.monotonic() - began:.0f} s; {doing} again")
             return result
+
+
+def _wait_after(exc: DatabaseUnavailable, delay: float) -> float:
+    """The wait (before jitter) after ``exc``: the backoff's ``delay``, stretched for a full server by how
+    far past jobman's share the refused look found it."""
+    if isinstance(exc, ServerFull) and exc.over > 1:
+        return min(delay * exc.over, FULL_LONGEST_DELAY)
+    return delay
 
 
 def no_connection_to_spare(store: Store) -> str | None:

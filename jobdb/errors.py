@@ -33,6 +33,10 @@ class DatabaseUnavailable(DatabaseError):
 class ServerFull(DatabaseUnavailable):
     """The database server refused a connection: every connection slot it has is taken."""
 
+    def __init__(self, message: str | None = None, over: int = 1) -> None:
+        super().__init__(message)
+        self.over = over  # how many connections past what jobman's workers may take the server was
+
 
 class SchemaError(DatabaseError):
     """The database schema is not the one this jobman expects."""

@@ -109,6 +109,21 @@ def traced(exp) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in line.split()[:2]) for line in exp.trace.read_text().splitlines()]
 
 
+def ran_other_than_once(store, runs: Counter, exp) -> str:
+    """What to know when a job ran twice or not at all: its runs, its event log (a put-back and why), and
+    the workers' logs, so that one failure under load names its cause."""
+    jobs = {j.id for j in store.jobs()}
+    odd = sorted(i for i in jobs if sum(n for (j, _a), n in runs.items() if j == i) != 1)
+    lines = [f"a job ran twice, or not at all: runs {sorted(runs.items())}"]
+    for job_id in odd:
+        lines += [
+            f"job {job_id}: {e.from_status} -> {e.to_status} attempt {e.attempt}: {e.why}" for e in store.events(job_id)
+        ]
+    for log in sorted((exp.runs / store.experiment / "_workers").glob("worker-*.log")):
+        lines += [f"--- {log.name}", log.read_text()[-3000:]]
+    return "\n".join(lines)
+
+
 @pytest.mark.pgbouncer
 def test_dispatch_runs_a_two_phase_sweep_with_every_job_done_exactly_once(jobman, db_url, store, exp):
     schedule(store, f"{MODULE}:pretrain", "lr={{0.1,0.2,0.3}}", "--", f"{MODULE}:finetune", "epochs={{1,2,3}}")
@@ -120,7 +135,7 @@ def test_dispatch_runs_a_two_phase_sweep_with_every_job_done_exactly_once(jobman
     jobs = store.jobs()
     assert len(jobs) == 12 and {j.status for j in jobs} == {Status.DONE}
     runs = Counter(traced(exp))
-    assert runs == Counter({(j.id, 1): 1 for j in jobs}), "a job ran twice, or not at all"
+    assert runs == Counter({(j.id, 1): 1 for j in jobs}), ran_other_than_once(store, runs, exp)
     for job in jobs:
         if job.phase == 1:
             parent = next(p for p in jobs if p.id == job.depends_on[0])

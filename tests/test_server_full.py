@@ -25,11 +25,12 @@ from jobman.jobdb.status import Status
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
 
-# 3 kept for superusers and 3 spared for the lab (JOBMAN_PG_SPARE's default): 24 for jobman, whose
-# 110 workers want one each, at once as a Slurm array's would
+# 3 kept for superusers, 3 spared for the lab (JOBMAN_PG_SPARE's default) and 3 more for the looks of the
+# workers waiting for a slot: 21 connections kept by jobman, whose 110 workers want one each, at once as a
+# Slurm array's would
 MAX_CONNECTIONS = 30
 WORKERS = 110
-JOBS = 660  # of 1 s: about 30 s on the 24 slots, while the monitor is run
+JOBS = 660  # of 1 s: about 30 s on the 21 slots, while the monitor is run
 OUTLIVED_S = 30  # the workers' exit after the last job's end; a livelock is the outage wait, minutes
 
 EXPERIMENT = """
