@@ -170,7 +170,16 @@ def _split(rows: int, ranks: int, holder: int | None = None) -> np.ndarray:
 class _Table:
     """A ``rows x cols`` table of ``dtype`` split by rows over the ranks: the core of both handlers."""
 
-    def __init__(self, rows: int, cols: int, init_value: Any, dtype: Any, name: str, labels: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        rows: int,
+        cols: int,
+        init_value: Any,
+        dtype: Any,
+        name: str,
+        labels: tuple[str, ...],
+        like: _Table | None = None,
+    ) -> None:
         world = _need_world()
         self._name = name
         for label, n in zip(labels, (rows, cols)):
@@ -186,9 +195,18 @@ class _Table:
         self._mpi_type = from_numpy_dtype(self.dtype)
         self._nothing = [np.empty(0, self.dtype), 0, self._mpi_type]  # a get's ignored origin
         ranks = world.comm.Get_size()
-        small = self.rows * self.cols * self.dtype.itemsize <= WHOLE_BYTES
-        self._holder = len(world.tables) % ranks if small else None
-        self._bounds = _split(self.rows, ranks, self._holder)
+        self._holder: int | None
+        self._bounds: np.ndarray
+        if like is not None:  # rows placed as another table's: each rank's local() rows line up with its
+            if like.rows != self.rows:
+                raise PSError(
+                    f"{name} placed like a table of {like.rows} rows must have {like.rows} rows, not {self.rows}."
+                )
+            self._holder, self._bounds = like._holder, like._bounds
+        else:
+            small = self.rows * self.cols * self.dtype.itemsize <= WHOLE_BYTES
+            self._holder = len(world.tables) % ranks if small else None
+            self._bounds = _split(self.rows, ranks, self._holder)
         first, end = self.local_rows
         initial = None if init_value is None else self._shaped(init_value, "init_value")
         self._win = world.MPI.Win.Allocate(
@@ -352,8 +370,10 @@ class _Table:
 class ArrayTableHandler(_Table):
     """A vector of ``size`` numbers shared by every process (Multiverso's ArrayTable); float32 by default."""
 
-    def __init__(self, size: int, init_value: Any = None, dtype: Any = np.float32) -> None:
-        super().__init__(size, 1, init_value, dtype, "ArrayTableHandler", ("size",))
+    def __init__(self, size: int, init_value: Any = None, dtype: Any = np.float32, like: Any = None) -> None:
+        """``like``: another table of as many rows whose placement this one shares, so that ``local()``
+        gives the same rows of both on every rank (a variable's values, slots and gradients)."""
+        super().__init__(size, 1, init_value, dtype, "ArrayTableHandler", ("size",), like)
 
     def add(self, delta: Any) -> None:
         """Add ``delta`` (``size`` numbers) to the table, asynchronously: ``barrier()`` completes it."""
@@ -367,8 +387,11 @@ class ArrayTableHandler(_Table):
 class MatrixTableHandler(_Table):
     """A ``num_row x num_col`` matrix shared by every process (Multiverso's MatrixTable), split by rows."""
 
-    def __init__(self, num_row: int, num_col: int, init_value: Any = None, dtype: Any = np.float32) -> None:
-        super().__init__(num_row, num_col, init_value, dtype, "MatrixTableHandler", ("num_row", "num_col"))
+    def __init__(
+        self, num_row: int, num_col: int, init_value: Any = None, dtype: Any = np.float32, like: Any = None
+    ) -> None:
+        """``like``: as for :class:`ArrayTableHandler`."""
+        super().__init__(num_row, num_col, init_value, dtype, "MatrixTableHandler", ("num_row", "num_col"), like)
 
     def add(self, data: Any, row_ids: Any = None) -> None:
         """Add ``data`` to the whole matrix, or to the rows ``row_ids`` (one row of data each; repeats add up)."""

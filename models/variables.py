@@ -155,8 +155,11 @@ class PSVariable(Variable):
         super().__init__(shapes, slot_names, dtype, value)
         self._ps = ps
         self._table = ps.ArrayTableHandler(self.size, dtype=self.dtype)
-        self._slots = {s: ps.ArrayTableHandler(self.size, dtype=self.dtype) for s in self.slot_names}
-        self._grads = [ps.ArrayTableHandler(self.size, dtype=self.dtype) for _ in range(ps.num_workers())]
+        # placed as the values: each rank steps the same rows of values, slots and gradients
+        self._slots = {s: ps.ArrayTableHandler(self.size, dtype=self.dtype, like=self._table) for s in self.slot_names}
+        self._grads = [
+            ps.ArrayTableHandler(self.size, dtype=self.dtype, like=self._table) for _ in range(ps.num_workers())
+        ]
         self._rank = ps.worker_id()
         self._pushed = False
         first, end = self._table.local_rows
