@@ -218,6 +218,7 @@ class Gang:
         self._launcher: int | None = None  # launched: the pid of srun or mpiexec
         self._ending = threading.Lock()  # whoever takes it says how the job ended
         self._all_returned = threading.Event()
+        self._reported = threading.Event()  # launched: rank 0's report came in
         self.relay: socket.socket | None = None  # mpiexec: where rank 0 connects
 
     @property
@@ -383,7 +384,17 @@ class Gang:
                     os.close(fd)
                 if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
                     return None
+                if self._others_returned() and self._reported.wait(5):
+                    return None  # every call returned: MPICH's launcher ended ranks already waiting to finish
                 return self._launcher_verdict(status)
+
+    def _others_returned(self) -> bool:
+        """Launched: whether every rank but 0 started and its call returned (its error file, made as it
+        started, is removed once its call returned)."""
+        return all(
+            Path(RANK_WHERE.format(rank=rank)).exists() and not Path(RANK_ERROR.format(rank=rank)).exists()
+            for rank in range(1, self.world_size)
+        )
 
     def _raised(self) -> tuple[str, str] | None:
         """The first rank that wrote its traceback, as the job's end; None if none has."""
@@ -460,6 +471,8 @@ class Gang:
                 self._park()
             message = got[0]
             if message.get("op") == "report":
+                if message.get("status") != "FAILED":
+                    self._reported.set()
                 return message
             with asking:
                 send_msg(sock, message)
