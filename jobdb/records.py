@@ -57,7 +57,9 @@ class Job:
     gpus: str | None = None  # the devices of its last run, as CUDA_VISIBLE_DEVICES
     ranks: int = 1  # processes that run it together (a gang), rank 0's results being the job's
     code: dict[str, Any] | None = None  # what it ran: where found, code and environment (``coderecord``)
-    identity: str | None = None  # its params_hash, when read whole (a call that takes it refers to it so)
+    # its params_hash, when read whole (a call that takes it refers to it so); a function of the parameters
+    # and target, so not part of a job's equality: a claim, which does not read it, hands over the same job
+    identity: str | None = field(default=None, compare=False)
 
     def _repr_html_(self) -> str:
         """The job in a notebook: status, parameters, results or error, times."""
