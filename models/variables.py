@@ -78,6 +78,18 @@ class Variable:
     def _named(self, flat: np.ndarray, suffix: str = "") -> dict[str, np.ndarray]:
         return {name + suffix: v for name, v in views_of(flat, self.shapes).items()}
 
+    def _held(self, slots: bool) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
+        """The values, and each slot if ``slots``, as held now, flat arrays of their own (the kind's to say where)."""
+        raise NotImplementedError
+
+    def save(self, slots: bool = True) -> dict[str, np.ndarray]:
+        """The values by name, and with ``slots`` each slot as ``name/slot`` (a checkpoint keeps them)."""
+        value, held = self._held(slots)
+        out = self._named(value)
+        for s, flat in held.items():
+            out.update(self._named(flat, f"/{s}"))
+        return out
+
 
 class LocalVariable(Variable):
     """A variable in this process's memory: its updates are made here."""
@@ -126,12 +138,8 @@ class LocalVariable(Variable):
         updater.apply(self.value, self._grad, self.slots, self._decay_for(updater, 0, self.size), self._tmp)
         self._pushed = False
 
-    def save(self, slots: bool = True) -> dict[str, np.ndarray]:
-        out = self._named(self.value.copy())
-        if slots:
-            for s, buf in self.slots.items():
-                out.update(self._named(buf.copy(), f"/{s}"))
-        return out
+    def _held(self, slots: bool) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
+        return self.value.copy(), {s: buf.copy() for s, buf in self.slots.items()} if slots else {}
 
     def release(self) -> None:
         self.slots, self._grad = {}, np.zeros(0, self.dtype)
@@ -218,13 +226,9 @@ class PSVariable(Variable):
         self._pushed = False
         self._ps.barrier()  # every part is stepped before anyone pulls
 
-    def save(self, slots: bool = True) -> dict[str, np.ndarray]:
-        """The values (and slots) as the tables hold them now: one-sided, any rank may call it alone."""
-        out = self._named(self._table.get())
-        if slots:
-            for s, table in self._slots.items():
-                out.update(self._named(table.get(), f"/{s}"))
-        return out
+    def _held(self, slots: bool) -> tuple[np.ndarray, Mapping[str, np.ndarray]]:
+        """As the tables hold them now: one-sided, any rank may call it alone."""
+        return self._table.get(), {s: table.get() for s, table in self._slots.items()} if slots else {}
 
     def release(self) -> None:
         """Leave the parameter server (collective): its tables are freed with every other of this job's."""
