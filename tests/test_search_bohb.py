@@ -12,16 +12,13 @@ from __future__ import annotations
 import os
 import random
 import re
-import signal
 import sqlite3
-import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from search_helpers import experiment_module
-from test_search_learn import start_worker
+from test_search_learn import kill_workers_until, start_worker
 
 from jobman.jobdb.halving import rung_sizes
 from jobman.jobdb.status import Status
@@ -174,27 +171,11 @@ def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, st
     extra = ["--parallel", "2", "pause=0.3", "--max-attempts", "100", "--async"]
     done = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", *extra)
     assert done.code == 0, done
-    rng = random.Random(11)
-    kills = 0
-    deadline = time.time() + 480
-    while time.time() < deadline:
-        jobs = store.jobs()
-        if len(first_rung_points(store)) >= n and all(j.status is Status.DONE for j in jobs):
-            break
-        workers = [start_worker(db_url, exp, tmp_path / "w.log") for _ in range(2)]
-        for victim in workers if kills < 10 else ():
-            time.sleep(rng.uniform(0.6, 1.8))
-            if victim.poll() is None:
-                os.killpg(victim.pid, signal.SIGKILL)
-                kills += 1
-        for w in workers:
-            try:
-                w.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(w.pid, signal.SIGKILL)
-                w.wait()
-        scan = jobman("monitor", db_url, "--once", env=exp.env)  # the killed worker's job: CRASHED, queued again
-        assert scan.code == 0, scan
+
+    def finished() -> bool:
+        return len(first_rung_points(store)) >= n and all(j.status is Status.DONE for j in store.jobs())
+
+    kills = kill_workers_until(jobman, db_url, exp, tmp_path, finished, random.Random(11), (0.6, 1.8))
     assert kills >= 4
     check_promotions(store, n, [1, 3, 9], 3)
     assert "Traceback" not in (tmp_path / "w.log").read_text()

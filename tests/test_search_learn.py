@@ -85,6 +85,30 @@ def start_worker(db_url: str, exp, log: Path) -> subprocess.Popen:
         )
 
 
+def kill_workers_until(jobman, db_url, exp, tmp_path, finished, rng, pause: tuple[float, float]) -> int:
+    """Start two workers at a time and SIGKILL each after a random pause (at most 10 kills in all), the
+    monitor queueing a killed worker's job again, until ``finished()`` or 480 s; how many were killed."""
+    kills = 0
+    deadline = time.time() + 480
+    while time.time() < deadline and not finished():
+        workers = [start_worker(db_url, exp, tmp_path / "w.log") for _ in range(2)]
+        for victim in workers if kills < 10 else ():
+            time.sleep(rng.uniform(*pause))
+            if victim.poll() is None:
+                os.killpg(victim.pid, signal.SIGKILL)
+                kills += 1
+        for w in workers:
+            try:
+                w.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait()
+        # The killed worker's job stayed RUNNING: the monitor finds it dead and queues it again.
+        scan = jobman("monitor", db_url, "--once", env=exp.env)
+        assert scan.code == 0, scan
+    return kills
+
+
 def test_exactly_n_distinct_points_with_concurrent_workers(jobman, db_url, store, exp, tmp_path):
     done = schedule(jobman, db_url, exp, "--samples", "16", "--sampler", "tpe", "--parallel", "3", "pause=0.05")
     assert done.code == 0 and "tpe proposed 3 configurations" in done.out, done
@@ -118,30 +142,14 @@ def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, st
     extra = ["--parallel", "2", "pause=0.5", "--max-attempts", "100"]
     done = schedule(jobman, db_url, exp, "--samples", str(n), "--sampler", "tpe", *extra)
     assert done.code == 0, done
-    rng = random.Random(7)
-    kills = 0
-    deadline = time.time() + 480
-    while time.time() < deadline:
+
+    def finished() -> bool:
         jobs = store.jobs()
-        if len(jobs) >= n and all(j.status is Status.DONE for j in jobs):
-            break
-        workers = [start_worker(db_url, exp, tmp_path / "w.log") for _ in range(2)]
-        for victim in workers if kills < 10 else ():
-            # A job lasts some 0.6 s with its process; a proposal takes a few ms to tens of ms: a kill at
-            # a random moment falls now in a job, now in a finishing transaction, now in a claim.
-            time.sleep(rng.uniform(0.8, 2.0))
-            if victim.poll() is None:
-                os.killpg(victim.pid, signal.SIGKILL)
-                kills += 1
-        for w in workers:
-            try:
-                w.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(w.pid, signal.SIGKILL)
-                w.wait()
-        # The killed worker's job stayed RUNNING: the monitor finds it dead and queues it again.
-        scan = jobman("monitor", db_url, "--once", env=exp.env)
-        assert scan.code == 0, scan
+        return len(jobs) >= n and all(j.status is Status.DONE for j in jobs)
+
+    # A job lasts some 0.6 s with its process; a proposal takes a few ms to tens of ms: a kill at a random
+    # moment falls now in a job, now in a finishing transaction, now in a claim.
+    kills = kill_workers_until(jobman, db_url, exp, tmp_path, finished, random.Random(7), (0.8, 2.0))
     jobs = store.jobs()
     assert kills >= 4
     assert len(jobs) == n, [(j.id, j.status) for j in jobs]
