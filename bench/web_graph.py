@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -29,6 +25,7 @@ from common import Figure, fresh_pg_database, say
 
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import JobSpec
+from web import best_of, fetch, serve, stop
 
 
 def make_graph(store: Store, width: int) -> int:
@@ -44,19 +41,6 @@ def make_graph(store: Store, width: int) -> int:
     return 2 * width + 2
 
 
-def fetch(url: str, token: str) -> tuple[float, int]:
-    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
-    t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=600) as r:
-        body = r.read()
-    return time.perf_counter() - t0, len(body)
-
-
-def best_of(url: str, token: str, repeat: int) -> tuple[float, int]:
-    runs = [fetch(url, token) for _ in range(repeat)]
-    return min(t for t, _ in runs), runs[0][1]
-
-
 def bench(engine: str, url: str, width: int, repeat: int) -> list[Figure]:
     name = f"graph_{uuid.uuid4().hex[:6]}"
     store = Store.open(url, name)
@@ -66,15 +50,8 @@ def bench(engine: str, url: str, width: int, repeat: int) -> list[Figure]:
             conn.exec_driver_sql("VACUUM ANALYZE job")
             conn.exec_driver_sql("VACUUM ANALYZE job_dep")
     store.dispose()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobman.cli.main", "serve", url, "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, root, token = serve(url)
     try:
-        link = re.search(r"(http://[^/]+/s/[\w-]+)/\S*token=(\S+)", proc.stdout.readline())
-        root, token = link.group(1), link.group(2)
         page = f"{root}/e/{name}"
         fetch(page, token)  # warm: imports and the first connection
         static, _ = best_of(root + "/static/style.css", token, repeat)
@@ -83,8 +60,7 @@ def bench(engine: str, url: str, width: int, repeat: int) -> list[Figure]:
         whole, whole_size = best_of(page, token, repeat)
         drawn = "one by one" if jobs <= 60 else "grouped"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
     load = os.getloadavg()
     note = f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     return [
