@@ -21,23 +21,18 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import Figure, fresh_pg_database, say
+from web_data import schedule_calls
 
 from jobman.jobdb.store import Store
-from jobman.jobdb.sweep import JobSpec
 from web import best_of, fetch, serve, stop
 
 
 def make_graph(store: Store, width: int) -> int:
-    """The fan-out then fan-in of ``width`` trains: 2 * width + 2 jobs, all waiting on the load."""
-    (load,) = store.schedule([JobSpec(0, "fn", "lab.steps:load", {"name": "fashion-mnist"}, None)]).job_ids
-    specs = []
-    for i in range(width):
-        params = {"lr": 10.0 ** -(1 + i % 4), "seed": i}
-        specs.append(JobSpec(0, "fn", "lab.steps:train", params, None))
-        specs.append(JobSpec(1, "fn", "lab.steps:score", params, len(specs) - 1))
-    ids = store.schedule(specs, after=[load]).job_ids
-    store.schedule([JobSpec(0, "fn", "lab.steps:summary", {"n": width}, None)], after=list(ids[1::2]))
+    """The fan-out then fan-in of ``width`` trains (the dashboard tests' graph): 2 * width + 2 jobs, all
+    waiting on the load."""
+    schedule_calls(store, width)
     return 2 * width + 2
 
 

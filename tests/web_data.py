@@ -93,11 +93,10 @@ def fill_wide(store: Store, jobs: int = 40) -> list[int]:
     return ids
 
 
-def fill_calls(store: Store, width: int) -> dict[str, Any]:
-    """A graph of calls made job by job: one ``load``, ``width`` ``train`` calls taking it (a fan-out),
-    each with a phase-1 ``score`` taking it, and one ``summary`` taking every score (a fan-in). The load
-    and the first half of the trains DONE, the last train FAILED (its score and the summary BLOCKED), the
-    one before it RUNNING. Returns the ids by role."""
+def schedule_calls(store: Store, width: int) -> dict[str, Any]:
+    """A graph of calls made job by job, all not started: one ``load``, ``width`` ``train`` calls taking it
+    (a fan-out), each with a phase-1 ``score`` taking it, and one ``summary`` taking every score (a
+    fan-in). Returns the ids by role."""
     (load,) = store.schedule([JobSpec(0, "fn", "lab.steps:load", {"name": "fashion-mnist"}, None)]).job_ids
     specs = []
     for i in range(width):
@@ -107,6 +106,14 @@ def fill_calls(store: Store, width: int) -> dict[str, Any]:
     ids = store.schedule(specs, after=[load]).job_ids
     trains, scores = list(ids[0::2]), list(ids[1::2])
     (summary,) = store.schedule([JobSpec(0, "fn", "lab.steps:summary", {"n": width}, None)], after=scores).job_ids
+    return {"load": load, "trains": trains, "scores": scores, "summary": summary}
+
+
+def fill_calls(store: Store, width: int) -> dict[str, Any]:
+    """:func:`schedule_calls`' graph with the load and the first half of the trains DONE, the last train
+    FAILED (its score and the summary BLOCKED), the one before it RUNNING. Returns the ids by role."""
+    roles = schedule_calls(store, width)
+    load, trains = roles["load"], roles["trains"]
     done = [load] + trains[: width // 2]
     for job_id in done:
         claimed = store.claim_job(job_id, WORKER)
@@ -116,4 +123,4 @@ def fill_calls(store: Store, width: int) -> dict[str, Any]:
     assert claimed is not None
     store.finish(trains[-1], claimed.lease, "FAILED", error="ValueError: loss is nan")
     assert store.claim_job(trains[-2], WORKER) is not None
-    return {"load": load, "trains": trains, "scores": scores, "summary": summary, "done": done}
+    return {**roles, "done": done}
