@@ -19,13 +19,17 @@ How it works, and why:
   memory works, and no rank serves the others. A small table (up to ``WHOLE_BYTES``) is held whole by
   one rank, the tables taking turns: its add and its get are then one operation each, not one per rank.
 - ``add`` is ``Accumulate(op=SUM)`` into the owning ranks' windows under a shared ``Lock_all`` held for
-  the table's life. It returns at once; its delta is copied first, so the caller may reuse its array.
-  Adds are completed by the next ``barrier()`` (``Flush_all`` then ``Barrier``), or earlier when the
-  copies waiting for completion pass ``PENDING_BYTES``.
-- ``get`` is ``Get_accumulate(op=NO_OP)``, not ``Get``: MPI makes accumulate operations atomic per
+  the table's life. It returns at once, and the caller may reuse its array: a split table's delta is
+  copied first; a small table's is handed to ``Raccumulate`` as it is (when it has the table's dtype and
+  shape, else through a copy kept for it), whose request is done, the array free, before ``add`` returns.
+  Adds are completed at their targets by the next ``barrier()`` (a ``Flush`` of each window added to
+  since the last one, then ``Barrier``), or earlier when the copies waiting for completion pass
+  ``PENDING_BYTES``. Only a flush completes an add at its target in MPI, even a request-based one.
+- ``get`` is ``Rget_accumulate(op=NO_OP)``, not ``Get``: MPI makes accumulate operations atomic per
   element against each other, but a ``Get`` concurrent with another rank's ``Accumulate`` to the same
-  place is undefined, and an exclusive lock to make it safe would serialise every rank. MPI orders
-  accumulates from one origin to one target, so a rank always sees its own earlier adds.
+  place is undefined, and an exclusive lock to make it safe would serialise every rank. A request-based
+  get's values are in place when its request is done: waiting on it costs a fraction of a ``Flush``. MPI
+  orders accumulates from one origin to one target, so a rank always sees its own earlier adds.
 - Passive-target progress: on one node MPICH maps ``Win.Allocate`` windows into shared memory and the
   calling rank does the work itself, so adds and gets land while their target computes without entering MPI
   (measured in ``bench/RESULTS-ps.md``); no helper thread is started. Across nodes a target must enter MPI
@@ -33,10 +37,11 @@ How it works, and why:
   rank: on a shared node of 2 cores it made adds and gets 4 to 37 times slower, so it is the user's choice.
 - Small tables pay for synchronisation: a step of a 1,000-float table (add, barrier, get) makes three
   trips where one ``Allreduce`` makes one, with Python around each (measured in ``bench/RESULTS-ps.md``,
-  with the table split over the ranks and held whole); from a million floats it takes about as long. An
-  add copies its delta into the copy a completed add left, and a small table's get lands in one buffer
-  before it is copied out: MPI (through UCX) registers the memory it is given, and fresh memory on each
-  call cost more than the operation itself. ``MPIR_CVAR_POLLS_BEFORE_YIELD=0``
+  with the table split over the ranks and held whole); from a million floats it takes about as long. So
+  a small table's add and get take the fewest calls: one request each, the barrier flushing only the
+  windows added to. A split table's add copies its delta into the copy a completed add left, and a small
+  table's get lands in one buffer before it is copied out: MPI (through UCX) registers the memory it is
+  given, and fresh memory on each call cost more than the operation itself. ``MPIR_CVAR_POLLS_BEFORE_YIELD=0``
   (spin, never yield) helped small steps under load and hurt them on a quieter machine: left to the user.
 - ``init_value`` is written by the rank that owns each part, at creation, which is collective as in
   Multiverso: every rank creates the same tables in the same order, with the same arguments.
@@ -77,6 +82,7 @@ class _World:
     MPI: Any
     comm: Any
     tables: list[_Table] = field(default_factory=list)
+    unflushed: list[_Table] = field(default_factory=list)  # the tables added to since the last barrier
 
 
 _world: _World | None = None
@@ -125,8 +131,11 @@ def init(comm: Any = None) -> None:
 def barrier() -> None:
     """Complete every add this process made, then wait for all: after it every get sees every earlier add."""
     world = _need_world()
-    for table in world.tables:
-        table._complete()
+    if world.unflushed:
+        for table in world.unflushed:
+            table._complete()
+            table._unflushed = False
+        world.unflushed.clear()
     world.comm.Barrier()
 
 
@@ -218,8 +227,15 @@ class _Table:
         self._whole = list(self._pieces(None))  # the pieces of a whole-table add or get, worked out once
         self._pending: list[np.ndarray] = []
         self._spare: list[np.ndarray] = []  # a completed add's copy, to take the next one
-        self._landing = None if self._holder is None else np.empty((self.rows, self.cols), dtype=self.dtype)
         self._pending_bytes = 0
+        self._unflushed = False  # added to since the last barrier, which must then flush this window
+        # A small table's add and get are one operation each, into and out of buffers kept here: the caller's
+        # delta goes as it is when it already has the table's dtype and shape, as one copied into _scratch if not.
+        self._span = self._whole[0][2][0]
+        self._SUM, self._NO_OP = world.MPI.SUM, world.MPI.NO_OP
+        self._shapes = {(self.rows, self.cols)} | ({(self.rows,)} if self.cols == 1 else set())
+        self._scratch = np.empty((self.rows, self.cols), dtype=self.dtype) if self._holder is not None else None
+        self._landing = None if self._holder is None else np.empty((self.rows, self.cols), dtype=self.dtype)
         world.tables.append(self)
 
     @property
@@ -305,8 +321,36 @@ class _Table:
         indexed = self._mpi_type.Create_indexed_block(self.cols, (offsets * self.cols).tolist()).Commit()
         return (0, 1, indexed), indexed
 
+    def _add_whole(self, data: Any) -> None:
+        """Add to every row: for a small table, one operation, its delta free again when it returns."""
+        win = self._win
+        if win is None or self._scratch is None:
+            return self._add(data, None)
+        if not self._unflushed:
+            self._unflushed = True
+            self._world.unflushed.append(self)
+        if not (
+            type(data) is np.ndarray
+            and data.dtype == self.dtype
+            and data.shape in self._shapes
+            and data.flags.c_contiguous
+        ):
+            data = self._shaped(data, "delta", into=self._scratch)
+        win.Raccumulate(data, self._holder, target=self._span, op=self._SUM).Wait()
+
+    def _get_whole(self) -> np.ndarray:
+        """Every row: for a small table, one operation into the memory kept for it, then copied out."""
+        win = self._win
+        if win is None or self._landing is None:
+            return self._get(None)
+        win.Rget_accumulate(self._nothing, self._landing, self._holder, target=self._span, op=self._NO_OP).Wait()
+        return self._landing.copy()
+
     def _add(self, data: Any, row_ids: Any) -> None:
         self._live()
+        if not self._unflushed:
+            self._unflushed = True
+            self._world.unflushed.append(self)
         rows = None
         if row_ids is None:  # into a copy kept from an earlier add: MPI works on memory it has seen faster
             delta = self._shaped(data, "delta", into=self._spare.pop() if self._spare else None)
@@ -334,31 +378,30 @@ class _Table:
         rows = order = None
         if row_ids is not None:
             rows, order = np.unique(self._rows(row_ids), return_inverse=True)
-        NO_OP = self._world.MPI.NO_OP
-        if rows is None and self._landing is not None:  # a small table: one trip, into memory MPI has seen
-            self._win.Get_accumulate(self._nothing, self._landing, self._holder, target=self._whole[0][2][0], op=NO_OP)
-            self._win.Flush(self._holder)
-            return self._landing.copy()
+        MPI = self._world.MPI
+        if rows is None and self._landing is not None:
+            return self._get_whole()
         out = np.empty((self.rows if rows is None else rows.size, self.cols), dtype=self.dtype)
-        owners: list[int] = []
+        requests = []
         for owner, part, (target, datatype) in self._whole if rows is None else self._pieces(rows):
-            self._win.Get_accumulate(self._nothing, out[part], owner, target=target, op=NO_OP)
+            requests.append(self._win.Rget_accumulate(self._nothing, out[part], owner, target=target, op=MPI.NO_OP))
             if datatype is not None:
-                datatype.Free()
-            owners.append(owner)
-        for owner in owners:
-            self._win.Flush(owner)
+                datatype.Free()  # MPI keeps it until the operation using it completes
+        MPI.Request.Waitall(requests)  # a request-based get is complete, its values in place, when it is done
         return out if order is None else out[order.ravel()]
 
     def _complete(self) -> None:
-        if self._win is not None and self._pending:
-            if self._holder is None:
-                self._win.Flush_all()
-            else:
-                self._win.Flush(self._holder)
+        """Complete at their targets the adds made since the last barrier (only a flush does, in MPI)."""
+        if self._win is None:
+            return
+        if self._holder is None:
+            self._win.Flush_all()
+        else:
+            self._win.Flush(self._holder)
+        if self._pending:
             whole = [delta for delta in self._pending if delta.shape == (self.rows, self.cols)]
             self._spare = whole[-1:] if self.rows * self.cols * self.dtype.itemsize <= SPARE_BYTES else []
-        self._pending, self._pending_bytes = [], 0
+            self._pending, self._pending_bytes = [], 0
 
     def _free(self) -> None:
         if self._win is not None:
@@ -377,11 +420,11 @@ class ArrayTableHandler(_Table):
 
     def add(self, delta: Any) -> None:
         """Add ``delta`` (``size`` numbers) to the table, asynchronously: ``barrier()`` completes it."""
-        self._add(delta, None)
+        self._add_whole(delta)
 
     def get(self) -> np.ndarray:
         """The table's current values, as a new array of ``size`` numbers."""
-        return self._get(None).reshape(self.rows)
+        return self._get_whole().reshape(self.rows)
 
 
 class MatrixTableHandler(_Table):
@@ -395,8 +438,11 @@ class MatrixTableHandler(_Table):
 
     def add(self, data: Any, row_ids: Any = None) -> None:
         """Add ``data`` to the whole matrix, or to the rows ``row_ids`` (one row of data each; repeats add up)."""
-        self._add(data, row_ids)
+        if row_ids is None:
+            self._add_whole(data)
+        else:
+            self._add(data, row_ids)
 
     def get(self, row_ids: Any = None) -> np.ndarray:
         """The current matrix, or its rows ``row_ids`` in the order given, as a new 2-D array."""
-        return self._get(row_ids)
+        return self._get_whole() if row_ids is None else self._get(row_ids)

@@ -103,6 +103,12 @@ def test_a_small_table_is_held_whole_by_one_rank_the_tables_taking_turns(ranks: 
         assert seen["small_sums"] == [[[float(len(ranks))] * 2] * 4] * 2
 
 
+def test_a_small_tables_add_takes_any_delta_of_its_size_and_is_done_with_it_on_return(ranks: list[dict]) -> None:
+    for seen in ranks:
+        assert seen["small_deltas"] == [4.0 * len(ranks)] * 10
+        assert seen["small_wrong_shape"] == "ArrayTableHandler's delta has shape (9,); this table expects 10 values."
+
+
 def test_bad_input_gets_one_sentence(ranks: list[dict]) -> None:
     seen = ranks[-1]
     assert seen["before_init"] == "jobman.ps is not initialised: call jobman.ps.init() in every process first."

@@ -59,6 +59,17 @@ def main() -> None:
     seen["big"] = [float(got.min()), float(got.max())]
     seen["big_local_rows"] = list(big.local_rows)
 
+    small = ps.ArrayTableHandler(10)  # held whole by one rank: an add hands MPI the caller's array when it can
+    given = np.ones(10, dtype=np.float32)
+    small.add(given)
+    given[:] = 1000.0  # the add is done with it when it returns: changing it now changes nothing
+    small.add(np.ones(20, dtype=np.float32)[::2])  # not contiguous: copied first
+    small.add(np.ones((10, 1), dtype=np.float32))  # a column of the 10 values
+    small.add([1] * 10)
+    ps.barrier()
+    seen["small_deltas"] = small.get().tolist()
+    seen["small_wrong_shape"] = refusal(lambda: small.add(np.ones(9, dtype=np.float32)))
+
     pair = [ps.MatrixTableHandler(4, 2) for _ in range(2)]  # small: each held whole by one rank, in turns
     for table in pair:
         table.add(np.ones((4, 2)))
