@@ -38,6 +38,13 @@ def prctl() -> Callable[..., int] | None:
     return _PRCTL
 
 
+def name_process(name: bytes) -> None:
+    """Linux: what ``ps -e`` and ``top`` show for this process (its command line stays as it was)."""
+    call = prctl()
+    if call is not None:
+        call(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
 def signal_on_parent_death(sig: int) -> bool:
     """Linux: send ``sig`` to this process when its parent dies; False where that cannot be asked."""
     call = prctl()

@@ -40,11 +40,15 @@ def plain_log_to_stderr(fmt: str, verbose: bool = False) -> None:
 
 
 def run_worker(
-    target: DbTarget, settings: WorkerSettings, log_to_stderr: Callable[[str, bool], None] = plain_log_to_stderr
+    target: DbTarget,
+    settings: WorkerSettings,
+    log_to_stderr: Callable[[str, bool], None] = plain_log_to_stderr,
+    fork_server: bool = False,
 ) -> WorkerSummary:
     """Run one worker over ``target``'s experiment until nothing is ready or a limit is hit; its summary,
     also written to stderr. ``log_to_stderr(format, verbose)`` routes the log lines (the CLI's renders
-    them above a live display)."""
+    them above a live display). ``fork_server``: its fork server is a fork of this process (one the
+    zygote forked, whose modules are all imported), not a new interpreter."""
     processes = settings.processes
     limits = RunLimits(
         settings.timeout,
@@ -63,7 +67,7 @@ def run_worker(
     )
     processes.set_threads()
     one_blas_thread()
-    server = ForkServer(limits.jobs_per_process)
+    server = ForkServer(limits.jobs_per_process, fork_first=fork_server)
     server.warm()  # the jobs' server starts while the database is opened, not after
     log_to_stderr(LOG_FORMAT, settings.verbose)
     # A worker never makes a database: a wrong path is named. A server away at the start is an error at
@@ -89,7 +93,11 @@ def worker_main(request: dict[str, Any]) -> int:
     """A worker the zygote forked: run it from the dispatch's request; its exit code. A failure is one
     line on stderr, the last of its log, which the dispatch quotes when it counts failed workers."""
     try:
-        run_worker(parse_db(request["url"], None), WorkerSettings.from_message(request["settings"]))
+        run_worker(
+            parse_db(request["url"], None),
+            WorkerSettings.from_message(request["settings"]),
+            fork_server=True,
+        )
         return 0
     except JobmanError as exc:
         if _debug():

@@ -44,9 +44,11 @@ EXPERIMENTS = textwrap.dedent('''
 
 
     def lineage(state, channel):
-        """The job's worker (its fork server's parent), and what started that worker."""
+        """The job's worker (its fork server's parent), what started that worker, and the fork server's name."""
         import psutil
-        worker = psutil.Process(os.getppid()).parent()
+        server = psutil.Process(os.getppid())
+        worker = server.parent()
+        state.server = [server.name(), server.cmdline() == worker.cmdline()]
         state.worker = worker.pid
         state.started_by = worker.parent().cmdline()
         time.sleep(0.5)
@@ -237,6 +239,8 @@ def test_dispatch_forks_its_workers_from_one_warm_interpreter(jobman, db_url, st
     assert {j.results["worker"] for j in jobs} == {j.pid for j in jobs}  # the worker is what the job row says
     assert len({j.pid for j in jobs}) == 2
     assert all("jobman.dispatch.backends.zygote" in j.results["started_by"] for j in jobs)
+    # each worker's fork server is a fork of the worker (its command line), not a new interpreter
+    assert all(j.results["server"] == ["jobman-forksrv", True] for j in jobs), [j.results["server"] for j in jobs]
 
 
 def test_fresh_jobs_share_a_cgroup_in_turn_and_none_inherits_what_the_one_before_left(db_url, store, exp):

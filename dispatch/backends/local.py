@@ -52,9 +52,9 @@ class LocalBackend:
 
     def start_workers(self, spec: WorkerSpec, count: int) -> list[str]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        ids = []
-        for _ in range(count):
-            index = len(self.procs)
+        request = {"url": spec.db_url, "settings": spec.settings.to_message()}
+        asked = []
+        for index in range(len(self.procs), len(self.procs) + count):
             log_path = self.log_dir / f"worker-{os.getpid()}-{index}.log"
             env = {
                 **os.environ,
@@ -62,13 +62,17 @@ class LocalBackend:
                 "JOBMAN_WORKER_LOG": str(log_path),
                 DIE_WITH_VARIABLE: str(os.getpid()),
             }
-            try:
-                proc: subprocess.Popen | Forked = self.zygote.start_worker(
-                    {"url": spec.db_url, "settings": spec.settings.to_message()}, str(log_path), env
-                )
-            except (OSError, AttributeError):  # no zygote (or no pidfd here): a fresh interpreter, as always
-                with open(log_path, "ab") as log:
-                    proc = subprocess.Popen(
+            asked.append((log_path, env))
+        try:  # forked in one burst
+            procs: list[subprocess.Popen | Forked] = list(
+                self.zygote.start_workers([(request, str(log_path), env) for log_path, env in asked])
+            )
+        except (OSError, AttributeError):  # no zygote (or no pidfd here): a fresh interpreter, as always
+            procs = []
+        for log_path, env in asked[len(procs) :]:
+            with open(log_path, "ab") as log:
+                procs.append(
+                    subprocess.Popen(
                         worker_command(spec),
                         stdin=subprocess.DEVNULL,
                         stdout=log,
@@ -76,10 +80,11 @@ class LocalBackend:
                         start_new_session=True,
                         env=env,
                     )
+                )
+        for proc, (log_path, _env) in zip(procs, asked, strict=True):
             self.procs.append(proc)
             self.logs[proc.pid] = log_path
-            ids.append(str(proc.pid))
-        return ids
+        return [str(proc.pid) for proc in procs]
 
     def close(self) -> None:
         """Stop the zygote (once the workers are gone; it would stop with this process anyway)."""

@@ -15,7 +15,6 @@ dispatcher itself is when the dispatcher ends.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import select
@@ -26,8 +25,7 @@ import sys
 import time
 from typing import Any
 
-from ..lifetime import die_with_parent, hang_up
-from ..lifetime import prctl as _prctl
+from ..lifetime import die_with_parent, hang_up, name_process
 from ..messages import recv_msg, send_msg
 
 
@@ -38,6 +36,9 @@ def serve(fd: int, parent_pid: int) -> None:
     if os.getppid() != parent_pid:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the dispatcher's to handle
+    import psutil  # noqa: F401 - what a worker reads its own start time with
+
+    import jobman.dispatch.forkserver  # each worker's fork server is a fork of the worker
     import jobman.dispatch.lifetime  # noqa: F401 - what a worker reads to die with its dispatcher
     from jobman.dispatch.worker_process import worker_main  # the worker and the store, imported once
     from jobman.jobdb import sqlite_memory
@@ -100,7 +101,7 @@ def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
     code = 70
     try:
         os.setsid()
-        _name_process(b"jobman-worker")  # what ps -e and top show, instead of the zygote's name
+        name_process(b"jobman-worker")  # what ps -e and top show, instead of the zygote's name
         signal.signal(signal.SIGINT, signal.default_int_handler)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -122,12 +123,6 @@ def _worker_main(main: Any, request: dict[str, Any], zygote: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-def _name_process(name: bytes) -> None:
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 class Forked:
@@ -182,18 +177,30 @@ class Zygote:
     def start_worker(self, request: dict[str, Any], log_path: str, env: dict[str, str]) -> Forked:
         """Fork a worker that runs ``request`` (the database URL and the worker's settings, see
         :func:`~jobman.dispatch.worker_process.worker_main`), its output to ``log_path``."""
+        forked = self.start_workers([(request, log_path, env)])
+        if not forked:
+            raise OSError("the process that starts local workers exited")
+        return forked[0]
+
+    def start_workers(self, workers: list[tuple[dict[str, Any], str, dict[str, str]]]) -> list[Forked]:
+        """Fork a worker for each (request, log path, environment), as :meth:`start_worker` does: all
+        asked for before any pid is read, so that the zygote forks them in one burst. Fewer than asked
+        for if the zygote exited meanwhile."""
         if self.proc is None or self.proc.poll() is not None:
             self.close()
             self._start()
         assert self.ctrl is not None  # _start made it
-        send_msg(self.ctrl, {**request, "log": log_path, "env": env})
-        while True:
+        for request, log_path, env in workers:
+            send_msg(self.ctrl, {**request, "log": log_path, "env": env})
+        forked: list[Forked] = []
+        while len(forked) < len(workers):
             message = self._next(None)
             if message is None:
                 self.close()
-                raise OSError("the process that starts local workers exited")
+                break
             if "pid" in message:
-                return Forked(message["pid"], self)
+                forked.append(Forked(message["pid"], self))
+        return forked
 
     def exit_code(self, pid: int) -> int:
         """The exit code of a worker that has ended (its zygote reports it at once; 0 if it cannot)."""
