@@ -97,7 +97,10 @@ class JobFuture(concurrent.futures.Future):
         exp = self._experiment()
         if exp is not None:
             exp.store.cancel([self.job_id], running=True, why="cancelled from Python")
-        return super().cancel()
+        cancelled = super().cancel()
+        if exp is not None:
+            exp._cancelled = True  # its follower lets it go at its next poll
+        return cancelled
 
     def result(self, timeout: float | None = None) -> Any:
         try:
@@ -246,6 +249,7 @@ class Experiment:
         self._inline: Any = None  # an inline.InlineRunner, made for the first job run here
         self._code_stored: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]] = weakref.WeakKeyDictionary()
         self._targets_stored: set[str] = set()
+        self._cancelled = False  # a future was cancelled since the follower last looked
 
     @property
     def name(self) -> str:
@@ -955,7 +959,8 @@ class _Pump(threading.Thread):
                     self._rederive_at = time.monotonic() + REDERIVE_EVERY
                 with exp._lock:
                     settled = len(exp._pending) < len(futures)
-                    if rederive:  # a cancelled future's job is CANCELED, so read above: this is a safety net
+                    if exp._cancelled:
+                        exp._cancelled = False
                         for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
                             del exp._pending[job_id]
                 if exp.backend in ("local", "slurm") and exp._pending and time.monotonic() >= self._workers_at:
