@@ -59,6 +59,7 @@ BACKENDS = ("inline", "local", "slurm", None)
 _FINAL = set(ENDED)
 _AGAIN = set(BLOCKING)  # what retry=True runs again
 REDERIVE_EVERY = 2.0  # seconds between two re-derivations of the calls still WAITING
+KEEP_WORKERS_EVERY = 0.25  # seconds between two looks at the workers (started, crashed jobs found)
 
 # -- futures --------------------------------------------------------------------------------
 
@@ -96,7 +97,10 @@ class JobFuture(concurrent.futures.Future):
         exp = self._experiment()
         if exp is not None:
             exp.store.cancel([self.job_id], running=True, why="cancelled from Python")
-        return super().cancel()
+        cancelled = super().cancel()
+        if exp is not None:
+            exp._cancelled = True  # its follower lets it go at its next poll
+        return cancelled
 
     def result(self, timeout: float | None = None) -> Any:
         try:
@@ -195,6 +199,14 @@ class Experiment:
     processes on this host), ``"slurm"`` (``sbatch`` options as for ``jobman dispatch``) or
     ``None`` (only enqueue). ``exproot`` is where job workdirs go; ``timeout`` a job's wall-time
     limit in seconds; ``max_attempts`` how often a crashed job runs before its crash is final.
+
+    ``jobs_per_process`` K: the workers started here run up to K calls in turn in one job process
+    before a fresh one replaces it, as Dask's and joblib's pools reuse theirs (default
+    ``$JOBMAN_JOBS_PER_PROCESS``, else 100; 1: a fresh process per call). A call that crashes its
+    process (a segfault, ``os._exit``, SIGKILL, the OOM killer) still loses only itself: it is
+    recorded CRASHED (or FAILED) and the next call gets a fresh process. A call sees what the calls
+    before it in the same process left behind (module globals, ``os.environ``, threads, leaked
+    memory): give 1 for calls that need a clean process. Command jobs always get a process each.
     """
 
     def __init__(
@@ -209,11 +221,13 @@ class Experiment:
         poll_interval: float = 0.5,
         sbatch: str = "",
         allow_sqlite: bool = False,
+        jobs_per_process: int | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise UsageError(f"backend {backend!r} is not one of 'inline', 'local', 'slurm' or None")
         if workers is not None and workers < 1:
             raise UsageError(f"workers must be at least 1, not {workers}")
+        self.jobs_per_process = _jobs_per_process(jobs_per_process)
         self.store = Store.open(url, create=True)
         if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
             self.store.dispose()
@@ -235,6 +249,7 @@ class Experiment:
         self._inline: Any = None  # an inline.InlineRunner, made for the first job run here
         self._code_stored: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, bytes]]] = weakref.WeakKeyDictionary()
         self._targets_stored: set[str] = set()
+        self._cancelled = False  # a future was cancelled since the follower last looked
 
     @property
     def name(self) -> str:
@@ -483,13 +498,16 @@ class Experiment:
                 self._pending[job_id] = (future, unwrap)
             return future
 
-    def _settle_now(self, futures: Sequence[JobFuture], store: Store | None = None) -> list[int]:
+    def _settle_now(
+        self, futures: Sequence[JobFuture], store: Store | None = None, *, waiting_too: bool = True
+    ) -> list[int]:
         """Settle the futures whose jobs are final (read on ``store``: the calling thread's); the ids of
-        those still WAITING."""
+        those still WAITING (unless not ``waiting_too``: then only the final jobs are read)."""
         ids = [f.job_id for f in futures]
         waiting = []
+        wanted = sorted(_FINAL | {Status.WAITING} if waiting_too else _FINAL, key=lambda s: s.value)
         for start in range(0, len(ids), 900):
-            for job in (store or self.store).jobs(ids=ids[start : start + 900], with_deps=False):
+            for job in (store or self.store).jobs(ids=ids[start : start + 900], status=wanted, with_deps=False):
                 if job.status is Status.WAITING:
                     waiting.append(job.id)
                 with self._lock:
@@ -557,12 +575,12 @@ class Experiment:
         paths = os.pathsep.join(
             dict.fromkeys(here + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         )
-        # As `jobman worker` reads it from the environment its workers inherit.
-        per_process = os.environ.get("JOBMAN_JOBS_PER_PROCESS", "").strip()
-        processes = JobProcesses(int(per_process)) if per_process.isdigit() and int(per_process) > 1 else JobProcesses()
+        processes = JobProcesses(self.jobs_per_process)
         settings = WorkerSettings(str(self.exproot), self.timeout, processes=processes)
         assert self.backend is not None  # the pump starts workers for "local" and "slurm" only
-        return LaunchPlan(self.backend, settings, self.workers, environment={"PYTHONPATH": paths}, sbatch=self.sbatch)
+        # Said in the environment too: a worker reads it there when its command line does not say it (K=1).
+        environment = {"PYTHONPATH": paths, JOBS_PER_PROCESS_VARIABLE: str(self.jobs_per_process)}
+        return LaunchPlan(self.backend, settings, self.workers, environment=environment, sbatch=self.sbatch)
 
     # -- reading ----------------------------------------------------------------------------
     def results(self, *, phase: int | None = None, as_frame: bool | None = None) -> Any:
@@ -813,6 +831,25 @@ def job_row(job: Job, given_back: Callable[[dict[str, Any]], dict[str, Any]] | N
     }
 
 
+JOBS_PER_PROCESS = 100  # calls one job process runs in turn, by default, for the workers started from Python
+JOBS_PER_PROCESS_VARIABLE = "JOBMAN_JOBS_PER_PROCESS"
+
+
+def _jobs_per_process(given: int | None) -> int:
+    """How many calls a job process runs in turn: as given, else ``$JOBMAN_JOBS_PER_PROCESS``, else
+    ``JOBS_PER_PROCESS``; a UsageError for anything but a whole number of at least 1."""
+    if given is None:
+        text = os.environ.get(JOBS_PER_PROCESS_VARIABLE, "").strip()
+        if not text:
+            return JOBS_PER_PROCESS
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"${JOBS_PER_PROCESS_VARIABLE}={text!r}: give a whole number of at least 1")
+        return int(text)
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise UsageError(f"jobs_per_process must be a whole number of at least 1, not {given!r}")
+    return given
+
+
 def _first_parameter(fn: Callable[..., Any]) -> str | None:
     """The name of the first parameter ``fn`` takes by name (``data`` of ``pca(data, k)``)."""
     try:
@@ -886,6 +923,7 @@ class _Pump(threading.Thread):
         self._wake = threading.Event()
         self._stopping = False
         self._rederive_at = time.monotonic() + REDERIVE_EVERY
+        self._workers_at = 0.0  # when the workers are next looked after (at once, the first time)
         self.launch: Any = None  # the workers it started (a launch.Launch), made when first wanted
         self.dispatcher: Any = None
 
@@ -911,15 +949,25 @@ class _Pump(threading.Thread):
                     if not futures:
                         self._stopping = True  # under the lock: a call made now starts a new thread
                         break
-                waiting = exp._settle_now(futures, self.store)
-                if waiting and time.monotonic() >= self._rederive_at:  # see Store.rederive
-                    self.store.rederive(waiting)
+                # Only the jobs that ended are read (not every pending one, each poll), and those
+                # WAITING when they are due to be re-derived.
+                rederive = time.monotonic() >= self._rederive_at
+                waiting = exp._settle_now(futures, self.store, waiting_too=rederive)
+                if rederive:
+                    if waiting:  # see Store.rederive
+                        self.store.rederive(waiting)
                     self._rederive_at = time.monotonic() + REDERIVE_EVERY
                 with exp._lock:
-                    for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
-                        del exp._pending[job_id]
-                if exp.backend in ("local", "slurm") and exp._pending:
+                    settled = len(exp._pending) < len(futures)
+                    if exp._cancelled:
+                        exp._cancelled = False
+                        for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
+                            del exp._pending[job_id]
+                if exp.backend in ("local", "slurm") and exp._pending and time.monotonic() >= self._workers_at:
                     self._keep_workers()
+                    self._workers_at = time.monotonic() + KEEP_WORKERS_EVERY
+                if settled:  # jobs are ending: the next may end soon too (a fan-in's last call)
+                    delay = min(delay, 0.05)
                 if self._wake.wait(delay):
                     self._wake.clear()
                     delay = 0.02

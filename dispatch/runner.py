@@ -578,11 +578,13 @@ class Runner:
             # A call that takes calls continues none (only a promoted job of a search does): one query less.
             continues = job.depends_on and not takes_calls(job.params)
             start = self._continue_parent(job, workdir) if continues else job.results
-            parents = (
-                self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
-                if job.depends_on
-                else []
-            )
+            parents = claimed.parents
+            if parents is None:  # a claim that did not read them
+                parents = (
+                    self.outage.call(lambda: self.store.parents(job.id), "reading the job's parents")
+                    if job.depends_on
+                    else []
+                )
             before = tuple(child_pids())
             if job.kind == "fn":
                 child: _Forked = self._start_function(job, lease, parents, workdir, start)

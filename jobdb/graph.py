@@ -22,17 +22,20 @@ from .txn import chunks, in_list_size
 Log = Callable[[Connection, list[dict[str, Any]]], None]  # writes status changes (Transactions.log)
 
 
+_P = t_job.alias("p")  # a job's parent; made once: an alias copies every column of the table
+_BAD_PARENT = sa.exists().where(
+    t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == _P.c.id, _P.c.status.in_(names_of(BLOCKING))
+)
+_OPEN_PARENT = sa.exists().where(
+    t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == _P.c.id, _P.c.status != Status.DONE.value
+)
+
+
 def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> None:
     """Re-derive WAITING/BLOCKED/QUEUED of not-started jobs from their parents."""
     if not job_ids:
         return
-    p = t_job.alias("p")
-    bad_parent = sa.exists().where(
-        t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id, p.c.status.in_(names_of(BLOCKING))
-    )
-    open_parent = sa.exists().where(
-        t_dep.c.job_id == t_job.c.id, t_dep.c.depends_on == p.c.id, p.c.status != Status.DONE.value
-    )
+    bad_parent, open_parent = _BAD_PARENT, _OPEN_PARENT
     blocked: set[int] = set()
     size = in_list_size(conn)
     for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves

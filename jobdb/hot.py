@@ -197,9 +197,31 @@ class HotStatements:
             ),
             dialect,
         )
-        self.children = Prepared(sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == b("id")), dialect)
-        self.parents = Prepared(
-            sa.select(t_dep.c.depends_on).where(t_dep.c.job_id == b("id")).order_by(t_dep.c.depends_on), dialect
+        # A job just DONE: its children that wait on no other parent. A parent's end as DONE changes no
+        # other child (its bad parents are as they were): the graph's refresh is for these alone. The
+        # unfinished parent is looked for from the highest id: in a fan-in, parents end about in order,
+        # so one is found at once, not after every parent already DONE.
+        other, parent = t_dep.alias("other"), t_job.alias("parent")
+        unfinished = (
+            sa.select(other.c.depends_on)
+            .join(parent, parent.c.id == other.c.depends_on)
+            .where(other.c.job_id == t_dep.c.job_id, parent.c.status != Status.DONE.value)
+            .order_by(other.c.depends_on.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        self.ready_children = Prepared(
+            sa.select(t_dep.c.job_id).where(t_dep.c.depends_on == b("id"), unfinished.is_(None)), dialect
+        )
+        # A claimed job's parents, whole (every column of job, ``parent_columns``): read by its claim, not
+        # by a transaction more.
+        self.parent_columns = tuple(c.name for c in t_job.c)
+        self.parent_rows = Prepared(
+            sa.select(*t_job.c)
+            .join(t_dep, t_dep.c.depends_on == t_job.c.id)
+            .where(t_dep.c.job_id == b("id"))
+            .order_by(t_job.c.id),
+            dialect,
         )
         # A sweep's jobs by identity: every one of an experiment, or those past an id (just inserted).
         self.ids_by_hash = Prepared(

@@ -224,18 +224,21 @@ class Claimed:
 
     job: Job
     lease: int
+    parents: list[Job] | None = None  # the jobs it depends on, whole, when the claim read them
 
 
-# What a claim's transaction gives back: the claimed row, its parents, and the time it was claimed at.
-Found = tuple[Sequence[Any], list[int], float]
+# What a claim's transaction gives back: the claimed row, its parents (each a row by column name), and
+# the time it was claimed at.
+Found = tuple[Sequence[Any], list[dict[str, Any]], float]
 
 
 def to_claimed(found: Found | None, worker: WorkerInfo) -> Claimed | None:
     """A claim as handed to a worker (made after the commit, out of the write lock)."""
     if found is None:
         return None
-    job = Job.from_claimed(found[0], found[1], worker, found[2])
-    return Claimed(job, job.lease)
+    parents = [Job.from_mapping(row) for row in found[1]]
+    job = Job.from_claimed(found[0], [p.id for p in parents], worker, found[2])
+    return Claimed(job, job.lease, parents)
 
 
 @dataclass(frozen=True)

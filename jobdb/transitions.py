@@ -111,7 +111,8 @@ def claim(
         return None
     row = rows[0]
     log_claim(conn, log, row[0], row[CLAIMED_ATTEMPT], worker, pending)
-    return row, [r[0] for r in hot.parents.rows(conn, id=row[0])] if row[-1] else [], now
+    parents = [dict(zip(hot.parent_columns, r)) for r in hot.parent_rows.rows(conn, id=row[0])] if row[-1] else []
+    return row, parents, now
 
 
 def claim_job(
@@ -322,7 +323,7 @@ def finish(
 ) -> Status | None:
     """Record how the run at ``lease`` ended; None if the caller no longer owns the job.
 
-    With ``pending``, a DONE job without dependents leaves its event there, for the caller to
+    With ``pending``, a DONE job that makes no dependent ready leaves its event there, for the caller to
     write with the next claim's (one statement for both). ``clock`` stamps the end (the store's:
     the database server's time); ``after_end`` is told of every job that ended (DONE, or ended
     badly for good), in the same transaction (a search moves on); a DONE job only if the finishing
@@ -411,12 +412,13 @@ def finish_done(
         "attempt": attempt,
         "why": why or "finished",
     }
-    if pending is not None and not has_children:
+    ready = [r[0] for r in hot.ready_children.rows(conn, id=job_id)] if has_children else []
+    if pending is not None and not ready:
         pending.append(event)
     else:  # written before the promotions it causes, so that the log reads in order
         log(conn, [event])
-    if has_children:
-        graph.refresh(conn, log, [r[0] for r in hot.children.rows(conn, id=job_id)], why=f"job {job_id} is DONE")
+    if ready:
+        graph.refresh(conn, log, ready, why=f"job {job_id} is DONE")
     if after_end is not None and in_search:  # only a search moves on at a job's end
         after_end(conn, job_id)
     return Status.DONE

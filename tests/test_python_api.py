@@ -206,6 +206,73 @@ def test_cache_source_makes_a_changed_function_a_new_call(db_url, tmp_path):
 
 
 @pytest.mark.pgbouncer
+@pytest.mark.parametrize("per_process", [None, 1])
+def test_a_call_that_kills_its_own_process_loses_only_itself_and_the_others_are_done(db_url, tmp_path, per_process):
+    """Calls share a job process by default (None: K=100, as a pool's workers are reused); one that
+    SIGKILLs its process is recorded as crashed, and the calls after it run in a fresh one."""
+    given = "" if per_process is None else f", jobs_per_process={per_process}"
+    proc = run_script(
+        tmp_path,
+        f"""
+        import signal
+        from jobman.jobdb.errors import JobFailed
+
+
+        def step(i):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return {{"n": i, "pid": os.getpid()}}
+
+
+        exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs", max_attempts=1{given})
+        futures = exp.map(step, [{{"i": i}} for i in range(8)])
+        out = {{}}
+        for f in futures:
+            try:
+                out[f.job_id] = f.result(timeout=90)
+            except JobFailed as exc:
+                out[f.job_id] = {{"status": exc.status}}
+        exp.close()
+        print(json.dumps(out))
+    """,
+        db_url,
+    )
+    out = last_json(proc)
+    crashed = [r for r in out.values() if "status" in r]
+    assert crashed == [{"status": "CRASHED"}]
+    done = sorted((r for r in out.values() if "n" in r), key=lambda r: r["n"])
+    assert [r["n"] for r in done] == [0, 1, 2, 4, 5, 6, 7]
+    pids_before = {r["pid"] for r in done if r["n"] < 3}
+    pids_after = {r["pid"] for r in done if r["n"] > 3}
+    assert not pids_before & pids_after  # the killed process was replaced
+    if per_process is None:  # one worker, its calls in turn: a process for those before, one for those after
+        assert len(pids_before) == 1 and len(pids_after) == 1
+    else:
+        assert len(pids_before) == 3 and len(pids_after) == 4
+    store = Store.open(db_url)
+    try:
+        assert sorted(j.status.value for j in store.jobs()) == ["CRASHED"] + ["DONE"] * 7
+    finally:
+        store.dispose()
+
+
+def test_jobs_per_process_is_refused_unless_a_whole_number_of_at_least_one(db_url, tmp_path, monkeypatch):
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(UsageError, match="jobs_per_process must be a whole number"):
+            jobman.Experiment(db_url, exproot=tmp_path / "runs", jobs_per_process=bad)
+    monkeypatch.setenv("JOBMAN_JOBS_PER_PROCESS", "many")
+    with pytest.raises(UsageError, match=r"\$JOBMAN_JOBS_PER_PROCESS='many'"):
+        jobman.Experiment(db_url, exproot=tmp_path / "runs")
+    monkeypatch.setenv("JOBMAN_JOBS_PER_PROCESS", "7")
+    exp = jobman.Experiment(db_url, exproot=tmp_path / "runs")
+    assert exp.jobs_per_process == 7
+    exp.close()
+    monkeypatch.delenv("JOBMAN_JOBS_PER_PROCESS")
+    exp = jobman.Experiment(db_url, exproot=tmp_path / "runs")
+    assert exp.jobs_per_process == 100
+    exp.close()
+
+
 def test_a_failing_call_raises_with_the_jobs_traceback_and_retry_runs_it_again(db_url, tmp_path):
     exp = jobman.Experiment(db_url, backend="inline", exproot=tmp_path / "runs")
     flag = tmp_path / "fixed"
