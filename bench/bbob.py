@@ -12,8 +12,10 @@ time (sequential) and with ``--pending`` points out at a time (the oldest is eva
 more is asked for):
 
 - random: uniform draws (NumPy, seeded by the instance);
-- optuna TPE: ``TPESampler(seed, multivariate=True, constant_liar=True)``, the settings jobman
-  gives it, driven by Optuna's own ask/tell loop over an in-memory study;
+- optuna TPE: ``TPESampler(seed, multivariate=True, constant_liar=True, n_startup_trials=S)``, the
+  settings jobman gives it (S: Optuna's 10 start-up points, at most a quarter of ``--evals``, as
+  ``jobman.jobdb.learn.startup_trials`` says), driven by Optuna's own ask/tell loop over an
+  in-memory study;
 - jobman TPE: a ``--sampler tpe`` search in a SQLite job table, its jobs claimed and finished in
   this process through the store (``Store.claim``/``Store.finish``, as a worker does: each end
   proposes the next point in the finishing transaction), ``--parallel 1``, and ``--parallel P``
@@ -27,7 +29,7 @@ problem by the best value found (ties share their mean rank); the mean ranks are
 each pair of methods the sign test over the problems: how often one is better, worse, tied, and
 the two-sided p-value of the exact binomial test on the untied ones. The same algorithm should be
 indistinguishable from itself (large p-values between the two TPEs) and both ahead of random.
-Before TPE's 10 start-up points have ended every method is drawing at random, and with one seed
+Before TPE's start-up points (10 of 100 evaluations) have ended every method is drawing at random, and with one seed
 per instance a method draws the same start-up points for every function of a dimension and
 instance: the figures at 10 evaluations compare a few random designs, not the samplers.
 
@@ -55,7 +57,7 @@ import numpy as np
 
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.halving import Halving, sampled
-from jobman.jobdb.learn import Plan
+from jobman.jobdb.learn import Plan, startup_trials
 from jobman.jobdb.records import WorkerInfo
 from jobman.jobdb.store import Store
 
@@ -104,7 +106,9 @@ def run_optuna(prob: Problem, evals: int, pending: int) -> list[float]:
     f = problem(*prob)
     names = keys(prob[1])
     dists = {k: optuna.distributions.FloatDistribution(LOW, HIGH) for k in names}
-    sampler = optuna.samplers.TPESampler(seed=prob[2], multivariate=True, constant_liar=True)
+    sampler = optuna.samplers.TPESampler(
+        seed=prob[2], multivariate=True, constant_liar=True, n_startup_trials=startup_trials(evals)
+    )
     study = optuna.create_study(sampler=sampler)
     asked = [study.ask(dists) for _ in range(min(pending, evals))]
     out: list[float] = []
