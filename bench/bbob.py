@@ -3,6 +3,7 @@
     pip install 'jobman-sql[bench]'                  # coco-experiment: BBOB, compiled in, no download
     python bench/bbob.py --functions 1-24 --dims 2,5,10 --instances 1-5 --evals 100
     python bench/bbob.py --functions 1,8,15,21 --dims 2 --instances 1-3 --cli   # and the full CLI path
+    python bench/bbob.py --evals 32 --budgets 8,16,24,32 --startups 10,8   # Optuna's TPE, two start-ups
 
 The problems are COCO's noiseless ``bbob`` suite (module ``cocoex`` of the ``coco-experiment``
 package, in the ``bench`` extra with the Optuna it compares against; never needed to run jobman). A
@@ -99,7 +100,8 @@ def run_random(prob: Problem, evals: int, pending: int) -> list[float]:
     return [f(x) for x in rng.uniform(LOW, HIGH, size=(evals, prob[1]))]
 
 
-def run_optuna(prob: Problem, evals: int, pending: int) -> list[float]:
+def run_optuna(prob: Problem, evals: int, pending: int, startup: int | None = None) -> list[float]:
+    """Optuna's TPE in its own loop; ``startup``: its random start-up points (jobman's rule when None)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -107,7 +109,10 @@ def run_optuna(prob: Problem, evals: int, pending: int) -> list[float]:
     names = keys(prob[1])
     dists = {k: optuna.distributions.FloatDistribution(LOW, HIGH) for k in names}
     sampler = optuna.samplers.TPESampler(
-        seed=prob[2], multivariate=True, constant_liar=True, n_startup_trials=startup_trials(evals)
+        seed=prob[2],
+        multivariate=True,
+        constant_liar=True,
+        n_startup_trials=startup_trials(evals) if startup is None else startup,
     )
     study = optuna.create_study(sampler=sampler)
     asked = [study.ask(dists) for _ in range(min(pending, evals))]
@@ -250,6 +255,17 @@ def table(
             print(f"  {a} vs {b_}: " + "; ".join(cells))
 
 
+def compare_startups(args: argparse.Namespace) -> None:
+    """Optuna's TPE, sequential, with each of ``--startups`` random start-up points: the sign test of
+    the first against each other at every budget (does a budget-aware start-up help?)."""
+    counts = [int(x) for x in args.startups.split(",")]
+    problems = [(f, d, i) for i in spans(args.instances) for d in spans(args.dims) for f in spans(args.functions)]
+    results = {(f"start-up {n}", p, 1): run_optuna(p, args.evals, 1, n) for n in counts for p in problems}
+    budgets = [b for b in spans(args.budgets) if b <= args.evals]
+    print(f"{len(problems)} problems, {args.evals} evaluations, loadavg {os.getloadavg()[0]:.1f}")
+    table(results, [f"start-up {n}" for n in counts], budgets, "Optuna TPE, sequential")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--functions", default="1-24")
@@ -263,7 +279,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs made at once (processes)")
     parser.add_argument("--save", type=Path, help="append each run to this file (JSON lines) as it ends")
     parser.add_argument("--tables", type=Path, help="only print the tables of the runs saved in this file")
+    parser.add_argument(
+        "--startups",
+        help="only compare Optuna's TPE with these random start-ups, such as 10,8 (sequential, over the problems)",
+    )
     args = parser.parse_args()
+    if args.startups:
+        compare_startups(args)
+        return
     if args.tables:
         results = {}
         loads, took = [], {}
