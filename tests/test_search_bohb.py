@@ -22,7 +22,7 @@ import pytest
 from search_helpers import experiment_module
 from test_search_learn import kill_workers_until, start_worker
 
-from jobman.jobdb.halving import rung_sizes
+from jobman.jobdb.halving import bracket_of, bracket_shares, rung_sizes
 from jobman.jobdb.status import Status
 
 MODULE = "jm_bohb_exp"
@@ -260,3 +260,15 @@ def test_combinations_that_cannot_work_are_refused_in_one_sentence(jobman, tmp_p
         with sqlite3.connect(tmp_path / "bad.db") as db:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             assert "job" not in tables or db.execute("SELECT count(*) FROM job").fetchone() == (0,)
+
+
+def test_brackets_take_hyperbands_shares():
+    """Hyperband's brackets weighed as Optuna's HyperbandPruner weighs them, ceil(n * eta**s / (s + 1)):
+    for epochs 1:27 and eta 3, 27, 12, 6 and 4 configurations of every 49 start at 1, 3, 9 and 27."""
+    assert bracket_shares(4, 3) == [27, 12, 6, 4]
+    assert bracket_shares(3, 3) == [9, 5, 3]
+    assert bracket_shares(1, 3) == [1]
+    counts = [0, 0, 0, 0]
+    for draw in range(3 * 49):
+        counts[bracket_of(bracket_shares(4, 3), draw)] += 1
+    assert counts == [81, 36, 18, 12]
