@@ -8,6 +8,8 @@ rung's job (:func:`after_finish`), so a crash anywhere leaves the search as it w
 that job's end, never between: synchronously once every configuration of the rung is finished,
 or (``--async``, ASHA) as soon as a configuration ranks in the top 1/eta of the finished ones.
 Promotions made stand: a reset or a relaunch re-runs jobs, it never takes a promotion back.
+A learning search (``.learn``) starts each configuration at its Hyperband bracket's rung, and each
+bracket (the configurations that started at one rung) is halved on its own.
 
 The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` tables.
 """

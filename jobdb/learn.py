@@ -9,6 +9,11 @@ CRASHED, CANCELED or BLOCKED makes it a FAIL, and one still waiting or running i
 that TPE's constant liar and the GP see what is pending. Then it asks for the next point with a seed
 derived from the search's seed and the proposal's number.
 
+With ``--halving`` the search is BOHB's (Falkner et al. 2018): each configuration goes to one of
+Hyperband's brackets (:func:`.halving.bracket_shares`) and starts at that bracket's rung; the model is
+fit on the highest rung with enough results (:func:`model_minimum`), and a third of the proposals
+after that are drawn at random.
+
 Proposals are made in the transaction that records a job's end (:func:`after_end`) and in the one that
 schedules the search, under a lock on the search's row: whatever process is killed, the budget is
 never exceeded and no point is proposed twice. Stateful samplers' attributes (CMA-ES, NSGA-II, QMC)
