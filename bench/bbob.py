@@ -3,6 +3,7 @@
     pip install 'jobman-sql[bench]'                  # coco-experiment: BBOB, compiled in, no download
     python bench/bbob.py --functions 1-24 --dims 2,5,10 --instances 1-5 --evals 100
     python bench/bbob.py --functions 1,8,15,21 --dims 2 --instances 1-3 --cli   # and the full CLI path
+    python bench/bbob.py --evals 32 --budgets 8,16,24,32 --startups 10,8   # Optuna's TPE, two start-ups
 
 The problems are COCO's noiseless ``bbob`` suite (module ``cocoex`` of the ``coco-experiment``
 package, in the ``bench`` extra with the Optuna it compares against; never needed to run jobman). A
@@ -12,8 +13,10 @@ time (sequential) and with ``--pending`` points out at a time (the oldest is eva
 more is asked for):
 
 - random: uniform draws (NumPy, seeded by the instance);
-- optuna TPE: ``TPESampler(seed, multivariate=True, constant_liar=True)``, the settings jobman
-  gives it, driven by Optuna's own ask/tell loop over an in-memory study;
+- optuna TPE: ``TPESampler(seed, multivariate=True, constant_liar=True, n_startup_trials=S)``, the
+  settings jobman gives it (S: Optuna's 10 start-up points, at most a quarter of ``--evals``, as
+  ``jobman.jobdb.learn.startup_trials`` says), driven by Optuna's own ask/tell loop over an
+  in-memory study;
 - jobman TPE: a ``--sampler tpe`` search in a SQLite job table, its jobs claimed and finished in
   this process through the store (``Store.claim``/``Store.finish``, as a worker does: each end
   proposes the next point in the finishing transaction), ``--parallel 1``, and ``--parallel P``
@@ -27,7 +30,7 @@ problem by the best value found (ties share their mean rank); the mean ranks are
 each pair of methods the sign test over the problems: how often one is better, worse, tied, and
 the two-sided p-value of the exact binomial test on the untied ones. The same algorithm should be
 indistinguishable from itself (large p-values between the two TPEs) and both ahead of random.
-Before TPE's 10 start-up points have ended every method is drawing at random, and with one seed
+Before TPE's start-up points (10 of 100 evaluations) have ended every method is drawing at random, and with one seed
 per instance a method draws the same start-up points for every function of a dimension and
 instance: the figures at 10 evaluations compare a few random designs, not the samplers.
 
@@ -55,7 +58,7 @@ import numpy as np
 
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.halving import Halving, sampled
-from jobman.jobdb.learn import Plan
+from jobman.jobdb.learn import Plan, startup_trials
 from jobman.jobdb.records import WorkerInfo
 from jobman.jobdb.store import Store
 
@@ -97,14 +100,20 @@ def run_random(prob: Problem, evals: int, pending: int) -> list[float]:
     return [f(x) for x in rng.uniform(LOW, HIGH, size=(evals, prob[1]))]
 
 
-def run_optuna(prob: Problem, evals: int, pending: int) -> list[float]:
+def run_optuna(prob: Problem, evals: int, pending: int, startup: int | None = None) -> list[float]:
+    """Optuna's TPE in its own loop; ``startup``: its random start-up points (jobman's rule when None)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     f = problem(*prob)
     names = keys(prob[1])
     dists = {k: optuna.distributions.FloatDistribution(LOW, HIGH) for k in names}
-    sampler = optuna.samplers.TPESampler(seed=prob[2], multivariate=True, constant_liar=True)
+    sampler = optuna.samplers.TPESampler(
+        seed=prob[2],
+        multivariate=True,
+        constant_liar=True,
+        n_startup_trials=startup_trials(evals) if startup is None else startup,
+    )
     study = optuna.create_study(sampler=sampler)
     asked = [study.ask(dists) for _ in range(min(pending, evals))]
     out: list[float] = []
@@ -246,6 +255,17 @@ def table(
             print(f"  {a} vs {b_}: " + "; ".join(cells))
 
 
+def compare_startups(args: argparse.Namespace) -> None:
+    """Optuna's TPE, sequential, with each of ``--startups`` random start-up points: the sign test of
+    the first against each other at every budget (does a budget-aware start-up help?)."""
+    counts = [int(x) for x in args.startups.split(",")]
+    problems = [(f, d, i) for i in spans(args.instances) for d in spans(args.dims) for f in spans(args.functions)]
+    results = {(f"start-up {n}", p, 1): run_optuna(p, args.evals, 1, n) for n in counts for p in problems}
+    budgets = [b for b in spans(args.budgets) if b <= args.evals]
+    print(f"{len(problems)} problems, {args.evals} evaluations, loadavg {os.getloadavg()[0]:.1f}")
+    table(results, [f"start-up {n}" for n in counts], budgets, "Optuna TPE, sequential")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--functions", default="1-24")
@@ -259,7 +279,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs made at once (processes)")
     parser.add_argument("--save", type=Path, help="append each run to this file (JSON lines) as it ends")
     parser.add_argument("--tables", type=Path, help="only print the tables of the runs saved in this file")
+    parser.add_argument(
+        "--startups",
+        help="only compare Optuna's TPE with these random start-ups, such as 10,8 (sequential, over the problems)",
+    )
     args = parser.parse_args()
+    if args.startups:
+        compare_startups(args)
+        return
     if args.tables:
         results = {}
         loads, took = [], {}

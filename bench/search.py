@@ -456,6 +456,7 @@ def optuna_hyperband(args: argparse.Namespace, root: Path, seed: int, goal: floa
         return mean
 
     study = optuna.create_study(
+        study_name=f"hyperband-{seed}",  # the pruner's brackets are drawn from the study's name: reproducible
         sampler=optuna.samplers.TPESampler(seed=seed),
         pruner=optuna.pruners.HyperbandPruner(
             min_resource=args.min_epochs, max_resource=args.epochs, reduction_factor=args.eta
@@ -557,7 +558,7 @@ def learned(args: argparse.Namespace) -> None:
         f"(a run that never did counts as infinite): Optuna TPE + HyperbandPruner {hb:g}, jobman "
         f"`--sampler tpe --halving epochs={args.min_epochs}:{args.epochs} --eta {args.eta} --async` {bohb:g} "
         f"(each with {3 * args.points} configurations at most). Target (jobman spends no more): "
-        f"{'met' if bohb <= hb else 'MISSED'}.",
+        f"{'met' if math.isfinite(bohb) and bohb <= hb else 'MISSED'}.",
         "",
     ]
     text = "\n".join(lines)

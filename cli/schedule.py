@@ -490,8 +490,9 @@ def _schedule_learning(
     asynchronous: bool = False,
 ) -> None:
     """A learning search: its first configurations now, the others proposed as jobs end. With
-    ``--halving``, a multi-fidelity one (BOHB's way): new configurations start at the first rung,
-    proposed from a model of the highest rung with enough results, and are promoted as halving does."""
+    ``--halving``, a multi-fidelity one (BOHB's way): each new configuration starts at its Hyperband
+    bracket's rung, proposed from a model of the highest rung with enough results (or at random, a
+    third of them), and is promoted as halving does within its bracket."""
     from jobman.jobdb.learn import Plan, check_halving, check_plan, parse_constraints, parse_objectives, resolve_auto
     from jobman.jobdb.selection import default_group_keys
 

@@ -654,9 +654,9 @@ class Experiment:
         at once. Waits for the search to end; its futures, in the order proposed, and :meth:`best`.
 
         ``halving="epochs=1:27"`` (with ``eta`` and ``asynchronous``, as ``--halving``, ``--eta`` and
-        ``--async``): ``samples`` configurations start at the first rung, proposed from a model of the
-        highest rung with enough results, and the best are promoted; the best is then the best at
-        the highest rung reached."""
+        ``--async``): ``samples`` configurations, each starting at its Hyperband bracket's rung,
+        proposed from a model of the highest rung with enough results, and the best of each bracket
+        are promoted; the best is then the best at the highest rung reached."""
         import time
 
         from .asktell import learning_plan

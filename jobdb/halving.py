@@ -8,6 +8,8 @@ rung's job (:func:`after_finish`), so a crash anywhere leaves the search as it w
 that job's end, never between: synchronously once every configuration of the rung is finished,
 or (``--async``, ASHA) as soon as a configuration ranks in the top 1/eta of the finished ones.
 Promotions made stand: a reset or a relaunch re-runs jobs, it never takes a promotion back.
+A learning search (``.learn``) starts each configuration at its Hyperband bracket's rung, and each
+bracket (the configurations that started at one rung) is halved on its own.
 
 The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` tables.
 """
@@ -155,6 +157,23 @@ def rung_sizes(configs: int, eta: int, rungs: int) -> list[int]:
     return sizes
 
 
+def bracket_shares(rungs: int, eta: int) -> list[int]:
+    """Hyperband's brackets as Optuna's HyperbandPruner weighs them: bracket ``i`` starts its
+    configurations at rung ``i`` (the last one trains them to the full budget at once), and takes
+    ``ceil(n * eta**s / (s + 1))`` of every ``sum`` configurations, ``n`` the rungs, ``s = n - 1 - i``."""
+    return [math.ceil(rungs * eta ** (rungs - 1 - i) / (rungs - i)) for i in range(rungs)]
+
+
+def bracket_of(shares: Sequence[int], draw: int) -> int:
+    """The bracket a configuration drawn as ``draw`` (any integer) goes to, in proportion to ``shares``."""
+    left = draw % sum(shares)
+    for bracket, share in enumerate(shares):
+        left -= share
+        if left < 0:
+            return bracket
+    return len(shares) - 1
+
+
 def allowed(finished: int, total: int, eta: int, closed: bool = True) -> int:
     """How many configurations of a rung may be promoted once ``finished`` of its ``total`` are.
 
@@ -282,8 +301,16 @@ def after_finish(
     memberships = conn.execute(sa.select(t_sjob.c.search_id, t_sjob.c.rung).where(t_sjob.c.job_id == job_id)).all()
     new: list[int] = []
     for search_id, rung in memberships:
-        new += _promote(conn, search_id, rung, refresh, hash_of, now)
+        # The rungs above may close with this end (a rung is closed once every job below it ended):
+        # their promotions are decided again, each within its bracket.
+        for above in range(rung, max(rung + 1, _rung_count(conn, search_id) - 1)):
+            new += _promote(conn, search_id, above, refresh, hash_of, now)
     return new
+
+
+def _rung_count(conn: Connection, search_id: int) -> int:
+    spec = conn.execute(sa.select(t_search.c.spec).where(t_search.c.id == search_id)).scalar_one()
+    return len(json.loads(spec).get("rungs", ()))
 
 
 def _promote(
@@ -308,18 +335,51 @@ def _promote(
         .where(t_sjob.c.search_id == search_id, t_sjob.c.rung <= rung + 1)
         .order_by(t_job.c.id)
     ).all()
-    jobs: dict[str, list[Any]] = {}
-    promoted: set[str] = set()
-    # The rung is closed when every job below it has ended and, in a learning search, every first-rung
+    # The rung is closed when every job below it has ended and, in a learning search, every
     # configuration of its budget was proposed: no configuration can join it any more.
     budget = json.loads(spec).get("learn", {}).get("samples")
-    proposed = len({r.config for r in rows if r.rung == 0})
+    proposed = 0
+    if budget is not None:
+        proposed = conn.execute(
+            sa.select(sa.func.count(sa.distinct(t_sjob.c.config))).where(t_sjob.c.search_id == search_id)
+        ).scalar_one()
     closed = all(r.status in _ENDED for r in rows if r.rung < rung) and (budget is None or proposed >= budget)
+    # A configuration's bracket is the rung it started at (Hyperband's: a learning search starts some
+    # above the first rung); each bracket is halved on its own, as Hyperband's brackets are.
+    bracket: dict[str, int] = {}
     for r in rows:
-        if r.rung == rung:
-            jobs.setdefault(r.config, []).append(r)
-        elif r.rung == rung + 1:
-            promoted.add(r.config)
+        bracket[r.config] = min(bracket.get(r.config, r.rung), r.rung)
+    new: list[int] = []
+    for start in sorted({bracket[r.config] for r in rows if r.rung == rung}):
+        jobs: dict[str, list[Any]] = {}
+        promoted: set[str] = set()
+        for r in rows:
+            if bracket[r.config] != start:
+                continue
+            if r.rung == rung:
+                jobs.setdefault(r.config, []).append(r)
+            elif r.rung == rung + 1:
+                promoted.add(r.config)
+        new += _promote_bracket(conn, exp, search_id, rung, rules, jobs, promoted, closed, hash_of, now)
+    if new:
+        refresh(conn, new, "promoted")
+    return new
+
+
+def _promote_bracket(
+    conn: Connection,
+    exp: int,
+    search_id: int,
+    rung: int,
+    rules: Halving,
+    jobs: Mapping[str, list[Any]],
+    promoted: set[str],
+    closed: bool,
+    hash_of: Callable[[int, str, str, dict], str],
+    now: Callable[[], float],
+) -> list[int]:
+    """Promote from ``rung`` what halving allows among one bracket's configurations (``jobs``: their
+    runs at that rung; ``promoted``: those of them already at the next); the new jobs."""
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
@@ -341,8 +401,6 @@ def _promote(
         )
         for member in jobs[config]:
             new += _child(conn, exp, search_id, member.id, rung + 1, config, rules, why, hash_of, now())
-    if new:
-        refresh(conn, new, "promoted")
     return new
 
 

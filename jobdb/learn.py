@@ -9,6 +9,11 @@ CRASHED, CANCELED or BLOCKED makes it a FAIL, and one still waiting or running i
 that TPE's constant liar and the GP see what is pending. Then it asks for the next point with a seed
 derived from the search's seed and the proposal's number.
 
+With ``--halving`` the search is BOHB's (Falkner et al. 2018): each configuration goes to one of
+Hyperband's brackets (:func:`.halving.bracket_shares`) and starts at that bracket's rung; the model is
+fit on the highest rung with enough results (:func:`model_minimum`), and a third of the proposals
+after that are drawn at random.
+
 Proposals are made in the transaction that records a job's end (:func:`after_end`) and in the one that
 schedules the search, under a lock on the search's row: whatever process is killed, the budget is
 never exceeded and no point is proposed twice. Stateful samplers' attributes (CMA-ES, NSGA-II, QMC)
@@ -23,6 +28,7 @@ import hashlib
 import json
 import logging
 import math
+import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +40,7 @@ from sqlalchemy.engine import Connection
 from .canonical import dump_json, load_json
 from .distributions import Distribution
 from .errors import UsageError
-from .halving import Halving, config_of
+from .halving import Halving, bracket_of, bracket_shares, config_of
 from .schema import job as t_job
 from .schema import job_event as t_event
 from .schema import job_metric as t_metric
@@ -57,6 +63,12 @@ GP_BUDGET = 250
 GP_LIMIT = 1000  # the GP's cost grows as the cube of the trials: past this, a proposal takes seconds
 MISSING = 1e9  # the violation of a constraint whose result is missing: large, and finite for the GP's model
 STARTUP = 10  # Optuna's default: the finished trials TPE and the GP draw at random before they model
+# SMAC3's cap on its initial design: at most a quarter of the budget is drawn at random, so that a
+# small budget (32 evaluations) still leaves most of its proposals to the model.
+STARTUP_SHARE = 0.25
+# BOHB's share of proposals drawn at random once the model is fit (Falkner et al. 2018, rho = 1/3):
+# it keeps Hyperband's guarantee when the model misleads, as a low-fidelity model of a curve may.
+RANDOM_FRACTION = 1 / 3
 _RETRIES = 20  # asks before a space whose points are all taken is declared exhausted
 
 
@@ -275,6 +287,12 @@ def available(sampler: str) -> None:
         raise UsageError(f"--sampler {sampler} needs {needs}: {extra} (or use --sampler tpe)")
 
 
+def startup_trials(samples: int) -> int:
+    """The random proposals TPE and the GP make before they model: Optuna's default, capped at
+    SMAC3's quarter of the budget (at least one)."""
+    return max(1, min(STARTUP, int(samples * STARTUP_SHARE)))
+
+
 def proposal_seed(seed: int, number: int) -> int:
     """The seed of proposal ``number``: two proposals from the same history still differ, and a
     sequential run with one seed is the same run again."""
@@ -373,13 +391,13 @@ def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
 
 def model_minimum(space: Mapping[str, Distribution]) -> int:
     """The finished results a rung needs before a multi-fidelity search proposes from its model:
-    BOHB's d + 1, d the number of parameters drawn."""
-    return len(space) + 1
+    BOHB's N_min + 2 (Falkner et al. 2018, Algorithm 2), N_min = d + 1 and d the parameters drawn."""
+    return len(space) + 3
 
 
 def model_rung(configs: Mapping[str, Config], rules: Halving, minimum: int) -> tuple[int | None, int]:
     """BOHB's rule: the highest rung with at least ``minimum`` finished results, and how many it has;
-    (None, the first rung's count) when no rung has that many yet."""
+    (None, the largest count of a rung) when no rung has that many yet."""
     done = Status.DONE.value
     counts = [0] * max(1, len(rules.rungs))
     for config in configs.values():
@@ -390,7 +408,7 @@ def model_rung(configs: Mapping[str, Config], rules: Halving, minimum: int) -> t
     for rung in reversed(range(len(counts))):
         if counts[rung] >= minimum:
             return rung, counts[rung]
-    return None, counts[0]
+    return None, max(counts)
 
 
 def _result(job: Any, metric: str) -> Any:
@@ -422,7 +440,7 @@ def propose(
         return []
     space = rules.distributions()
     sampler_name = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
-    rung, startup, source = None, None, ""
+    rung, startup, source, shares = None, None, "", [1]
     if rules.rungs:  # multi-fidelity: the model of one rung's results, BOHB's way
         startup = model_minimum(space)
         rung, count = model_rung(configs, rules, startup)
@@ -430,27 +448,52 @@ def propose(
         source = (
             f", from a model of the {results} at {rules.resource}={rules.rungs[rung]}"
             if rung is not None
-            else f", at random: {results} at {rules.resource}={rules.rungs[0]}, the model needs {startup}"
+            else f", at random: {results} at one rung at most, the model needs {startup}"
         )
+        shares = bracket_shares(len(rules.rungs), rules.eta)
     study, dists = build_study(conn, plan, rules, configs, state, rung=rung or 0)
+    if not rules.rungs and sampler_name in ("tpe", "gp"):
+        # TPE and the GP model once this many trials ended (Optuna counts COMPLETE and PRUNED ones).
+        import optuna
+
+        startup = startup_trials(plan.samples)
+        ended = len(
+            study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+        )
+        results = f"{ended} result{'s' if ended != 1 else ''}"
+        source = (
+            f", from a model of {results}" if ended >= startup else f", at random: {results}, the model needs {startup}"
+        )
     new: list[int] = []
     number = len(configs)
     tries = 0
     while room > 0 and tries < _RETRIES * max(1, room):
         tries += 1
         seed = proposal_seed(plan.seed, number + tries * 1_000_003)
-        study.sampler = make_sampler(sampler_name, seed, plan, startup)
+        # Configuration ``number``'s bracket and whether it is one of BOHB's random third: drawn from
+        # the search's seed and the number alone, so that a sequential run is the same run again.
+        draw = random.Random(f"{plan.seed}\x00{number}")
+        at_random = draw.random() < RANDOM_FRACTION and rung is not None
+        bracket = bracket_of(shares, draw.randrange(sum(shares)))
+        study.sampler = _random_sampler(seed) if at_random else make_sampler(sampler_name, seed, plan, startup)
         trial = study.ask(fixed_distributions=dists)
         point = {k: _jobman_value(v) for k, v in trial.params.items()}
-        runs = [{**run, **point} for run in plan.runs]
+        start_at = {rules.resource: rules.rungs[bracket]} if rules.rungs else {}
+        runs = [{**run, **point, **start_at} for run in plan.runs]
         config = config_of(runs[0], rules.resource)
         if config in configs:  # the same point again (a small discrete space): ask with another seed
             continue
         configs[config] = Config(config, [])
-        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}{source}"
+        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}"
+        if at_random:
+            why += f", at random (BOHB's third of the proposals){source.replace(', from', ' beside')}"
+        else:
+            why += source
+        if rules.rungs:
+            why += f"; Hyperband bracket {bracket + 1} of {len(shares)}, from {rules.resource}={rules.rungs[bracket]}"
         for params in runs:
             job_id, made = _insert(conn, exp, plan, params, hash_of, why, now)
-            conn.execute(sa.insert(t_sjob).values(job_id=job_id, search_id=search_id, rung=0, config=config))
+            conn.execute(sa.insert(t_sjob).values(job_id=job_id, search_id=search_id, rung=bracket, config=config))
             if made:
                 new.append(job_id)
         attrs = study._storage.get_trial_system_attrs(trial._trial_id)
@@ -519,12 +562,20 @@ def _jobman_value(v: Any) -> Any:
     return v
 
 
+def _random_sampler(seed: int) -> Any:
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
 def make_sampler(name: str, seed: int, plan: Plan, startup: int | None = None) -> Any:
     """Optuna's sampler of that name, seeded; ``startup``: the finished trials before TPE or the GP
-    proposes from its model (Optuna's default when None)."""
+    proposes from its model (:func:`startup_trials` of the budget when None)."""
     import optuna
 
     samplers = optuna.samplers
+    if startup is None:
+        startup = startup_trials(plan.samples)
     # Constraints need nothing here: their values are in each trial's system attributes (build_study),
     # where Optuna's samplers read them.
     if name == "tpe":
@@ -532,10 +583,10 @@ def make_sampler(name: str, seed: int, plan: Plan, startup: int | None = None) -
             seed=seed,
             multivariate=len(plan.objectives) == 1,
             constant_liar=True,
-            n_startup_trials=STARTUP if startup is None else startup,
+            n_startup_trials=startup,
         )
     if name == "gp":
-        return samplers.GPSampler(seed=seed, n_startup_trials=STARTUP if startup is None else startup)
+        return samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if name == "cmaes":
         return samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if name == "nsga2":

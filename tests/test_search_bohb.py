@@ -1,10 +1,12 @@
 """Model-based multi-fidelity search (BOHB's way): ``--sampler tpe --halving epochs=1:9 [--async]``.
 
-New first-rung configurations are proposed by TPE fit on the highest rung with at least d + 1 finished
-results (d: the parameters drawn), at random before any rung has that many; promotions are halving's.
-Real workers on SQLite and PostgreSQL: exactly ``--samples`` first-rung configurations, never the same
-one twice, each promoted job the child of its configuration's job one rung below, with concurrent
-workers and with workers SIGKILLed at random moments (some while proposing).
+New configurations are proposed by TPE fit on the highest rung with at least d + 3 finished results
+(BOHB's N_min + 2, N_min = d + 1, d the parameters drawn), at random before any rung has that many
+and for a third of the proposals after; each goes to one of Hyperband's brackets, starting at its
+rung (the last bracket at the full budget), and each bracket is halved on its own. Real workers on
+SQLite and PostgreSQL: exactly ``--samples`` configurations, never the same one twice, each promoted
+job the child of its configuration's job one rung below, with concurrent workers and with workers
+SIGKILLed at random moments (some while proposing).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from search_helpers import experiment_module
 from test_search_learn import kill_workers_until, start_worker
 
-from jobman.jobdb.halving import rung_sizes
+from jobman.jobdb.halving import bracket_of, bracket_shares, rung_sizes
 from jobman.jobdb.status import Status
 
 MODULE = "jm_bohb_exp"
@@ -38,11 +40,13 @@ TRAINER = textwrap.dedent('''
         state.loss = (state.x - 0.3) ** 2 + (state.y - 2) ** 2 + 1.0 / state.epochs
 ''')
 SPACE = ["x=uniform(-2,2)", "y=uniform(0,4)"]
-MINIMUM = len(SPACE) + 1  # BOHB's d + 1
+MINIMUM = len(SPACE) + 3  # BOHB's N_min + 2, N_min = d + 1
 PROPOSED = re.compile(
     r"proposed by tpe: configuration (\d+) of (\d+), "
     r"(?:from a model of the (\d+) results? at epochs=(\d+)"
-    r"|at random: (\d+) results? at epochs=1, the model needs (\d+))"
+    r"|at random: (\d+) results? at one rung at most, the model needs (\d+)"
+    r"|at random \(BOHB's third of the proposals\) beside a model of the (\d+) results? at epochs=(\d+))"
+    r"; Hyperband bracket (\d+) of 3, from epochs=(\d+)"
 )
 
 
@@ -70,54 +74,72 @@ def run_out(jobman, db_url, exp, store, tmp_path: Path, workers: int) -> None:
     assert "Traceback" not in logs and "locked" not in logs
 
 
+def starters(store) -> list:
+    """The jobs a proposal made (each configuration's first), as against those a promotion made."""
+    return [j for j in store.jobs() if not j.depends_on]
+
+
 def first_rung_points(store) -> list[tuple[float, float]]:
-    return [(j.params["x"], j.params["y"]) for j in store.jobs() if j.params["epochs"] == 1]
+    return [(j.params["x"], j.params["y"]) for j in starters(store)]
 
 
-def check_promotions(store, n: int, rungs: list[int], eta: int) -> dict[int, list]:
-    """Every job DONE; exactly ``n`` distinct first-rung configurations; each promoted job continues
-    its configuration's job one rung below; each rung as large as halving makes it once all ended."""
+def check_promotions(store, n: int, rungs: list[int], eta: int) -> dict[int, dict[int, list]]:
+    """Every job DONE; exactly ``n`` distinct configurations; each promoted job continues its
+    configuration's job one rung below; each bracket's rungs as large as halving makes them once all
+    ended. The jobs by bracket (the rung their configuration started at), then by rung."""
     jobs = store.jobs()
     assert jobs and all(j.status is Status.DONE for j in jobs), [(j.id, j.status) for j in jobs]
     by_id = {j.id: j for j in jobs}
-    by_rung: dict[int, list] = {}
+    assert len(starters(store)) == n and len(set(first_rung_points(store))) == n
+
+    def bracket(job) -> int:
+        while job.depends_on:
+            (job,) = [by_id[p] for p in job.depends_on]
+        return rungs.index(job.params["epochs"])
+
+    by_bracket: dict[int, dict[int, list]] = {}
     for job in jobs:
-        by_rung.setdefault(rungs.index(job.params["epochs"]), []).append(job)
-    assert len(by_rung[0]) == n and len(set(first_rung_points(store))) == n
-    for rung, members in by_rung.items():
-        for job in members:
-            # A job killed after its last save but before its end was recorded goes on from its own
-            # count when relaunched: the work since the checkpoint is all that may be lost.
-            own = (job.params["epochs"],) if job.attempt > 1 else ()
-            if rung == 0:
-                assert job.depends_on == [] and job.results["start"] in (0, *own)
-                continue
-            (parent,) = [by_id[p] for p in job.depends_on]
-            assert parent.params["epochs"] == rungs[rung - 1]
-            assert {k: v for k, v in parent.params.items() if k != "epochs"} == {
-                k: v for k, v in job.params.items() if k != "epochs"
-            }
-            assert job.results["start"] in (rungs[rung - 1], *own)  # it went on from its parent's workdir
-    # Once every job ended, synchronous and asynchronous halving alike have promoted max(1, n // eta).
-    assert [len(by_rung.get(k, [])) for k in range(len(rungs))] == rung_sizes(n, eta, len(rungs))
-    return by_rung
+        by_bracket.setdefault(bracket(job), {}).setdefault(rungs.index(job.params["epochs"]), []).append(job)
+    for start, by_rung in by_bracket.items():
+        for rung, members in by_rung.items():
+            for job in members:
+                # A job killed after its last save but before its end was recorded goes on from its own
+                # count when relaunched: the work since the checkpoint is all that may be lost.
+                own = (job.params["epochs"],) if job.attempt > 1 else ()
+                if rung == start:
+                    assert job.depends_on == [] and job.results["start"] in (0, *own)
+                    continue
+                (parent,) = [by_id[p] for p in job.depends_on]
+                assert parent.params["epochs"] == rungs[rung - 1]
+                assert {k: v for k, v in parent.params.items() if k != "epochs"} == {
+                    k: v for k, v in job.params.items() if k != "epochs"
+                }
+                assert job.results["start"] in (rungs[rung - 1], *own)  # it went on from its parent's workdir
+        # Once every job ended, synchronous and asynchronous halving alike have promoted max(1, n // eta)
+        # of each bracket's rung.
+        sizes = rung_sizes(len(by_rung[start]), eta, len(rungs) - start)
+        assert [len(by_rung.get(k, [])) for k in range(start, len(rungs))] == sizes, (start, by_rung)
+    return by_bracket
 
 
-def proposals(store) -> list[tuple[int, int | None, int]]:
-    """Each first-rung job's proposal as recorded: (configuration number, the rung's resource the model
-    was fit at or None for random, the results it had)."""
+def proposals(store) -> list[tuple[int, int | None, int, bool, int]]:
+    """Each configuration's proposal as recorded: (its number, the rung's resource the model was fit
+    at or None for random, the results it had, whether it was one of BOHB's random third, the resource
+    its bracket starts at)."""
     out = []
-    for job in store.jobs():
-        if job.params["epochs"] != 1:
-            continue
+    for job in starters(store):
         why = next(e.why for e in store.events(job.id) if e.from_status is None)
         m = PROPOSED.fullmatch(why)
         assert m, why
+        start = int(m.group(10))
+        assert start == job.params["epochs"]
         if m.group(3) is not None:
-            out.append((int(m.group(1)), int(m.group(4)), int(m.group(3))))
+            out.append((int(m.group(1)), int(m.group(4)), int(m.group(3)), False, start))
+        elif m.group(7) is not None:
+            out.append((int(m.group(1)), int(m.group(8)), int(m.group(7)), True, start))
         else:
             assert int(m.group(6)) == MINIMUM
-            out.append((int(m.group(1)), None, int(m.group(5))))
+            out.append((int(m.group(1)), None, int(m.group(5)), True, start))
     return sorted(out)
 
 
@@ -129,18 +151,21 @@ def test_bohb_runs_exactly_n_configurations_and_promotes_the_best(jobman, db_url
     again = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", "--parallel", "3", *mode)
     assert again.code == 0 and "nothing added" in again.out and len(store.jobs()) == 3, again
     run_out(jobman, db_url, exp, store, tmp_path, 3)
-    by_rung = check_promotions(store, n, [1, 3, 9], 3)
-    if not mode:  # synchronous: each rung's promoted are its best
-        for rung in (0, 1):
-            ranked = sorted(by_rung[rung], key=lambda j: j.results["loss"])
-            best = {(j.params["x"], j.params["y"]) for j in ranked[: len(by_rung[rung + 1])]}
-            assert best == {(j.params["x"], j.params["y"]) for j in by_rung[rung + 1]}
+    by_bracket = check_promotions(store, n, [1, 3, 9], 3)
+    if not mode:  # synchronous: each rung's promoted are the best of its bracket there
+        for by_rung in by_bracket.values():
+            for rung in sorted(by_rung)[:-1]:
+                ranked = sorted(by_rung[rung], key=lambda j: j.results["loss"])
+                best = {(j.params["x"], j.params["y"]) for j in ranked[: len(by_rung[rung + 1])]}
+                assert best == {(j.params["x"], j.params["y"]) for j in by_rung[rung + 1]}
     # The model was used, and only with enough results at the rung it was fit on.
     made = proposals(store)
     assert [p[0] for p in made] == list(range(1, n + 1))
-    assert all(count < MINIMUM for _, rung, count in made if rung is None)
-    assert all(count >= MINIMUM for _, rung, count in made if rung is not None)
+    assert all(count < MINIMUM for _, rung, count, _, _ in made if rung is None)
+    assert all(count >= MINIMUM for _, rung, count, _, _ in made if rung is not None)
     assert made[0][1] is None and made[-1][1] is not None
+    # Hyperband's brackets: configurations start at more than one rung.
+    assert len({start for *_, start in made}) > 1
     # The report names the search's best at its highest rung.
     shown = jobman("report", db_url, "--metric", "loss", env=exp.env)
     assert shown.code == 0 and "best (loss lowest best)" in shown.out, shown
@@ -156,11 +181,15 @@ def test_the_model_moves_up_a_rung_once_it_has_enough_results(jobman, tmp_path, 
     assert ran.code == 0, ran
     store = Store.open(url)
     made = proposals(store)
-    # One worker, one pending: the first d + 1 at random, each with the results before it.
-    assert [(rung, count) for _, rung, count in made[:MINIMUM]] == [(None, k) for k in range(MINIMUM)]
-    used = [0 if rung is None else rung for _, rung, _ in made]
-    assert {1, 3} <= set(used)  # rung 0's model, then a higher rung's
+    # One worker, one pending: the first d + 3 at random, a rung having at most one result per
+    # configuration before them.
+    assert all(rung is None and count < k for k, (_, rung, count, _, _) in enumerate(made[:MINIMUM], 1))
+    used = [0 if rung is None else rung for _, rung, _, _, _ in made]
+    assert set(used) - {0, 1}  # a model above the first rung
     assert used == sorted(used)  # never back down: one worker, results only grow
+    # After the model, about a third at random (BOHB's rule): 10 of the 25 here, drawn from the seed.
+    modelled = [random for _, rung, _, random, _ in made if rung is not None]
+    assert 0 < sum(modelled) < len(modelled)
     check_promotions(store, 30, [1, 3, 9], 3)
     store.dispose()
 
@@ -198,11 +227,13 @@ def test_optimize_with_halving_from_python(tmp_path, exp, monkeypatch):
         halving="epochs=1:9",
         asynchronous=True,
     )
-    assert len(futures) == 9 + 3 + 1 and all(f.result()["loss"] > 0 for f in futures)
     jobs = [ex.store.job(f.job_id) for f in futures]
-    assert sorted(j.params["epochs"] for j in jobs) == [1] * 9 + [3] * 3 + [9]
-    (top,) = [j for j in jobs if j.params["epochs"] == 9]
-    assert top.results["start"] == 3  # it went on from its parent's workdir
+    assert all(f.result()["loss"] > 0 for f in futures)
+    assert len([j for j in jobs if not j.depends_on]) == 9  # the budget, in configurations
+    assert {j.params["epochs"] for j in jobs} <= {1, 3, 9}
+    for job in jobs:  # a promoted job went on from its parent's workdir; a proposed one from nothing
+        assert job.results["start"] == (ex.store.job(job.depends_on[0]).params["epochs"] if job.depends_on else 0)
+    top = min((j for j in jobs if j.params["epochs"] == 9), key=lambda j: j.results["loss"])
     assert best.params == {"x": top.params["x"], "y": top.params["y"]}  # the best at the highest rung
     assert best.values["loss"] == pytest.approx(top.results["loss"])
 
@@ -229,3 +260,15 @@ def test_combinations_that_cannot_work_are_refused_in_one_sentence(jobman, tmp_p
         with sqlite3.connect(tmp_path / "bad.db") as db:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             assert "job" not in tables or db.execute("SELECT count(*) FROM job").fetchone() == (0,)
+
+
+def test_brackets_take_hyperbands_shares():
+    """Hyperband's brackets weighed as Optuna's HyperbandPruner weighs them, ceil(n * eta**s / (s + 1)):
+    for epochs 1:27 and eta 3, 27, 12, 6 and 4 configurations of every 49 start at 1, 3, 9 and 27."""
+    assert bracket_shares(4, 3) == [27, 12, 6, 4]
+    assert bracket_shares(3, 3) == [9, 5, 3]
+    assert bracket_shares(1, 3) == [1]
+    counts = [0, 0, 0, 0]
+    for draw in range(3 * 49):
+        counts[bracket_of(bracket_shares(4, 3), draw)] += 1
+    assert counts == [81, 36, 18, 12]

@@ -169,9 +169,18 @@ def test_two_proposals_at_once_differ_and_a_sequential_run_repeats(jobman, tmp_p
         ran = jobman("worker", url, "--exproot", str(exp.runs), env=exp.env, timeout=240)
         assert ran.code == 0, ran
         s = Store.open(url)
-        runs.append([(j.params["x"], j.params["y"], j.params["c"]) for j in sorted(s.jobs(), key=lambda j: j.id)])
+        jobs = sorted(s.jobs(), key=lambda j: j.id)
+        runs.append([(j.params["x"], j.params["y"], j.params["c"]) for j in jobs])
+        whys = [next(e.why for e in s.events(j.id) if e.from_status is None) for j in jobs]
         s.dispose()
     assert len(runs[0]) == 12 and runs[0] == runs[1]  # the same seed, one at a time: the same run
+    # A quarter of a budget of 12 at random (Optuna's 10 start-up trials, capped as SMAC3 caps its
+    # initial design), the rest from TPE's model of the results before each.
+    tail = [w.partition(" of 12")[2] for w in whys]
+    assert tail == [
+        *(f", at random: {k} result{'s' if k != 1 else ''}, the model needs 3" for k in range(3)),
+        *(f", from a model of {k} results" for k in range(3, 12)),
+    ]
     # Four at once from the same (empty) history: four different points.
     url = f"sqlite:///{tmp_path / 'at_once.db'}?table=t"
     assert schedule(jobman, url, exp, "--samples", "8", "--sampler", "tpe", "--parallel", "4").code == 0
