@@ -228,14 +228,24 @@ class Experiment:
         if workers is not None and workers < 1:
             raise UsageError(f"workers must be at least 1, not {workers}")
         self.jobs_per_process = _jobs_per_process(jobs_per_process)
-        self.store = Store.open(url, create=True)
+        self.backend = backend
+        if backend == "local":
+            from .backends import zygote
+
+            # What forks the workers starts now: its imports (a third of a second) overlap this
+            # experiment's own start (the database, the first calls) instead of following the first call.
+            zygote.prestart()
+        try:
+            self.store = Store.open(url, create=True)
+        except BaseException:
+            self._discard_zygote()
+            raise
         if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
             self.store.dispose()
             raise UsageError(
                 "Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
                 "database, or allow_sqlite=True if every job runs on this host"
             )
-        self.backend = backend
         self.workers = workers or os.cpu_count() or 1
         self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
         self.artifacts = artifacts.for_database(self.store.target, self.exproot)
@@ -276,7 +286,16 @@ class Experiment:
         pump, self._pump = self._pump, None
         if pump is not None:
             pump.stop()
+        self._discard_zygote()
         self.store.dispose()
+
+    def _discard_zygote(self) -> None:
+        """Stop the zygote started for this experiment's workers if none of them took it (every call
+        was answered from the database)."""
+        if self.backend == "local":
+            from .backends import zygote
+
+            zygote.discard_prestarted()
 
     def given_back(self, results: dict[str, Any]) -> dict[str, Any]:
         """A job's results as the job gave them: each artifact it refers to read back from the store."""
@@ -537,7 +556,7 @@ class Experiment:
                 self._pump = _Pump(self)
                 self._pump.start()
             else:
-                self._pump.wake()
+                self._pump.wake(workers=True)
 
     def _by_value(self, name: str, fn: Callable[..., Any]) -> tuple[str, bytes]:
         """The target a function a worker cannot import is called under (``name#digest`` of its code)
@@ -924,13 +943,18 @@ class _Pump(threading.Thread):
         self._stopping = False
         self._rederive_at = time.monotonic() + REDERIVE_EVERY
         self._workers_at = 0.0  # when the workers are next looked after (at once, the first time)
+        self._workers_wanted = False  # calls were scheduled since the last look: look at the next poll
         self.launch: Any = None  # the workers it started (a launch.Launch), made when first wanted
         self.dispatcher: Any = None
 
     def alive(self) -> bool:
         return self.is_alive() and not self._stopping
 
-    def wake(self) -> None:
+    def wake(self, *, workers: bool = False) -> None:
+        """Poll now; with ``workers``, look after the workers too (calls were scheduled: a graph's
+        first call may have started one worker, and its next calls want the others now, not later)."""
+        if workers:
+            self._workers_wanted = True  # cleared by the pump before it looks, so a look under way misses none
         self._wake.set()
 
     def stop(self) -> None:
@@ -963,7 +987,9 @@ class _Pump(threading.Thread):
                         exp._cancelled = False
                         for job_id in [i for i, (f, _u) in exp._pending.items() if f.cancelled()]:
                             del exp._pending[job_id]
-                if exp.backend in ("local", "slurm") and exp._pending and time.monotonic() >= self._workers_at:
+                due = self._workers_wanted or time.monotonic() >= self._workers_at
+                if exp.backend in ("local", "slurm") and exp._pending and due:
+                    self._workers_wanted = False
                     self._keep_workers()
                     self._workers_at = time.monotonic() + KEEP_WORKERS_EVERY
                 if settled:  # jobs are ending: the next may end soon too (a fan-in's last call)

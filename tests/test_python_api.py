@@ -105,6 +105,87 @@ def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_
         store.dispose()
 
 
+def test_a_local_experiment_starts_what_forks_its_workers_at_once_and_stops_it_when_no_call_ran(db_url, tmp_path):
+    """The zygote starts with the experiment (its imports overlap the first calls'); one no worker
+    took, every call answered from the database, ends with the experiment instead of the script."""
+    proc = run_script(
+        tmp_path,
+        """
+        import psutil
+
+        def zygotes():
+            found = []
+            for p in psutil.Process().children():
+                try:
+                    if "jobman.dispatch.backends.zygote" in p.cmdline():
+                        found.append(p.pid)
+                except psutil.Error:
+                    pass
+            return found
+
+        exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
+        at_start = zygotes()
+        first = exp.call(train, lr=0.1).result(timeout=60)
+        exp.close()
+        after_run = zygotes()
+        exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
+        again_start = zygotes()
+        again = exp.call(train, lr=0.1).result(timeout=60)
+        exp.close()
+        print(json.dumps({"counts": [len(at_start), len(after_run), len(again_start), len(zygotes())],
+                          "same": first == again}))
+    """,
+        db_url,
+    )
+    out = last_json(proc)
+    assert out["counts"] == [1, 0, 1, 0]
+    assert out["same"]
+    assert len(side_lines(tmp_path)) == 1  # the second call was answered from the database
+
+
+def test_calls_scheduled_while_the_first_runs_get_their_workers_at_the_next_poll(db_url, tmp_path):
+    """A graph's first call starts one worker; the calls that take it, scheduled while it runs, get the
+    second at once, not at the next periodic look (here made an hour away): two leaves run together."""
+    proc = run_script(
+        tmp_path,
+        """
+        import jobman.dispatch.futures as futures
+        futures.KEEP_WORKERS_EVERY = 3600.0
+        HERE = os.path.dirname(SIDE)  # a job runs in its own workdir
+
+        def mark(name):
+            return os.path.join(HERE, name)
+
+        def source():
+            open(mark("source-started"), "w").close()
+            deadline = time.time() + 60
+            while not os.path.exists(mark("go")) and time.time() < deadline:
+                time.sleep(0.01)
+            return {"v": 1}
+
+        def leaf(data, i):
+            open(mark(f"leaf-{i}"), "w").close()
+            deadline = time.time() + 30
+            while not all(os.path.exists(mark(f"leaf-{j}")) for j in (0, 1)) and time.time() < deadline:
+                time.sleep(0.01)
+            return {"together": all(os.path.exists(mark(f"leaf-{j}")) for j in (0, 1))}
+
+        exp = jobman.Experiment(URL, backend="local", workers=2, exproot="runs")
+        src = exp.call(source)
+        deadline = time.time() + 60
+        while not os.path.exists(mark("source-started")) and time.time() < deadline:
+            time.sleep(0.01)
+        leaves = exp.map(leaf, [{"data": src, "i": 0}, {"data": src, "i": 1}])
+        open(mark("go"), "w").close()
+        print(json.dumps([f.result(timeout=120)["together"] for f in leaves]))
+        exp.close()
+    """,
+        db_url,
+        timeout=240,
+    )
+    assert last_json(proc) == [True, True]
+
+
 def test_functions_of_one_name_each_run_their_own_code_on_workers_and_a_rerun_is_answered_from_the_cache(
     db_url, tmp_path
 ):
