@@ -228,24 +228,14 @@ class Experiment:
         if workers is not None and workers < 1:
             raise UsageError(f"workers must be at least 1, not {workers}")
         self.jobs_per_process = _jobs_per_process(jobs_per_process)
-        self.backend = backend
-        if backend == "local":
-            from .backends import zygote
-
-            # What forks the workers starts now: its imports (a third of a second) overlap this
-            # experiment's own start (the database, the first calls) instead of following the first call.
-            zygote.prestart()
-        try:
-            self.store = Store.open(url, create=True)
-        except BaseException:
-            self._discard_zygote()
-            raise
+        self.store = Store.open(url, create=True)
         if backend == "slurm" and self.store.target.dialect == "sqlite" and not allow_sqlite:
             self.store.dispose()
             raise UsageError(
                 "Slurm jobs on other nodes cannot share a SQLite file safely: use a PostgreSQL "
                 "database, or allow_sqlite=True if every job runs on this host"
             )
+        self.backend = backend
         self.workers = workers or os.cpu_count() or 1
         self.exproot = Path(exproot or os.environ.get("JOBMAN_EXPROOT") or DEFAULT_EXPROOT).resolve()
         self.artifacts = artifacts.for_database(self.store.target, self.exproot)
@@ -290,8 +280,8 @@ class Experiment:
         self.store.dispose()
 
     def _discard_zygote(self) -> None:
-        """Stop the zygote started for this experiment's workers if none of them took it (every call
-        was answered from the database)."""
+        """Stop the zygote started for this experiment's workers if none of them took it (the calls
+        were done before a worker was wanted)."""
         if self.backend == "local":
             from .backends import zygote
 
@@ -390,6 +380,12 @@ class Experiment:
                 if h in recorded:
                     found[hashes[i]] = recorded[h]
             missing = [i for i in missing if old[i] not in recorded]
+        if missing and self.backend == "local" and (self._pump is None or not self._pump.alive()):
+            from .backends import zygote
+
+            # What forks the workers starts before the calls are written: its imports (a quarter of
+            # a second) overlap this scheduling and the next calls' instead of following them.
+            zygote.prestart()
         if missing and code is not None:
             self._store_code(target, code)
         specs = [JobSpec(0, "fn", target, clean[i], None, encoded[i]) for i in missing]

@@ -105,9 +105,9 @@ def test_map_over_a_grid_on_local_workers_runs_main_functions_and_answers_again_
         store.dispose()
 
 
-def test_a_local_experiment_starts_what_forks_its_workers_at_once_and_stops_it_when_no_call_ran(db_url, tmp_path):
-    """The zygote starts with the experiment (its imports overlap the first calls'); one no worker
-    took, every call answered from the database, ends with the experiment instead of the script."""
+def test_a_local_experiment_answered_from_the_database_starts_no_process_and_one_that_ran_leaves_none(db_url, tmp_path):
+    """What forks the workers starts with the first call to run (its imports overlap the scheduling),
+    never for calls answered from the database, and ends with the experiment."""
     proc = run_script(
         tmp_path,
         """
@@ -124,21 +124,23 @@ def test_a_local_experiment_starts_what_forks_its_workers_at_once_and_stops_it_w
             return found
 
         exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
-        at_start = zygotes()
-        first = exp.call(train, lr=0.1).result(timeout=60)
+        first = exp.call(train, lr=0.1)
+        running = zygotes()
+        first = first.result(timeout=60)
         exp.close()
         after_run = zygotes()
         exp = jobman.Experiment(URL, backend="local", workers=1, exproot="runs")
-        again_start = zygotes()
-        again = exp.call(train, lr=0.1).result(timeout=60)
+        again = exp.call(train, lr=0.1)
+        from_cache = zygotes()
+        again = again.result(timeout=60)
         exp.close()
-        print(json.dumps({"counts": [len(at_start), len(after_run), len(again_start), len(zygotes())],
+        print(json.dumps({"counts": [len(running), len(after_run), len(from_cache), len(zygotes())],
                           "same": first == again}))
     """,
         db_url,
     )
     out = last_json(proc)
-    assert out["counts"] == [1, 0, 1, 0]
+    assert out["counts"] == [1, 0, 0, 0]
     assert out["same"]
     assert len(side_lines(tmp_path)) == 1  # the second call was answered from the database
 

@@ -260,10 +260,13 @@ def prestart() -> None:
 
 
 def discard_prestarted() -> None:
-    """Stop a zygote :func:`prestart` began that no dispatch took (the command failed first)."""
+    """Stop a zygote :func:`prestart` began that no dispatch took (the command failed first, or
+    every call of an experiment was answered from the database)."""
     global _prestarted
     zygote, _prestarted = _prestarted, None
     if zygote is not None:
+        if zygote.proc is not None:  # it forked no worker: killed, not waited for while it still imports
+            zygote.proc.kill()
         zygote.close()
 
 
