@@ -30,12 +30,13 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Figure, machine, say
+from common import Figure, fresh_pg_database, grid, machine, say
 
 from jobman.jobdb.store import Store
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS-gangs.md"
+JOBMAN = [sys.executable, "-m", "jobman.cli.main"]
 
 JOBS = textwrap.dedent("""
     import json, time
@@ -45,72 +46,59 @@ JOBS = textwrap.dedent("""
 """)
 
 
+def schedule(url: str, ranks: int, jobs: int, env: dict[str, str]) -> None:
+    """``jobs`` jobs of ``ranks`` ranks, each writing when its ranks began."""
+    subprocess.run(
+        [*JOBMAN, "sqlschedule", url, "gang_bench:started", f"i={grid(jobs)}", "--ranks", str(ranks)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+
+
+def claim_to_last_rank(url: str, name: str, ranks: int) -> list[float]:
+    """Each job's seconds from its claim to its last rank's start; every job must be DONE."""
+    store = Store.open(url)
+    try:
+        starts = []
+        for job in store.jobs():
+            assert job.status.value == "DONE", (name, job.id, job.error)
+            began = [json.loads((Path(job.workdir) / f"began-{r}.json").read_text()) for r in range(ranks)]
+            starts.append(max(began) - job.started_at)
+        return starts
+    finally:
+        store.dispose()
+
+
 def run_kind(tmp: Path, name: str, ranks: int, launch: str, jobs: int) -> list[float]:
     """``jobs`` jobs of ``ranks`` ranks through one worker: each job's claim-to-last-rank seconds."""
     url = f"sqlite:///{tmp / name}.db?table=t"
     env = {**os.environ, "PYTHONPATH": str(tmp), "JOBMAN_GANG_LAUNCH": launch}
-    jobman = [sys.executable, "-m", "jobman.cli.main"]
+    schedule(url, ranks, jobs, env)
     subprocess.run(
-        [*jobman, "sqlschedule", url, "gang_bench:started", f"i={{{{{','.join(map(str, range(jobs)))}}}}}"]
-        + ["--ranks", str(ranks)],
-        env=env,
-        check=True,
-        capture_output=True,
+        [*JOBMAN, "worker", url, "--exproot", str(tmp / f"runs-{name}")], env=env, check=True, capture_output=True
     )
-    subprocess.run(
-        [*jobman, "worker", url, "--exproot", str(tmp / f"runs-{name}")], env=env, check=True, capture_output=True
-    )
-    store = Store.open(url)
-    try:
-        starts = []
-        for job in store.jobs():
-            assert job.status.value == "DONE", (name, job.id, job.error)
-            began = [json.loads((Path(job.workdir) / f"began-{r}.json").read_text()) for r in range(ranks)]
-            starts.append(max(began) - job.started_at)
-        return starts
-    finally:
-        store.dispose()
-
-
-PG_SERVER = os.environ.get("JOBMAN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
+    return claim_to_last_rank(url, name, ranks)
 
 
 def slurm_kind(tmp: Path, name: str, ranks: int, jobs: int) -> list[float]:
     """``jobs`` jobs of ``ranks`` ranks, each its own Slurm job: each job's claim-to-last-rank seconds."""
-    import psycopg
-
-    database = "jobman_gang_bench"
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
-            conn.execute(f"CREATE DATABASE {database}")
-    url = f"{PG_SERVER}/{database}?table={name}_{os.getpid()}"
-    env = {**os.environ, "PYTHONPATH": str(tmp)}
-    jobman = [sys.executable, "-m", "jobman.cli.main"]
-    subprocess.run(
-        [*jobman, "sqlschedule", url, "gang_bench:started", f"i={{{{{','.join(map(str, range(jobs)))}}}}}"]
-        + ["--ranks", str(ranks)],
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [*jobman, "dispatch", url, "--backend", "slurm", "--one-job-per-task", "--exproot", str(tmp / f"runs-{name}")]
-        + ["--follow", "-j", "2"],
-        env=env,
-        check=True,
-        capture_output=True,
-        cwd=tmp,
-    )
-    store = Store.open(url)
+    database, drop = fresh_pg_database()
     try:
-        starts = []
-        for job in store.jobs():
-            assert job.status.value == "DONE", (name, job.id, job.error)
-            began = [json.loads((Path(job.workdir) / f"began-{r}.json").read_text()) for r in range(ranks)]
-            starts.append(max(began) - job.started_at)
-        return starts
+        url = f"{database}?table={name}"
+        env = {**os.environ, "PYTHONPATH": str(tmp)}
+        schedule(url, ranks, jobs, env)
+        subprocess.run(
+            [*JOBMAN, "dispatch", url, "--backend", "slurm", "--one-job-per-task"]
+            + ["--exproot", str(tmp / f"runs-{name}"), "--follow", "-j", "2"],
+            env=env,
+            check=True,
+            capture_output=True,
+            cwd=tmp,
+        )
+        return claim_to_last_rank(url, name, ranks)
     finally:
-        store.dispose()
+        drop()
 
 
 def main() -> None:
