@@ -56,10 +56,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ask_and_tell, claim_and_finish
+
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.halving import Halving, sampled
 from jobman.jobdb.learn import Plan, startup_trials
-from jobman.jobdb.records import WorkerInfo
 from jobman.jobdb.store import Store
 
 LOW, HIGH = -5.0, 5.0
@@ -115,16 +117,7 @@ def run_optuna(prob: Problem, evals: int, pending: int, startup: int | None = No
         n_startup_trials=startup_trials(evals) if startup is None else startup,
     )
     study = optuna.create_study(sampler=sampler)
-    asked = [study.ask(dists) for _ in range(min(pending, evals))]
-    out: list[float] = []
-    while asked:
-        trial = asked.pop(0)
-        value = f([trial.params[k] for k in names])
-        study.tell(trial, value)
-        out.append(value)
-        if len(out) + len(asked) < evals:
-            asked.append(study.ask(dists))
-    return out
+    return ask_and_tell(study, dists, evals, pending, lambda params: f([params[k] for k in names]))
 
 
 def run_jobman(prob: Problem, evals: int, pending: int) -> list[float]:
@@ -135,18 +128,7 @@ def run_jobman(prob: Problem, evals: int, pending: int) -> list[float]:
         store = Store.open(f"sqlite:///{Path(tmp) / 'bbob.db'}?table=t", create=True)
         plan = Plan("tpe", evals, pending, prob[2], (("loss", "min"),), "fn", "bench:bbob", ({},))
         store.start_search(sampled(space, Halving("", (), 0, "loss")), plan)  # type: ignore[arg-type]
-        worker = WorkerInfo.here()
-        held = []
-        out: list[float] = []
-        while True:
-            while len(held) < pending and (claimed := store.claim(worker)) is not None:
-                held.append(claimed)
-            if not held:
-                break
-            claimed = held.pop(0)
-            value = f([claimed.job.params[k] for k in names])
-            store.finish(claimed.job.id, claimed.lease, "DONE", results={"loss": value})
-            out.append(value)
+        out = claim_and_finish(store, pending, lambda params: f([params[k] for k in names]))
         store.dispose()
     return out
 

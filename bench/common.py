@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PG_URL = os.environ.get("JOBMAN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -129,3 +131,38 @@ class Timer:
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+def claim_and_finish(store: Any, pending: int, evaluate: Callable[[dict], float]) -> list[float]:
+    """A learning search's jobs worked through the store as a worker would, ``pending`` of them claimed
+    at once: the oldest claimed is finished DONE with ``evaluate(params)`` as its ``loss`` (each end
+    proposes the next point in the finishing transaction). The values, in the order the jobs ended."""
+    from jobman.jobdb.records import WorkerInfo
+
+    worker = WorkerInfo.here()
+    held: list[Any] = []
+    out: list[float] = []
+    while True:
+        while len(held) < pending and (claimed := store.claim(worker)) is not None:
+            held.append(claimed)
+        if not held:
+            return out
+        claimed = held.pop(0)
+        value = evaluate(claimed.job.params)
+        store.finish(claimed.job.id, claimed.lease, "DONE", results={"loss": value})
+        out.append(value)
+
+
+def ask_and_tell(study: Any, dists: dict, evals: int, pending: int, evaluate: Callable[[dict], float]) -> list[float]:
+    """Optuna's own loop in memory, ``pending`` trials asked before each tell, ``evals`` in all: the
+    values, in the order they were told."""
+    asked = [study.ask(dists) for _ in range(min(pending, evals))]
+    out: list[float] = []
+    while asked:
+        trial = asked.pop(0)
+        value = evaluate(trial.params)
+        study.tell(trial, value)
+        out.append(value)
+        if len(out) + len(asked) < evals:
+            asked.append(study.ask(dists))
+    return out

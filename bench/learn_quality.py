@@ -8,8 +8,8 @@ A smooth function of four parameters, one on a log scale:
 [1e-6, 1] and ``a``, ``b``, ``c`` uniform in [-2, 2] (its minimum, 0, at lr = 1e-3).
 Methods, each over the same seeds, the best value found after ``--evals`` evaluations:
 
-- optuna: ``TPESampler(seed=s)`` (multivariate, constant liar) driven by Optuna's own ask/tell loop in
-  memory, one evaluation at a time, and with 2 pending (two asked before each tell);
+- optuna: ``TPESampler(seed=s)`` (multivariate, constant liar, jobman's random start-up) driven by
+  Optuna's own ask/tell loop in memory, one evaluation at a time, and with 2 pending (two asked before each tell);
 - jobman tpe: a ``--sampler tpe`` search in a SQLite job table, its jobs claimed and finished in
   this process through the store (``Store.claim``/``Store.finish``: each end proposes the next point
   in the finishing transaction), ``--parallel 1`` and ``--parallel 2`` (two jobs claimed before
@@ -26,13 +26,16 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ask_and_tell, claim_and_finish
+
 from jobman.jobdb.distributions import Distribution
 from jobman.jobdb.halving import Halving, sampled
-from jobman.jobdb.learn import Plan
-from jobman.jobdb.records import WorkerInfo
+from jobman.jobdb.learn import Plan, startup_trials
 from jobman.jobdb.store import Store
 from jobman.jobdb.sweep import Expansion, parse_sweep
 
@@ -57,15 +60,11 @@ def optuna_native(seed: int, evals: int, pending: int) -> float:
         "lr": optuna.distributions.FloatDistribution(1e-6, 1.0, log=True),
         **{k: optuna.distributions.FloatDistribution(-2.0, 2.0) for k in "abc"},
     }
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True))
-    asked = [study.ask(dists) for _ in range(pending)]
-    done = 0
-    while done < evals:
-        trial = asked.pop(0)
-        study.tell(trial, f(trial.params))
-        done += 1
-        if done + len(asked) < evals:
-            asked.append(study.ask(dists))
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup_trials(evals)
+    )  # jobman's start-up rule, so that the two are the same algorithm at any budget
+    study = optuna.create_study(sampler=sampler)
+    ask_and_tell(study, dists, evals, pending, f)
     return study.best_value
 
 
@@ -76,18 +75,7 @@ def jobman_run(root: Path, seed: int, evals: int, pending: int, sampler: str) ->
         store.start_search(sampled(SPACE, Halving("", (), 0, "loss")), plan)  # type: ignore[arg-type]
     else:
         store.schedule(Expansion(parse_sweep(TOKENS), samples=evals, seed=seed))
-    worker = WorkerInfo.here()
-    held = []
-    best = math.inf
-    while True:
-        while len(held) < pending and (claimed := store.claim(worker)) is not None:
-            held.append(claimed)
-        if not held:
-            break
-        claimed = held.pop(0)
-        value = f(claimed.job.params)
-        best = min(best, value)
-        store.finish(claimed.job.id, claimed.lease, "DONE", results={"loss": value})
+    best = min(claim_and_finish(store, pending, f))
     store.dispose()
     return best
 
