@@ -321,14 +321,18 @@ class _Table:
         indexed = self._mpi_type.Create_indexed_block(self.cols, (offsets * self.cols).tolist()).Commit()
         return (0, 1, indexed), indexed
 
+    def _added(self) -> None:
+        """Note that this table was added to: the next barrier flushes its window."""
+        if not self._unflushed:
+            self._unflushed = True
+            self._world.unflushed.append(self)
+
     def _add_whole(self, data: Any) -> None:
         """Add to every row: for a small table, one operation, its delta free again when it returns."""
         win = self._win
         if win is None or self._scratch is None:
             return self._add(data, None)
-        if not self._unflushed:
-            self._unflushed = True
-            self._world.unflushed.append(self)
+        self._added()
         if not (
             type(data) is np.ndarray
             and data.dtype == self.dtype
@@ -348,9 +352,7 @@ class _Table:
 
     def _add(self, data: Any, row_ids: Any) -> None:
         self._live()
-        if not self._unflushed:
-            self._unflushed = True
-            self._world.unflushed.append(self)
+        self._added()
         rows = None
         if row_ids is None:  # into a copy kept from an earlier add: MPI works on memory it has seen faster
             delta = self._shaped(data, "delta", into=self._spare.pop() if self._spare else None)

@@ -35,7 +35,6 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
     """Re-derive WAITING/BLOCKED/QUEUED of not-started jobs from their parents."""
     if not job_ids:
         return
-    bad_parent, open_parent = _BAD_PARENT, _OPEN_PARENT
     blocked: set[int] = set()
     size = in_list_size(conn)
     for _round in range(64):  # a job's parents may be in the set and move too: repeat until nothing moves
@@ -47,8 +46,8 @@ def refresh(conn: Connection, log: Log, job_ids: Sequence[int], why: str) -> Non
                     t_job.c.status,
                     t_job.c.attempt,
                     sa.case(
-                        (bad_parent, Status.BLOCKED.value),
-                        (open_parent, Status.WAITING.value),
+                        (_BAD_PARENT, Status.BLOCKED.value),
+                        (_OPEN_PARENT, Status.WAITING.value),
                         else_=Status.QUEUED.value,
                     ).label("want"),
                 ).where(t_job.c.id.in_(chunk), t_job.c.status.in_(names_of(PENDING)))
