@@ -301,34 +301,31 @@ def after_finish(
     memberships = conn.execute(sa.select(t_sjob.c.search_id, t_sjob.c.rung).where(t_sjob.c.job_id == job_id)).all()
     new: list[int] = []
     for search_id, rung in memberships:
+        # The search's row is locked (PostgreSQL; SQLite's writer holds the database) so that two jobs of
+        # a rung ending at once decide one after the other, the second seeing the first's end and promotions.
+        exp, spec = conn.execute(
+            sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
+        ).one()
+        rules = Halving.from_json(spec)
         # The rungs above may close with this end (a rung is closed once every job below it ended):
         # their promotions are decided again, each within its bracket.
-        for above in range(rung, max(rung + 1, _rung_count(conn, search_id) - 1)):
-            new += _promote(conn, search_id, above, refresh, hash_of, now)
+        for above in range(rung, len(rules.rungs) - 1):
+            new += _promote(conn, search_id, exp, spec, rules, above, refresh, hash_of, now)
     return new
-
-
-def _rung_count(conn: Connection, search_id: int) -> int:
-    spec = conn.execute(sa.select(t_search.c.spec).where(t_search.c.id == search_id)).scalar_one()
-    return len(json.loads(spec).get("rungs", ()))
 
 
 def _promote(
     conn: Connection,
     search_id: int,
+    exp: int,
+    spec: str,
+    rules: Halving,
     rung: int,
     refresh: Callable[[Connection, list[int], str], None],
     hash_of: Callable[[int, str, str, dict], str],
     now: Callable[[], float],
 ) -> list[int]:
-    # The search's row is locked (PostgreSQL; SQLite's writer holds the database) so that two jobs of a
-    # rung ending at once decide one after the other, the second seeing the first's end and promotions.
-    exp, spec = conn.execute(
-        sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
-    ).one()
-    rules = Halving.from_json(spec)
-    if rung + 1 >= len(rules.rungs):
-        return []
+    """Promote from ``rung`` of the search (its row locked by the caller) what halving allows; the new jobs."""
     rows = conn.execute(
         sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
         .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
