@@ -278,10 +278,8 @@ def test_the_graph_of_calls_is_drawn_and_a_node_opens_its_job_within_a_1180_pixe
 
 
 def test_a_graph_of_a_thousand_calls_is_drawn_grouped_and_the_page_answers(tmp_path):
-    """1,002 calls: the page comes on time, four groups drawn with their bars; the FAILED call among
-    five hundred shows, and its segment lists it."""
-    import time
-
+    """1,002 calls: four groups drawn with their bars; the FAILED call among five hundred shows, and
+    its segment lists it."""
     from web_data import fill_calls
 
     why = missing()
@@ -293,9 +291,7 @@ def test_a_graph_of_a_thousand_calls_is_drawn_grouped_and_the_page_answers(tmp_p
     with served(base) as link, chromium(width=1180, height=900) as driver:
         driver.get(link)
         root = link.split("/?")[0]
-        started = time.monotonic()
-        driver.get(root + "/e/big")
-        assert time.monotonic() - started < 15  # a loaded machine; it takes well under a second alone
+        driver.get(root + "/e/big")  # its time is measured by bench/web_graph.py, not asserted here
         settled(driver)
         assert len(by_css(driver, "#call-graph a.node.group")) == 4
         assert not by_css(driver, "#call-graph a.node.call")

@@ -6,7 +6,6 @@ Real databases on both engines, built through the store's verbs."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from web_data import fill, fill_calls
@@ -24,7 +23,6 @@ from jobman.web import charts
 from jobman.web.app import create_app
 
 TOKEN = "test-token-0123456789"
-BIG_PAGE_SECONDS = 10.0  # a loaded, shared machine; the page of a thousand calls takes well under a second
 
 
 def client(db_url: str) -> TestClient:
@@ -89,13 +87,12 @@ def test_an_experiment_without_dependencies_has_no_graph(store, db_url):
     assert dashboard.call_graph(store) is None
 
 
-def test_a_thousand_calls_are_drawn_grouped_by_function_and_the_page_answers_on_time(store, db_url):
+def test_a_thousand_calls_are_drawn_grouped_by_function(store, db_url):
+    # how long the page takes is measured by bench/web_graph.py, not asserted here
     roles = fill_calls(store, 500)  # 1,002 jobs, 1,500 dependencies
     c = client(db_url)
-    started = time.monotonic()
     page = c.get(f"/e/{store.experiment}")
-    took = time.monotonic() - started
-    assert page.status_code == 200 and took < BIG_PAGE_SECONDS, took
+    assert page.status_code == 200
     html = page.text
     assert 'data-grouped="yes"' in html and "1002 calls, too many to draw one by one" in html
     assert not nodes_of(html)  # no call drawn one by one
