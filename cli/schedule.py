@@ -549,8 +549,8 @@ def _schedule_learning(
     fidelity = ""
     if rules.rungs:
         fidelity = (
-            f"; each from a model of the highest rung with {len(space) + 1} results (random before), promoted "
-            f"by halving {rules.resource} {rules.rungs[0]} to {rules.rungs[-1]}, eta {rules.eta}"
+            f"; each from a model of the configurations that ended (once {len(space) + 3} have, random before), "
+            f"promoted by halving {rules.resource} {rules.rungs[0]} to {rules.rungs[-1]}, eta {rules.eta}"
             + (", async" if rules.asynchronous else "")
         )
     if dry_run:
