@@ -9,7 +9,9 @@ that job's end, never between: synchronously once every configuration of the run
 or (``--async``, ASHA) as soon as a configuration ranks in the top 1/eta of the finished ones.
 Promotions made stand: a reset or a relaunch re-runs jobs, it never takes a promotion back.
 A learning search (``.learn``) starts each configuration at its Hyperband bracket's rung, and each
-bracket (the configurations that started at one rung) is halved on its own.
+bracket (the configurations that started at one rung) is halved on its own; with ``--async`` each of
+its configurations is judged once, as its runs at a rung end, by Optuna's successive-halving rule
+(:func:`goes_on`), not by ASHA's share.
 
 The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` tables.
 """
