@@ -41,14 +41,18 @@ With ``--learn``, searches that learn instead (``python bench/search.py --learn 
 - at the grid's number of evaluations, full budget: the grid, random search, and jobman's
   ``--sampler tpe`` through a SQLite job table (its jobs claimed and finished in this process by the
   store, each end proposing the next configuration in the finishing transaction, one pending at a
-  time); for each, the evaluations it took to first reach the grid's best (never: more than the grid's);
+  time); beside them Optuna's ``TPESampler`` with the settings jobman gives it (multivariate, constant
+  liar, ``min(10, points // 4)`` random start-up, the seed) in Optuna's own ask/tell loop over the same
+  trainer and folds, one trial at a time: the algorithm without jobman's plumbing. For each, the
+  evaluations it took to first reach the grid's best (never: more than the grid's);
 - epochs spent until a configuration trained to ``--epochs`` first reaches the grid's best: Optuna's
   own recommended pair, ``TPESampler`` with ``HyperbandPruner(min_resource=--min-epochs,
   max_resource=--epochs, reduction_factor=--eta)`` driving the same trainer in this process (each
   trial trained rung by rung in its own workdirs, reporting the folds' mean at each rung), against
   jobman's ``--sampler tpe --halving epochs=MIN:MAX --eta E --async`` through the job table (a
   promoted job continuing a copy of its parent's workdirs, as a worker does), one job at a time; both
-  given ``3 * --points`` configurations at most.
+  given ``3 * --points`` configurations at most (``--only tpe`` leaves this pair out, so that many
+  seeds of the searches at the full budget are affordable).
 
 Runs are made in this process with ``run_direct`` (no database: the benchmark measures the search,
 not the queue), one BLAS thread, one after another. Epochs are counted as trained: a promoted run
@@ -240,6 +244,13 @@ def main() -> None:
     )
     ap.add_argument("--learn", action="store_true", help="compare searches that learn (see the docstring)")
     ap.add_argument("--jobs", type=int, default=2, help="with --learn: seeds run at once, one process each")
+    ap.add_argument(
+        "--only",
+        choices=["tpe"],
+        default=None,
+        help="with --learn: only the searches at the full budget (random, jobman's tpe, Optuna's TPE), "
+        "not the multi-fidelity pair",
+    )
     args = ap.parse_args()
     if args.outer_folds is not None and args.valid_fraction is not None:
         ap.error("--outer-folds validates on whole folds: --valid-fraction has no share to set there")
@@ -416,6 +427,43 @@ def jobman_search(args: argparse.Namespace, root: Path, seed: int, goal: float, 
     return finals, spent
 
 
+def optuna_tpe(args: argparse.Namespace, root: Path, seed: int) -> list[float]:
+    """Optuna's TPESampler with the settings jobman's ``--sampler tpe`` gives it (multivariate, constant
+    liar, its random start-up of ``min(10, points // 4)``), in Optuna's own ask/tell loop in this
+    process, one trial at a time at the full budget: each trial's mean error over the folds, in order."""
+    import optuna
+
+    from jobman.jobdb.learn import startup_trials
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    fixed = {} if args.valid_fraction is None else {"valid_fraction": args.valid_fraction}
+    if args.outer_folds is not None:
+        fixed.update(nb_outer_fold=args.outer_folds, id_outer_fold=0)
+    folds = _fold_params(args, fixed)
+    dists = {
+        "lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+        "nhid": optuna.distributions.CategoricalDistribution(list(NHID)),
+    }
+    if args.space != "2d":
+        dists["momentum"] = optuna.distributions.FloatDistribution(0.5, 0.99)
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup_trials(args.points)
+    )
+    study = optuna.create_study(sampler=sampler)
+    scores = []
+    for number in range(args.points):
+        trial = study.ask(dists)
+        errors = []
+        for f, params in enumerate(folds):
+            outcome = run_direct(TARGET, {**params, **trial.params, "epochs": args.epochs}, root / f"otpe{number}-{f}")
+            if outcome.status != "DONE":
+                raise RuntimeError(f"{trial.params}: {outcome.status} {outcome.error}")
+            errors.append(outcome.results["valid_error"])
+        scores.append(statistics.fmean(errors))
+        study.tell(trial, scores[-1])
+    return scores
+
+
 def optuna_hyperband(args: argparse.Namespace, root: Path, seed: int, goal: float) -> tuple[float, int, bool]:
     """Optuna's TPE with its HyperbandPruner driving the trainer here, rung by rung: (best full-budget
     error, epochs spent until it first reached ``goal`` or in all, whether it did)."""
@@ -476,21 +524,27 @@ def _one_seed(job: tuple) -> dict:
     runner = Runner(root / "random", args.folds, fixed)
     random_scores = [runner.score(c, args.epochs)[0] for c in random_configs(args.space, args.points, seed)]
     tpe_scores, _ = jobman_search(args, root, seed, goal, halving=False)
-    bohb_scores, bohb_epochs = jobman_search(args, root, seed, goal, halving=True)
-    hb_best, hb_epochs, hb_reached = optuna_hyperband(args, root, seed, goal)
+    otpe_scores = optuna_tpe(args, root, seed)
     out = {
         "seed": seed,
         "random": _first_reach(random_scores, goal),
         "random_best": min(random_scores),
         "tpe": _first_reach(tpe_scores, goal),
         "tpe_best": min(tpe_scores),
-        "bohb_epochs": bohb_epochs,
-        "bohb_reached": bool(bohb_scores) and min(bohb_scores) <= goal + 1e-9,
-        "bohb_best": min(bohb_scores, default=float("inf")),
-        "hb_epochs": hb_epochs,
-        "hb_reached": hb_reached,
-        "hb_best": hb_best,
+        "otpe": _first_reach(otpe_scores, goal),
+        "otpe_best": min(otpe_scores),
     }
+    if args.only != "tpe":
+        bohb_scores, bohb_epochs = jobman_search(args, root, seed, goal, halving=True)
+        hb_best, hb_epochs, hb_reached = optuna_hyperband(args, root, seed, goal)
+        out.update(
+            bohb_epochs=bohb_epochs,
+            bohb_reached=bool(bohb_scores) and min(bohb_scores) <= goal + 1e-9,
+            bohb_best=min(bohb_scores, default=float("inf")),
+            hb_epochs=hb_epochs,
+            hb_reached=hb_reached,
+            hb_best=hb_best,
+        )
     print(f"seed {seed}: {out}", flush=True)
     return out
 
@@ -523,14 +577,33 @@ def learned(args: argparse.Namespace) -> None:
     n = len(grid)
     tpe_median = _median_reach([r["tpe"] for r in rows], n)
     tpe_met = statistics.median(r["tpe"] if r["tpe"] is not None else n + 1 for r in rows) <= n / 2
-    hb = statistics.median(r["hb_epochs"] if r["hb_reached"] else math.inf for r in rows)
-    bohb = statistics.median(r["bohb_epochs"] if r["bohb_reached"] else math.inf for r in rows)
+    otpe_median = _median_reach([r["otpe"] for r in rows], n)
+    multi = args.only != "tpe"
     command = (
         f"python bench/search.py --learn --space {args.space} --points {args.points} --folds {args.folds} "
         f"--epochs {args.epochs} --min-epochs {args.min_epochs} --eta {args.eta} --seeds {args.seeds}"
         + (f" --valid-fraction {args.valid_fraction:g}" if args.valid_fraction is not None else "")
         + (f" --outer-folds {args.outer_folds}" if args.outer_folds is not None else "")
+        + (f" --only {args.only}" if args.only else "")
     )
+    head = (
+        "| seed | random: evaluations to the grid's best | its best | jobman tpe: evaluations | its best "
+        "| Optuna TPE, its own loop: evaluations | its best |"
+    )
+    if multi:
+        head += " Optuna TPE + Hyperband: epochs | its best | jobman tpe --halving --async: epochs | its best |"
+    table = []
+    for r in rows:
+        row = (
+            f"| {r['seed']} | {r['random'] or 'never'} | {100 * r['random_best']:.2f} | {r['tpe'] or 'never'} | "
+            f"{100 * r['tpe_best']:.2f} | {r['otpe'] or 'never'} | {100 * r['otpe_best']:.2f} |"
+        )
+        if multi:
+            row += (
+                f" {r['hb_epochs']}{'' if r['hb_reached'] else ' (never)'} | {100 * r['hb_best']:.2f} | "
+                f"{r['bohb_epochs']}{'' if r['bohb_reached'] else ' (never)'} | {100 * r['bohb_best']:.2f} |"
+            )
+        table.append(row)
     lines = [
         f"## Search that learns, space {args.space} ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, shared; load average {load_before[0]:.1f} before, "
@@ -540,27 +613,26 @@ def learned(args: argparse.Namespace) -> None:
         f"{100 * goal:.2f} % (first reached at its evaluation {grid_reach}). Evaluations: configurations "
         f"trained to {args.epochs} epochs, each the mean over {args.folds} folds; 'never': not within {n}.",
         "",
-        "| seed | random: evaluations to the grid's best | its best | jobman tpe: evaluations | its best "
-        "| Optuna TPE + Hyperband: epochs | its best | jobman tpe --halving --async: epochs | its best |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *[
-            f"| {r['seed']} | {r['random'] or 'never'} | {100 * r['random_best']:.2f} | {r['tpe'] or 'never'} | "
-            f"{100 * r['tpe_best']:.2f} | {r['hb_epochs']}{'' if r['hb_reached'] else ' (never)'} | "
-            f"{100 * r['hb_best']:.2f} | {r['bohb_epochs']}{'' if r['bohb_reached'] else ' (never)'} | "
-            f"{100 * r['bohb_best']:.2f} |"
-            for r in rows
-        ],
+        head,
+        "|---" * head.count(" | ") + "|---|",
+        *table,
         "",
-        f"- jobman tpe reaches the grid's best in a median of {tpe_median} evaluations (random search: "
+        f"- jobman tpe reaches the grid's best in a median of {tpe_median} evaluations (Optuna's TPE with the "
+        f"same settings in its own loop: {otpe_median}; random search: "
         f"{_median_reach([r['random'] for r in rows], n)}; the grid: {grid_reach}). Target (at most half the "
         f"grid's {n}): {'met' if tpe_met else 'MISSED'}.",
-        f"- epochs until a configuration trained to {args.epochs} reaches the grid's best, median over seeds "
-        f"(a run that never did counts as infinite): Optuna TPE + HyperbandPruner {hb:g}, jobman "
-        f"`--sampler tpe --halving epochs={args.min_epochs}:{args.epochs} --eta {args.eta} --async` {bohb:g} "
-        f"(each with {3 * args.points} configurations at most). Target (jobman spends no more): "
-        f"{'met' if math.isfinite(bohb) and bohb <= hb else 'MISSED'}.",
-        "",
     ]
+    if multi:
+        hb = statistics.median(r["hb_epochs"] if r["hb_reached"] else math.inf for r in rows)
+        bohb = statistics.median(r["bohb_epochs"] if r["bohb_reached"] else math.inf for r in rows)
+        lines.append(
+            f"- epochs until a configuration trained to {args.epochs} reaches the grid's best, median over seeds "
+            f"(a run that never did counts as infinite): Optuna TPE + HyperbandPruner {hb:g}, jobman "
+            f"`--sampler tpe --halving epochs={args.min_epochs}:{args.epochs} --eta {args.eta} --async` {bohb:g} "
+            f"(each with {3 * args.points} configurations at most). Target (jobman spends no more): "
+            f"{'met' if math.isfinite(bohb) and bohb <= hb else 'MISSED'}."
+        )
+    lines.append("")
     text = "\n".join(lines)
     print(text)
     RESULTS.write_text(with_section(RESULTS.read_text() if RESULTS.exists() else "", lines[0], lines[2], text))

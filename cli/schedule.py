@@ -490,9 +490,10 @@ def _schedule_learning(
     asynchronous: bool = False,
 ) -> None:
     """A learning search: its first configurations now, the others proposed as jobs end. With
-    ``--halving``, a multi-fidelity one (BOHB's way): each new configuration starts at its Hyperband
-    bracket's rung, proposed from a model of the highest rung with enough results (or at random, a
-    third of them), and is promoted as halving does within its bracket."""
+    ``--halving``, a multi-fidelity one: each new configuration starts at its Hyperband bracket's rung,
+    proposed from a model of every configuration that ended, ranked by how far it got (at random
+    until enough have), and is promoted within its bracket (``--async``: judged once, as its runs at
+    a rung end, by Optuna's successive-halving rule)."""
     from jobman.jobdb.learn import Plan, check_halving, check_plan, parse_constraints, parse_objectives, resolve_auto
     from jobman.jobdb.selection import default_group_keys
 
@@ -548,8 +549,8 @@ def _schedule_learning(
     fidelity = ""
     if rules.rungs:
         fidelity = (
-            f"; each from a model of the highest rung with {len(space) + 1} results (random before), promoted "
-            f"by halving {rules.resource} {rules.rungs[0]} to {rules.rungs[-1]}, eta {rules.eta}"
+            f"; each from a model of the configurations that ended (once {len(space) + 3} have, random before), "
+            f"promoted by halving {rules.resource} {rules.rungs[0]} to {rules.rungs[-1]}, eta {rules.eta}"
             + (", async" if rules.asynchronous else "")
         )
     if dry_run:

@@ -670,8 +670,8 @@ class Experiment:
 
         ``halving="epochs=1:27"`` (with ``eta`` and ``asynchronous``, as ``--halving``, ``--eta`` and
         ``--async``): ``samples`` configurations, each starting at its Hyperband bracket's rung,
-        proposed from a model of the highest rung with enough results, and the best of each bracket
-        are promoted; the best is then the best at the highest rung reached."""
+        proposed from a model of every configuration that ended, ranked by how far it got, and the best
+        of each bracket are promoted; the best is then the best at the highest rung reached."""
         import time
 
         from .asktell import learning_plan

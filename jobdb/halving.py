@@ -9,7 +9,9 @@ that job's end, never between: synchronously once every configuration of the run
 or (``--async``, ASHA) as soon as a configuration ranks in the top 1/eta of the finished ones.
 Promotions made stand: a reset or a relaunch re-runs jobs, it never takes a promotion back.
 A learning search (``.learn``) starts each configuration at its Hyperband bracket's rung, and each
-bracket (the configurations that started at one rung) is halved on its own.
+bracket (the configurations that started at one rung) is halved on its own; with ``--async`` each of
+its configurations is judged once, as its runs at a rung end, by Optuna's successive-halving rule
+(:func:`goes_on`), not by ASHA's share.
 
 The rules (:func:`choose`) are pure; the rest reads and writes the ``search`` tables.
 """
@@ -41,6 +43,9 @@ from .status import Status
 
 # Statuses after which a job of a rung will not change by itself (CRASHED may be relaunched).
 _ENDED = {Status.DONE.value, Status.FAILED.value, Status.CANCELED.value, Status.BLOCKED.value}
+# A learning search's asynchronous promotions: each configuration judged once (:func:`goes_on`);
+# False gives it ASHA's (:func:`choose`), as bench/search_ablation.py compares them.
+_JUDGED_ONCE = True
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,24 @@ def choose(
     return [c for c in ranked[:limit] if c not in done][:room]
 
 
+def goes_on(value: float, ended: Sequence[float], eta: int, mode: str) -> bool:
+    """Whether a configuration of a learning search whose runs at a rung just ended with ``value`` goes
+    on to the next rung: the rule of Optuna's ``SuccessiveHalvingPruner``, which its ``HyperbandPruner``
+    applies within each bracket.
+
+    ``ended``: the results of every configuration of its bracket that ended at this rung, its own
+    included. It goes on when it is within the best ``len(ended) // eta`` of them (the best of them
+    when fewer than ``eta`` ended), ties included, and it is judged once, then. Unlike
+    :func:`choose`'s asynchronous rule (ASHA's, which promotes at most a ``1/eta`` share of the rung
+    and lets an earlier configuration take a place later), every new configuration that beats the
+    rung's history goes on at once: a model's later proposals, better than its first, reach the full
+    budget instead of waiting behind the places their predecessors took.
+    """
+    sign = -1.0 if mode == "max" else 1.0
+    ranked = sorted(sign * v for v in ended)
+    return bool(ranked) and sign * value <= ranked[max(0, len(ranked) // eta - 1)]
+
+
 def config_of(params: Mapping[str, Any], resource: str) -> str:
     """What identifies a configuration across folds, seeds and rungs: a hash of the other parameters."""
     from .selection import default_group_keys
@@ -307,6 +330,12 @@ def after_finish(
             sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
         ).one()
         rules = Halving.from_json(spec)
+        if _JUDGED_ONCE and rules.asynchronous and "learn" in json.loads(spec):
+            # A learning search's configuration is judged once, when its runs at a rung have ended
+            # (:func:`goes_on`): nothing above its rung is decided by this end.
+            if rung < len(rules.rungs) - 1:
+                new += _promote(conn, search_id, exp, spec, rules, rung, refresh, hash_of, now, judged=job_id)
+            continue
         # The rungs above may close with this end (a rung is closed once every job below it ended):
         # their promotions are decided again, each within its bracket.
         for above in range(rung, len(rules.rungs) - 1):
@@ -324,8 +353,10 @@ def _promote(
     refresh: Callable[[Connection, list[int], str], None],
     hash_of: Callable[[int, str, str, dict], str],
     now: Callable[[], float],
+    judged: int | None = None,
 ) -> list[int]:
-    """Promote from ``rung`` of the search (its row locked by the caller) what halving allows; the new jobs."""
+    """Promote from ``rung`` of the search (its row locked by the caller) what halving allows; the new jobs.
+    ``judged``: the job whose configuration alone is judged (a learning search's, see :func:`goes_on`)."""
     rows = conn.execute(
         sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
         .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
@@ -357,7 +388,7 @@ def _promote(
                 jobs.setdefault(r.config, []).append(r)
             elif r.rung == rung + 1:
                 promoted.add(r.config)
-        new += _promote_bracket(conn, exp, search_id, rung, rules, jobs, promoted, closed, hash_of, now)
+        new += _promote_bracket(conn, exp, search_id, rung, rules, jobs, promoted, closed, hash_of, now, judged)
     if new:
         refresh(conn, new, "promoted")
     return new
@@ -374,9 +405,11 @@ def _promote_bracket(
     closed: bool,
     hash_of: Callable[[int, str, str, dict], str],
     now: Callable[[], float],
+    judged: int | None = None,
 ) -> list[int]:
     """Promote from ``rung`` what halving allows among one bracket's configurations (``jobs``: their
-    runs at that rung; ``promoted``: those of them already at the next); the new jobs."""
+    runs at that rung; ``promoted``: those of them already at the next); the new jobs. With ``judged``
+    (a job's id), only that job's configuration is judged, by :func:`goes_on`."""
     scores: dict[str, float | None] = {}
     for config, members in jobs.items():
         if all(m.status in _ENDED for m in members):
@@ -386,7 +419,18 @@ def _promote_bracket(
             ]
             ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
             scores[config] = sum(values) / len(values) if ok else None
-    chosen = choose(scores, len(jobs), sorted(promoted), rules.eta, rules.mode, rules.asynchronous, closed)
+    if judged is None:
+        chosen = choose(scores, len(jobs), sorted(promoted), rules.eta, rules.mode, rules.asynchronous, closed)
+    else:
+        mine = [c for c, members in jobs.items() if any(m.id == judged for m in members)]
+        ended = [v for v in scores.values() if v is not None]
+        chosen = [
+            c
+            for c in mine
+            if c not in promoted
+            and (value := scores.get(c)) is not None
+            and goes_on(value, ended, rules.eta, rules.mode)
+        ]
     valued = {c: s for c, s in scores.items() if s is not None}
     ranked = sorted(valued, key=lambda c: ((-1 if rules.mode == "max" else 1) * valued[c], c))
     new: list[int] = []

@@ -9,10 +9,13 @@ CRASHED, CANCELED or BLOCKED makes it a FAIL, and one still waiting or running i
 that TPE's constant liar and the GP see what is pending. Then it asks for the next point with a seed
 derived from the search's seed and the proposal's number.
 
-With ``--halving`` the search is BOHB's (Falkner et al. 2018): each configuration goes to one of
-Hyperband's brackets (:func:`.halving.bracket_shares`) and starts at that bracket's rung; the model is
-fit on the highest rung with enough results (:func:`model_minimum`), and a third of the proposals
-after that are drawn at random.
+With ``--halving`` each configuration goes to one of Hyperband's brackets
+(:func:`.halving.bracket_shares`) and starts at that bracket's rung; the model is fit on every
+configuration that ended, ranked by how far it got (:func:`build_study` with ``reach``: Optuna's TPE
+on the pruned trials of a study under its HyperbandPruner), once BOHB's d + 3 have
+(:func:`model_minimum`), at random before. BOHB's own rules (Falkner et al. 2018: the highest rung
+with enough results, a third of the proposals at random) spent about twice the epochs of Optuna's
+pair on ``bench/search.py --learn``; ``bench/search_ablation.py`` measures each difference.
 
 Proposals are made in the transaction that records a job's end (:func:`after_end`) and in the one that
 schedules the search, under a lock on the search's row: whatever process is killed, the budget is
@@ -66,10 +69,16 @@ STARTUP = 10  # Optuna's default: the finished trials TPE and the GP draw at ran
 # SMAC3's cap on its initial design: at most a quarter of the budget is drawn at random, so that a
 # small budget (32 evaluations) still leaves most of its proposals to the model.
 STARTUP_SHARE = 0.25
-# BOHB's share of proposals drawn at random once the model is fit (Falkner et al. 2018, rho = 1/3):
-# it keeps Hyperband's guarantee when the model misleads, as a low-fidelity model of a curve may.
-RANDOM_FRACTION = 1 / 3
 _RETRIES = 20  # asks before a space whose points are all taken is declared exhausted
+# A multi-fidelity search's model, as bench/search_ablation.py switches it: which configurations a
+# proposal's model sees ("all", or those of its "bracket"), which trials ("reach": every ended
+# configuration, ranked by how far it got; "rung": BOHB's, the highest rung with enough results),
+# the results it needs first (None: d + 3), and the share of proposals drawn at random once it is
+# fit (BOHB's rho is 1/3; Optuna's pair draws none, and spent fewer epochs).
+_SCOPE = "all"
+_TRIALS = "reach"
+_STARTUP: int | None = None
+_RANDOM_FRACTION = 0.0
 
 
 @dataclass(frozen=True)
@@ -376,6 +385,11 @@ class Config:
     def pending(self) -> bool:
         return any(j.status not in _ENDED for j in self.jobs)
 
+    @property
+    def start(self) -> int:
+        """The rung it started at: its Hyperband bracket."""
+        return min(j.rung for j in self.jobs)
+
 
 def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
     out: dict[str, Config] = {}
@@ -390,7 +404,7 @@ def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
 
 
 def model_minimum(space: Mapping[str, Distribution]) -> int:
-    """The finished results a rung needs before a multi-fidelity search proposes from its model:
+    """The ended configurations a multi-fidelity search needs before it proposes from its model:
     BOHB's N_min + 2 (Falkner et al. 2018, Algorithm 2), N_min = d + 1 and d the parameters drawn."""
     return len(space) + 3
 
@@ -411,8 +425,57 @@ def model_rung(configs: Mapping[str, Config], rules: Halving, minimum: int) -> t
     return None, max(counts)
 
 
+def _reached(configs: Mapping[str, Config], rules: Halving) -> int:
+    """How many configurations ended with a result at one rung at least."""
+    return sum(1 for c in configs.values() if c.jobs and not c.pending and _means(c, rules))
+
+
+def _means(config: Config, rules: Halving) -> dict[int, float]:
+    """A configuration's mean result at each rung all its runs finished with one."""
+    out: dict[int, float] = {}
+    for rung in sorted({j.rung for j in config.jobs}):
+        runs = [j for j in config.jobs if j.rung == rung]
+        got = [_result(j, rules.metric) if j.status == Status.DONE.value else None for j in runs]
+        if all(_finite(v) for v in got):
+            out[rung] = sum(float(v) for v in got if v is not None) / len(got)
+    return out
+
+
 def _result(job: Any, metric: str) -> Any:
     return (load_json(job.results) if job.results else {}).get(metric)
+
+
+def _model(
+    conn: Connection,
+    plan: Plan,
+    rules: Halving,
+    configs: Mapping[str, Config],
+    state: Mapping[str, Any],
+    startup: int,
+    bracket: int | None,
+) -> tuple[Any, Any, int | None, str]:
+    """The study a multi-fidelity proposal asks (fit on the configurations of ``bracket``, or all with
+    None), the rung it is fit on (None: not enough results, at random) and what the proposal says of it."""
+    chosen = configs if bracket is None else {k: c for k, c in configs.items() if c.jobs and c.start == bracket}
+    if _TRIALS == "reach":
+        count = _reached(chosen, rules)
+        fit = None if count < startup else len(rules.rungs) - 1
+        ended = f"{count} configuration{'s' if count != 1 else ''}"
+        text = (
+            f", from a model of the {ended} that ended, ranked by how far they got"
+            if fit is not None
+            else f", at random: {ended} ended, the model needs {startup}"
+        )
+    else:
+        fit, count = model_rung(chosen, rules, startup)
+        results = f"{count} result{'s' if count != 1 else ''}"
+        text = (
+            f", from a model of the {results} at {rules.resource}={rules.rungs[fit]}"
+            if fit is not None
+            else f", at random: {results} at one rung at most, the model needs {startup}"
+        )
+    study, dists = build_study(conn, plan, rules, chosen, state, rung=fit or 0, reach=_TRIALS == "reach")
+    return study, dists, fit, text
 
 
 def propose(
@@ -441,17 +504,12 @@ def propose(
     space = rules.distributions()
     sampler_name = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
     rung, startup, source, shares = None, None, "", [1]
-    if rules.rungs:  # multi-fidelity: the model of one rung's results, BOHB's way
-        startup = model_minimum(space)
-        rung, count = model_rung(configs, rules, startup)
-        results = f"{count} result{'s' if count != 1 else ''}"
-        source = (
-            f", from a model of the {results} at {rules.resource}={rules.rungs[rung]}"
-            if rung is not None
-            else f", at random: {results} at one rung at most, the model needs {startup}"
-        )
+    models: dict[int | None, tuple[Any, Any, int | None, str]] = {}
+    if rules.rungs:  # multi-fidelity: the model of the ended configurations, Hyperband's brackets
+        startup = model_minimum(space) if _STARTUP is None else _STARTUP
         shares = bracket_shares(len(rules.rungs), rules.eta)
-    study, dists = build_study(conn, plan, rules, configs, state, rung=rung or 0)
+    else:
+        study, dists = build_study(conn, plan, rules, configs, state)
     if not rules.rungs and sampler_name in ("tpe", "gp"):
         # TPE and the GP model once this many trials ended (Optuna counts COMPLETE and PRUNED ones).
         import optuna
@@ -470,11 +528,17 @@ def propose(
     while room > 0 and tries < _RETRIES * max(1, room):
         tries += 1
         seed = proposal_seed(plan.seed, number + tries * 1_000_003)
-        # Configuration ``number``'s bracket and whether it is one of BOHB's random third: drawn from
-        # the search's seed and the number alone, so that a sequential run is the same run again.
+        # Configuration ``number``'s bracket and whether it is drawn at random beside the model: drawn
+        # from the search's seed and the number alone, so that a sequential run is the same run again.
         draw = random.Random(f"{plan.seed}\x00{number}")
-        at_random = draw.random() < RANDOM_FRACTION and rung is not None
+        third = draw.random() < _RANDOM_FRACTION
         bracket = bracket_of(shares, draw.randrange(sum(shares)))
+        if rules.rungs:
+            key = bracket if _SCOPE == "bracket" else None
+            if key not in models:
+                models[key] = _model(conn, plan, rules, configs, state, startup or 0, key)
+            study, dists, rung, source = models[key]
+        at_random = third and rung is not None
         study.sampler = _random_sampler(seed) if at_random else make_sampler(sampler_name, seed, plan, startup)
         trial = study.ask(fixed_distributions=dists)
         point = {k: _jobman_value(v) for k, v in trial.params.items()}
@@ -486,7 +550,7 @@ def propose(
         configs[config] = Config(config, [])
         why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}"
         if at_random:
-            why += f", at random (BOHB's third of the proposals){source.replace(', from', ' beside')}"
+            why += f", at random (BOHB's share of the proposals){source.replace(', from', ' beside')}"
         else:
             why += source
         if rules.rungs:
@@ -603,12 +667,17 @@ def build_study(
     configs: Mapping[str, Config],
     state: Mapping[str, Any],
     rung: int = 0,
+    reach: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """An in-memory study holding one trial per configuration, in the order they were proposed.
 
     A multi-fidelity search's trials are its configurations' runs at ``rung``: one that has none
     there is a RUNNING trial while any of its runs is pending (so that new points keep away from
-    those in flight), and is left out once it stopped below that rung."""
+    those in flight), and is left out once it stopped below that rung. With ``reach`` (what a
+    proposal asks) they are every configuration instead: COMPLETE by its mean at the highest rung,
+    PRUNED with its mean at each rung it reached when it stopped below, RUNNING while a run is
+    pending; Optuna's TPE ranks PRUNED trials after COMPLETE ones, by the last step they reached and
+    then their value there, so a configuration ranks by how far it got."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -631,7 +700,19 @@ def build_study(
         if not all(k in params for k in dists):
             continue
         runs = [j for j in config.jobs if j.rung == rung] if rules.rungs else config.jobs
-        if runs:
+        outcome: dict[str, Any]
+        if reach and rules.rungs:
+            means = {} if config.pending else _means(config, rules)
+            top = len(rules.rungs) - 1
+            if config.pending:
+                outcome = {"state": optuna.trial.TrialState.RUNNING}
+            elif not means:
+                continue
+            elif top in means:
+                outcome = {"state": optuna.trial.TrialState.COMPLETE, "values": [means[top]]}
+            else:
+                outcome = {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": means}
+        elif runs:
             outcome = trial_outcome(runs, plan.objectives, curves, optuna.trial.TrialState)
         elif config.pending:
             outcome = {"state": optuna.trial.TrialState.RUNNING}

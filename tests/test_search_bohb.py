@@ -1,12 +1,14 @@
-"""Model-based multi-fidelity search (BOHB's way): ``--sampler tpe --halving epochs=1:9 [--async]``.
+"""Model-based multi-fidelity search: ``--sampler tpe --halving epochs=1:9 [--async]``.
 
-New configurations are proposed by TPE fit on the highest rung with at least d + 3 finished results
-(BOHB's N_min + 2, N_min = d + 1, d the parameters drawn), at random before any rung has that many
-and for a third of the proposals after; each goes to one of Hyperband's brackets, starting at its
-rung (the last bracket at the full budget), and each bracket is halved on its own. Real workers on
-SQLite and PostgreSQL: exactly ``--samples`` configurations, never the same one twice, each promoted
-job the child of its configuration's job one rung below, with concurrent workers and with workers
-SIGKILLed at random moments (some while proposing).
+New configurations are proposed by TPE fit on every configuration that ended, ranked by how far it
+got (the rung it reached, then its result there: Optuna's TPE under its HyperbandPruner), once d + 3
+have ended (BOHB's N_min + 2, N_min = d + 1, d the parameters drawn), at random before; each goes
+to one of Hyperband's brackets, starting at its rung (the last bracket at the full budget), and each
+bracket is halved on its own (``--async``: each configuration judged once, as its runs at a rung
+end, by Optuna's successive-halving rule). Real workers on SQLite and PostgreSQL: exactly
+``--samples`` configurations, never the same one twice, each promoted job the child of its
+configuration's job one rung below, with concurrent workers and with workers SIGKILLed at random
+moments (some while proposing).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 from search_helpers import experiment_module
 from test_search_learn import kill_workers_until, start_worker
 
-from jobman.jobdb.halving import bracket_of, bracket_shares, rung_sizes
+from jobman.jobdb.halving import bracket_of, bracket_shares, goes_on, rung_sizes
 from jobman.jobdb.status import Status
 
 MODULE = "jm_bohb_exp"
@@ -43,9 +45,8 @@ SPACE = ["x=uniform(-2,2)", "y=uniform(0,4)"]
 MINIMUM = len(SPACE) + 3  # BOHB's N_min + 2, N_min = d + 1
 PROPOSED = re.compile(
     r"proposed by tpe: configuration (\d+) of (\d+), "
-    r"(?:from a model of the (\d+) results? at epochs=(\d+)"
-    r"|at random: (\d+) results? at one rung at most, the model needs (\d+)"
-    r"|at random \(BOHB's third of the proposals\) beside a model of the (\d+) results? at epochs=(\d+))"
+    r"(?:from a model of the (\d+) configurations? that ended, ranked by how far they got"
+    r"|at random: (\d+) configurations? ended, the model needs (\d+))"
     r"; Hyperband bracket (\d+) of 3, from epochs=(\d+)"
 )
 
@@ -83,10 +84,16 @@ def first_rung_points(store) -> list[tuple[float, float]]:
     return [(j.params["x"], j.params["y"]) for j in starters(store)]
 
 
-def check_promotions(store, n: int, rungs: list[int], eta: int) -> dict[int, dict[int, list]]:
+def check_promotions(
+    store, n: int, rungs: list[int], eta: int, judged: str | None = None
+) -> dict[int, dict[int, list]]:
     """Every job DONE; exactly ``n`` distinct configurations; each promoted job continues its
-    configuration's job one rung below; each bracket's rungs as large as halving makes them once all
-    ended. The jobs by bracket (the rung their configuration started at), then by rung."""
+    configuration's job one rung below. Synchronously, each bracket's rungs as large as halving makes
+    them once all ended; asynchronously (``judged``), each configuration judged once as it ended, by
+    Optuna's successive-halving rule (:func:`goes_on`): the best of each bracket's rung always goes
+    on, and with ``judged="in order"`` (one worker: the order they ended in is the order they were
+    judged in) each went on exactly when it was within the best ``len // eta`` of those ended by then.
+    The jobs by bracket (the rung their configuration started at), then by rung."""
     jobs = store.jobs()
     assert jobs and all(j.status is Status.DONE for j in jobs), [(j.id, j.status) for j in jobs]
     by_id = {j.id: j for j in jobs}
@@ -115,31 +122,42 @@ def check_promotions(store, n: int, rungs: list[int], eta: int) -> dict[int, dic
                     k: v for k, v in job.params.items() if k != "epochs"
                 }
                 assert job.results["start"] in (rungs[rung - 1], *own)  # it went on from its parent's workdir
-        # Once every job ended, synchronous and asynchronous halving alike have promoted max(1, n // eta)
-        # of each bracket's rung.
-        sizes = rung_sizes(len(by_rung[start]), eta, len(rungs) - start)
-        assert [len(by_rung.get(k, [])) for k in range(start, len(rungs))] == sizes, (start, by_rung)
+        if judged is None:
+            # Once every job ended, synchronous halving has promoted max(1, n // eta) of each bracket's rung.
+            sizes = rung_sizes(len(by_rung[start]), eta, len(rungs) - start)
+            assert [len(by_rung.get(k, [])) for k in range(start, len(rungs))] == sizes, (start, by_rung)
+            continue
+        for rung in range(start, len(rungs) - 1):
+            members = by_rung.get(rung, [])
+            went_on = {(j.params["x"], j.params["y"]) for j in by_rung.get(rung + 1, [])}
+            if not members:
+                continue
+            best = min(members, key=lambda j: j.results["loss"])
+            assert (best.params["x"], best.params["y"]) in went_on, (start, rung, by_rung)
+            if judged == "in order":
+                ordered = sorted(members, key=lambda j: (j.finished_at, j.id))
+                for i, job in enumerate(ordered):
+                    before = [m.results["loss"] for m in ordered[: i + 1]]
+                    expected = goes_on(job.results["loss"], before, eta, "min")
+                    assert ((job.params["x"], job.params["y"]) in went_on) == expected, (start, rung, i, before)
     return by_bracket
 
 
-def proposals(store) -> list[tuple[int, int | None, int, bool, int]]:
-    """Each configuration's proposal as recorded: (its number, the rung's resource the model was fit
-    at or None for random, the results it had, whether it was one of BOHB's random third, the resource
-    its bracket starts at)."""
+def proposals(store) -> list[tuple[int, bool, int, int]]:
+    """Each configuration's proposal as recorded: (its number, whether the model made it, the
+    configurations that had ended, the resource its bracket starts at)."""
     out = []
     for job in starters(store):
         why = next(e.why for e in store.events(job.id) if e.from_status is None)
         m = PROPOSED.fullmatch(why)
         assert m, why
-        start = int(m.group(10))
+        start = int(m.group(7))
         assert start == job.params["epochs"]
         if m.group(3) is not None:
-            out.append((int(m.group(1)), int(m.group(4)), int(m.group(3)), False, start))
-        elif m.group(7) is not None:
-            out.append((int(m.group(1)), int(m.group(8)), int(m.group(7)), True, start))
+            out.append((int(m.group(1)), True, int(m.group(3)), start))
         else:
-            assert int(m.group(6)) == MINIMUM
-            out.append((int(m.group(1)), None, int(m.group(5)), True, start))
+            assert int(m.group(5)) == MINIMUM
+            out.append((int(m.group(1)), False, int(m.group(4)), start))
     return sorted(out)
 
 
@@ -151,19 +169,19 @@ def test_bohb_runs_exactly_n_configurations_and_promotes_the_best(jobman, db_url
     again = schedule(jobman, db_url, exp, "--samples", str(n), "--halving", "epochs=1:9", "--parallel", "3", *mode)
     assert again.code == 0 and "nothing added" in again.out and len(store.jobs()) == 3, again
     run_out(jobman, db_url, exp, store, tmp_path, 3)
-    by_bracket = check_promotions(store, n, [1, 3, 9], 3)
+    by_bracket = check_promotions(store, n, [1, 3, 9], 3, "as they ended" if mode else None)
     if not mode:  # synchronous: each rung's promoted are the best of its bracket there
         for by_rung in by_bracket.values():
             for rung in sorted(by_rung)[:-1]:
                 ranked = sorted(by_rung[rung], key=lambda j: j.results["loss"])
                 best = {(j.params["x"], j.params["y"]) for j in ranked[: len(by_rung[rung + 1])]}
                 assert best == {(j.params["x"], j.params["y"]) for j in by_rung[rung + 1]}
-    # The model was used, and only with enough results at the rung it was fit on.
+    # The model was used, and only once enough configurations had ended.
     made = proposals(store)
     assert [p[0] for p in made] == list(range(1, n + 1))
-    assert all(count < MINIMUM for _, rung, count, _, _ in made if rung is None)
-    assert all(count >= MINIMUM for _, rung, count, _, _ in made if rung is not None)
-    assert made[0][1] is None and made[-1][1] is not None
+    assert all(count < MINIMUM for _, modelled, count, _ in made if not modelled)
+    assert all(count >= MINIMUM for _, modelled, count, _ in made if modelled)
+    assert not made[0][1] and made[-1][1]
     # Hyperband's brackets: configurations start at more than one rung.
     assert len({start for *_, start in made}) > 1
     # The report names the search's best at its highest rung.
@@ -171,7 +189,7 @@ def test_bohb_runs_exactly_n_configurations_and_promotes_the_best(jobman, db_url
     assert shown.code == 0 and "best (loss lowest best)" in shown.out, shown
 
 
-def test_the_model_moves_up_a_rung_once_it_has_enough_results(jobman, tmp_path, exp):
+def test_the_model_sees_every_configuration_that_ended_once_it_has_enough(jobman, tmp_path, exp):
     url = f"sqlite:///{tmp_path / 'up.db'}?table=t"
     from jobman.jobdb.store import Store
 
@@ -181,16 +199,11 @@ def test_the_model_moves_up_a_rung_once_it_has_enough_results(jobman, tmp_path, 
     assert ran.code == 0, ran
     store = Store.open(url)
     made = proposals(store)
-    # One worker, one pending: the first d + 3 at random, a rung having at most one result per
-    # configuration before them.
-    assert all(rung is None and count < k for k, (_, rung, count, _, _) in enumerate(made[:MINIMUM], 1))
-    used = [0 if rung is None else rung for _, rung, _, _, _ in made]
-    assert set(used) - {0, 1}  # a model above the first rung
-    assert used == sorted(used)  # never back down: one worker, results only grow
-    # After the model, about a third at random (BOHB's rule): 10 of the 25 here, drawn from the seed.
-    modelled = [random for _, rung, _, random, _ in made if rung is not None]
-    assert 0 < sum(modelled) < len(modelled)
-    check_promotions(store, 30, [1, 3, 9], 3)
+    # One worker, one pending: each proposal comes after every earlier configuration ended (its
+    # promotions too), so the k-th sees k - 1; the first d + 3 at random, every one after from the model.
+    assert [count for _, _, count, _ in made] == list(range(30))
+    assert [modelled for _, modelled, _, _ in made] == [k >= MINIMUM for k in range(30)]
+    check_promotions(store, 30, [1, 3, 9], 3, "in order")
     store.dispose()
 
 
@@ -206,7 +219,7 @@ def test_exactly_n_when_workers_are_sigkilled_while_proposing(jobman, db_url, st
 
     kills = kill_workers_until(jobman, db_url, exp, tmp_path, finished, random.Random(11), (0.6, 1.8))
     assert kills >= 4
-    check_promotions(store, n, [1, 3, 9], 3)
+    check_promotions(store, n, [1, 3, 9], 3, "as they ended")
     assert "Traceback" not in (tmp_path / "w.log").read_text()
 
 
@@ -272,3 +285,57 @@ def test_brackets_take_hyperbands_shares():
     for draw in range(3 * 49):
         counts[bracket_of(bracket_shares(4, 3), draw)] += 1
     assert counts == [81, 36, 18, 12]
+
+
+def test_a_configuration_goes_on_when_within_the_best_share_of_its_bracket_so_far():
+    """Optuna's successive-halving rule, judged once as a configuration's runs at a rung end: within the
+    best len // eta of those ended there (its own result included), the best when fewer than eta ended,
+    ties included; highest best with mode max."""
+    assert goes_on(0.5, [0.5], 3, "min")  # the first always goes on
+    assert goes_on(0.4, [0.5, 0.4], 3, "min") and not goes_on(0.6, [0.5, 0.6], 3, "min")
+    assert goes_on(0.3, [0.5, 0.4, 0.3], 3, "min") and not goes_on(0.45, [0.5, 0.4, 0.45], 3, "min")
+    six = [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert goes_on(0.2, [*six, 0.2], 3, "min") and not goes_on(0.25, [*six, 0.25], 3, "min")  # best 2 of 6
+    assert goes_on(0.2, [0.2, 0.2, 0.2], 3, "min")  # a tie with the best goes on
+    assert goes_on(0.9, [0.1, 0.5, 0.9], 3, "max") and not goes_on(0.5, [0.1, 0.9, 0.5], 3, "max")
+
+
+def test_the_model_ranks_configurations_by_how_far_they_got():
+    """The study a proposal asks holds every configuration of the search: COMPLETE by its mean at the
+    highest rung, PRUNED with its means at the rungs it reached when it stopped below, RUNNING while a
+    run is pending; so that TPE ranks a configuration that reached a higher rung above one that did
+    not, as Optuna's TPE ranks pruned trials."""
+    import json
+    from types import SimpleNamespace
+
+    import optuna
+
+    from jobman.jobdb.halving import Halving
+    from jobman.jobdb.learn import Config, Plan, build_study
+
+    rules = Halving("epochs", (1, 3, 9), 3, "loss", space=(("x", "uniform", (-2.0, 2.0)),))
+    plan = Plan("tpe", 9, 1, 0, (("loss", "min"),), "fn", "m:f", ({},))
+
+    def run(i: int, x: float, rung: int, loss: float | None) -> SimpleNamespace:
+        done = loss is not None
+        return SimpleNamespace(
+            id=i,
+            status=Status.DONE.value if done else Status.RUNNING.value,
+            params=json.dumps({"x": x, "epochs": [1, 3, 9][rung]}),
+            results=json.dumps({"loss": loss}) if done else None,
+            rung=rung,
+        )
+
+    configs = {
+        "top": Config("top", [run(1, 0.1, 0, 0.5), run(2, 0.1, 1, 0.4), run(3, 0.1, 2, 0.3)]),
+        "stopped": Config("stopped", [run(4, 0.2, 0, 0.2)]),
+        "late": Config("late", [run(5, 0.3, 2, 0.25)]),  # started in the last bracket
+        "going": Config("going", [run(6, 0.4, 0, 0.6), run(7, 0.4, 1, None)]),
+    }
+    study, _ = build_study(None, plan, rules, configs, {}, reach=True)  # type: ignore[arg-type]
+    trials = {t.params["x"]: t for t in study.get_trials(deepcopy=False)}
+    State = optuna.trial.TrialState
+    assert trials[0.1].state == State.COMPLETE and trials[0.1].value == pytest.approx(0.3)
+    assert trials[0.3].state == State.COMPLETE and trials[0.3].value == pytest.approx(0.25)
+    assert trials[0.2].state == State.PRUNED and trials[0.2].intermediate_values == {0: pytest.approx(0.2)}
+    assert trials[0.4].state == State.RUNNING
