@@ -43,9 +43,6 @@ from .status import Status
 
 # Statuses after which a job of a rung will not change by itself (CRASHED may be relaunched).
 _ENDED = {Status.DONE.value, Status.FAILED.value, Status.CANCELED.value, Status.BLOCKED.value}
-# A learning search's asynchronous promotions: each configuration judged once (:func:`goes_on`);
-# False gives it ASHA's (:func:`choose`), as bench/search_ablation.py compares them.
-_JUDGED_ONCE = True
 
 
 @dataclass(frozen=True)
@@ -70,7 +67,12 @@ class Halving:
 
     @classmethod
     def from_json(cls, text: str) -> Halving:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Halving:
+        """The rules of a search's spec, read already (``data`` is not changed)."""
+        data = dict(data)
         data.pop("learn", None)  # a learning search's sampler and state (see .learn)
         data.pop("state", None)
         space = tuple((k, v[0], tuple(v[1:])) for k, v in sorted(data.pop("space", {}).items()))
@@ -329,8 +331,9 @@ def after_finish(
         exp, spec = conn.execute(
             sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
         ).one()
-        rules = Halving.from_json(spec)
-        if _JUDGED_ONCE and rules.asynchronous and "learn" in json.loads(spec):
+        data = json.loads(spec)
+        rules = Halving.from_dict(data)
+        if rules.asynchronous and "learn" in data:
             # A learning search's configuration is judged once, when its runs at a rung have ended
             # (:func:`goes_on`): nothing above its rung is decided by this end.
             if rung < len(rules.rungs) - 1:

@@ -15,7 +15,7 @@ configuration that ended, ranked by how far it got (:func:`build_study` with ``r
 on the pruned trials of a study under its HyperbandPruner), once BOHB's d + 3 have
 (:func:`model_minimum`), at random before. BOHB's own rules (Falkner et al. 2018: the highest rung
 with enough results, a third of the proposals at random) spent about twice the epochs of Optuna's
-pair on ``bench/search.py --learn``; ``bench/search_ablation.py`` measures each difference.
+pair on ``bench/search.py --learn`` (``bench/RESULTS-search.md`` has the ablation of each difference).
 
 Proposals are made in the transaction that records a job's end (:func:`after_end`) and in the one that
 schedules the search, under a lock on the search's row: whatever process is killed, the budget is
@@ -70,15 +70,6 @@ STARTUP = 10  # Optuna's default: the finished trials TPE and the GP draw at ran
 # small budget (32 evaluations) still leaves most of its proposals to the model.
 STARTUP_SHARE = 0.25
 _RETRIES = 20  # asks before a space whose points are all taken is declared exhausted
-# A multi-fidelity search's model, as bench/search_ablation.py switches it: which configurations a
-# proposal's model sees ("all", or those of its "bracket"), which trials ("reach": every ended
-# configuration, ranked by how far it got; "rung": BOHB's, the highest rung with enough results),
-# the results it needs first (None: d + 3), and the share of proposals drawn at random once it is
-# fit (BOHB's rho is 1/3; Optuna's pair draws none, and spent fewer epochs).
-_SCOPE = "all"
-_TRIALS = "reach"
-_STARTUP: int | None = None
-_RANDOM_FRACTION = 0.0
 
 
 @dataclass(frozen=True)
@@ -385,11 +376,6 @@ class Config:
     def pending(self) -> bool:
         return any(j.status not in _ENDED for j in self.jobs)
 
-    @property
-    def start(self) -> int:
-        """The rung it started at: its Hyperband bracket."""
-        return min(j.rung for j in self.jobs)
-
 
 def _configs(conn: Connection, search_id: int) -> dict[str, Config]:
     out: dict[str, Config] = {}
@@ -446,36 +432,20 @@ def _result(job: Any, metric: str) -> Any:
 
 
 def _model(
-    conn: Connection,
-    plan: Plan,
-    rules: Halving,
-    configs: Mapping[str, Config],
-    state: Mapping[str, Any],
-    startup: int,
-    bracket: int | None,
-) -> tuple[Any, Any, int | None, str]:
-    """The study a multi-fidelity proposal asks (fit on the configurations of ``bracket``, or all with
-    None), the rung it is fit on (None: not enough results, at random) and what the proposal says of it."""
-    chosen = configs if bracket is None else {k: c for k, c in configs.items() if c.jobs and c.start == bracket}
-    if _TRIALS == "reach":
-        count = _reached(chosen, rules)
-        fit = None if count < startup else len(rules.rungs) - 1
-        ended = f"{count} configuration{'s' if count != 1 else ''}"
-        text = (
-            f", from a model of the {ended} that ended, ranked by how far they got"
-            if fit is not None
-            else f", at random: {ended} ended, the model needs {startup}"
-        )
-    else:
-        fit, count = model_rung(chosen, rules, startup)
-        results = f"{count} result{'s' if count != 1 else ''}"
-        text = (
-            f", from a model of the {results} at {rules.resource}={rules.rungs[fit]}"
-            if fit is not None
-            else f", at random: {results} at one rung at most, the model needs {startup}"
-        )
-    study, dists = build_study(conn, plan, rules, chosen, state, rung=fit or 0, reach=_TRIALS == "reach")
-    return study, dists, fit, text
+    conn: Connection, plan: Plan, rules: Halving, configs: Mapping[str, Config], state: Mapping[str, Any], startup: int
+) -> tuple[Any, Any, str]:
+    """The study a multi-fidelity proposal asks (every configuration that ended, ranked by how far it
+    got) and what the proposal says of it: from the model once ``startup`` configurations ended, at
+    random before (the sampler's own start-up)."""
+    count = _reached(configs, rules)
+    ended = f"{count} configuration{'s' if count != 1 else ''}"
+    text = (
+        f", from a model of the {ended} that ended, ranked by how far they got"
+        if count >= startup
+        else f", at random: {ended} ended, the model needs {startup}"
+    )
+    study, dists = build_study(conn, plan, rules, configs, state, reach=True)
+    return study, dists, text
 
 
 def propose(
@@ -495,7 +465,7 @@ def propose(
         sa.select(t_search.c.experiment_id, t_search.c.spec).where(t_search.c.id == search_id).with_for_update()
     ).one()
     data = json.loads(spec)
-    plan, rules, state = Plan.from_dict(data["learn"]), Halving.from_json(spec), data.get("state") or {}
+    plan, rules, state = Plan.from_dict(data["learn"]), Halving.from_dict(data), data.get("state") or {}
     configs = _configs(conn, search_id)
     pending = sum(c.pending for c in configs.values())
     room = min(plan.parallel - pending if wanted is None else wanted, plan.samples - len(configs))
@@ -503,11 +473,11 @@ def propose(
         return []
     space = rules.distributions()
     sampler_name = resolve_auto(plan.sampler, space, plan.samples, len(plan.objectives))
-    rung, startup, source, shares = None, None, "", [1]
-    models: dict[int | None, tuple[Any, Any, int | None, str]] = {}
+    startup, source, shares = None, "", [1]
     if rules.rungs:  # multi-fidelity: the model of the ended configurations, Hyperband's brackets
-        startup = model_minimum(space) if _STARTUP is None else _STARTUP
+        startup = model_minimum(space)
         shares = bracket_shares(len(rules.rungs), rules.eta)
+        study, dists, source = _model(conn, plan, rules, configs, state, startup)
     else:
         study, dists = build_study(conn, plan, rules, configs, state)
     if not rules.rungs and sampler_name in ("tpe", "gp"):
@@ -528,18 +498,13 @@ def propose(
     while room > 0 and tries < _RETRIES * max(1, room):
         tries += 1
         seed = proposal_seed(plan.seed, number + tries * 1_000_003)
-        # Configuration ``number``'s bracket and whether it is drawn at random beside the model: drawn
-        # from the search's seed and the number alone, so that a sequential run is the same run again.
+        # Configuration ``number``'s bracket: drawn from the search's seed and the number alone, so that
+        # a sequential run is the same run again. The first draw is not used (it once chose BOHB's
+        # random share of the proposals); it is kept so that a configuration keeps its bracket.
         draw = random.Random(f"{plan.seed}\x00{number}")
-        third = draw.random() < _RANDOM_FRACTION
+        draw.random()
         bracket = bracket_of(shares, draw.randrange(sum(shares)))
-        if rules.rungs:
-            key = bracket if _SCOPE == "bracket" else None
-            if key not in models:
-                models[key] = _model(conn, plan, rules, configs, state, startup or 0, key)
-            study, dists, rung, source = models[key]
-        at_random = third and rung is not None
-        study.sampler = _random_sampler(seed) if at_random else make_sampler(sampler_name, seed, plan, startup)
+        study.sampler = make_sampler(sampler_name, seed, plan, startup)
         trial = study.ask(fixed_distributions=dists)
         point = {k: _jobman_value(v) for k, v in trial.params.items()}
         start_at = {rules.resource: rules.rungs[bracket]} if rules.rungs else {}
@@ -548,11 +513,7 @@ def propose(
         if config in configs:  # the same point again (a small discrete space): ask with another seed
             continue
         configs[config] = Config(config, [])
-        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}"
-        if at_random:
-            why += f", at random (BOHB's share of the proposals){source.replace(', from', ' beside')}"
-        else:
-            why += source
+        why = f"proposed by {sampler_name}: configuration {number + 1} of {plan.samples}{source}"
         if rules.rungs:
             why += f"; Hyperband bracket {bracket + 1} of {len(shares)}, from {rules.resource}={rules.rungs[bracket]}"
         for params in runs:
@@ -624,12 +585,6 @@ def _jobman_value(v: Any) -> Any:
     if isinstance(v, float):
         return float(round(v, 12))
     return v
-
-
-def _random_sampler(seed: int) -> Any:
-    import optuna
-
-    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def make_sampler(name: str, seed: int, plan: Plan, startup: int | None = None) -> Any:
