@@ -31,10 +31,18 @@ class Reclaimed:
         return sum(size for _d, size in self.removed)
 
 
+# How far a file's modification time may lag the clock that dated a job's start: the kernel stamps
+# files from a clock that advances once a tick, and some stores keep whole seconds only.
+MTIME_SLACK = 2.0
+
+
 def cutoff(oldest_running: float | None, read_at: float, grace: float) -> float:
     """The time before which an unreferenced artifact is garbage: before the oldest running job
-    started and before the references were read, less ``grace`` (clocks of other machines)."""
-    return min(read_at, oldest_running if oldest_running is not None else read_at) - grace
+    started (less what a file's stamp may lag) and before the references were read, less ``grace``
+    (clocks of other machines)."""
+    if oldest_running is None:
+        return read_at - grace
+    return min(read_at, oldest_running - MTIME_SLACK) - grace
 
 
 def collect(
