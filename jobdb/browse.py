@@ -256,7 +256,7 @@ def outstanding(conn: Connection, exp: int, skip: frozenset[str] = frozenset()) 
     )
     if skip:
         q = q.where(sa.or_(t_job.c.status != Status.QUEUED.value, t_job.c.target.not_in(sorted(skip))))
-    found: dict[str, int] = dict(conn.execute(q).tuples().all())
+    found: dict[str, int] = {s: n for s, n in conn.execute(q).all()}
     return {s: found.get(s, 0) for s in wanted}
 
 
