@@ -333,16 +333,17 @@ def after_finish(
         ).one()
         data = json.loads(spec)
         rules = Halving.from_dict(data)
+        budget = data.get("learn", {}).get("samples")  # a learning search's configurations in all
         if rules.asynchronous and "learn" in data:
             # A learning search's configuration is judged once, when its runs at a rung have ended
             # (:func:`goes_on`): nothing above its rung is decided by this end.
             if rung < len(rules.rungs) - 1:
-                new += _promote(conn, search_id, exp, spec, rules, rung, refresh, hash_of, now, judged=job_id)
+                new += _promote(conn, search_id, exp, None, rules, rung, refresh, hash_of, now, judged=job_id)
             continue
         # The rungs above may close with this end (a rung is closed once every job below it ended):
         # their promotions are decided again, each within its bracket.
         for above in range(rung, len(rules.rungs) - 1):
-            new += _promote(conn, search_id, exp, spec, rules, above, refresh, hash_of, now)
+            new += _promote(conn, search_id, exp, budget, rules, above, refresh, hash_of, now)
     return new
 
 
@@ -350,7 +351,7 @@ def _promote(
     conn: Connection,
     search_id: int,
     exp: int,
-    spec: str,
+    budget: int | None,
     rules: Halving,
     rung: int,
     refresh: Callable[[Connection, list[int], str], None],
@@ -359,7 +360,9 @@ def _promote(
     judged: int | None = None,
 ) -> list[int]:
     """Promote from ``rung`` of the search (its row locked by the caller) what halving allows; the new jobs.
-    ``judged``: the job whose configuration alone is judged (a learning search's, see :func:`goes_on`)."""
+    ``budget``: the configurations a learning search proposes in all (None: not one). ``judged``: the
+    job whose configuration alone is judged (a learning search's, see :func:`goes_on`), whether the
+    rung is closed or not."""
     rows = conn.execute(
         sa.select(t_job.c.id, t_job.c.status, t_job.c.results, t_sjob.c.config, t_sjob.c.rung)
         .join(t_sjob, t_sjob.c.job_id == t_job.c.id)
@@ -368,13 +371,12 @@ def _promote(
     ).all()
     # The rung is closed when every job below it has ended and, in a learning search, every
     # configuration of its budget was proposed: no configuration can join it any more.
-    budget = json.loads(spec).get("learn", {}).get("samples")
-    proposed = 0
-    if budget is not None:
+    closed = judged is None and all(r.status in _ENDED for r in rows if r.rung < rung)
+    if closed and budget is not None:
         proposed = conn.execute(
             sa.select(sa.func.count(sa.distinct(t_sjob.c.config))).where(t_sjob.c.search_id == search_id)
         ).scalar_one()
-    closed = all(r.status in _ENDED for r in rows if r.rung < rung) and (budget is None or proposed >= budget)
+        closed = proposed >= budget
     # A configuration's bracket is the rung it started at (Hyperband's: a learning search starts some
     # above the first rung); each bracket is halved on its own, as Hyperband's brackets are.
     bracket: dict[str, int] = {}

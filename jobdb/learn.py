@@ -411,11 +411,6 @@ def model_rung(configs: Mapping[str, Config], rules: Halving, minimum: int) -> t
     return None, max(counts)
 
 
-def _reached(configs: Mapping[str, Config], rules: Halving) -> int:
-    """How many configurations ended with a result at one rung at least."""
-    return sum(1 for c in configs.values() if c.jobs and not c.pending and _means(c, rules))
-
-
 def _means(config: Config, rules: Halving) -> dict[int, float]:
     """A configuration's mean result at each rung all its runs finished with one."""
     out: dict[int, float] = {}
@@ -436,15 +431,18 @@ def _model(
 ) -> tuple[Any, Any, str]:
     """The study a multi-fidelity proposal asks (every configuration that ended, ranked by how far it
     got) and what the proposal says of it: from the model once ``startup`` configurations ended, at
-    random before (the sampler's own start-up)."""
-    count = _reached(configs, rules)
+    random before (the sampler's own start-up, which counts the same trials)."""
+    import optuna
+
+    study, dists = build_study(conn, plan, rules, configs, state, reach=True)
+    State = optuna.trial.TrialState
+    count = len(study.get_trials(deepcopy=False, states=(State.COMPLETE, State.PRUNED)))
     ended = f"{count} configuration{'s' if count != 1 else ''}"
     text = (
         f", from a model of the {ended} that ended, ranked by how far they got"
         if count >= startup
         else f", at random: {ended} ended, the model needs {startup}"
     )
-    study, dists = build_study(conn, plan, rules, configs, state, reach=True)
     return study, dists, text
 
 
