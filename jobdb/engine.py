@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from . import sqlite_memory
-from .connections import WORKER_APPLICATION, refuse_past_the_spare
+from .connections import WORKER_APPLICATION, ConnectionTurns, refuse_past_the_spare, server_of
 from .errors import DatabaseError, DatabaseUnavailable, NoSchema, SchemaError, ServerFull, UsageError
 from .hot import execute_raw
 from .schema import HEAD_REVISION, VERSION_TABLE, metadata
@@ -59,8 +59,9 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
 
     A ``worker``'s PostgreSQL engine pools nothing: the worker keeps the one connection it writes on
     itself (see ``txn.Transactions``), and one it closes is closed on the server, whose connections
-    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server,
-    and one that would leave the server fewer free slots than jobman spares is refused (``connections``).
+    are shared by every worker of a lab. Its connections are named ``jobman-worker`` on the server;
+    one that would leave the server fewer free slots than jobman spares is refused, and a machine's
+    workers connect to one server a few at a time (``connections``).
     """
     if target.dialect == "sqlite":
         return _sqlite_engine(target)
@@ -84,11 +85,15 @@ def make_engine(target: DbTarget, *, worker: bool = False) -> Engine:
     if target.schema:
         _search_path_per_transaction(engine, target.schema)
 
-    if worker:  # the many: they leave a lab's server its spare connections
+    if worker:  # the many: they leave a lab's server its spare connections, and connect a few at a time
+        turns = ConnectionTurns(server_of(target.sqlalchemy_url))
 
-        @event.listens_for(engine, "connect")
-        def _leave_spare(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects
-            refuse_past_the_spare(dbapi_conn, target.display)
+        @event.listens_for(engine, "do_connect")
+        def _leave_spare(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:  # DB-API objects
+            with turns.held():
+                dbapi_conn = dialect.connect(*cargs, **cparams)
+                refuse_past_the_spare(dbapi_conn, target.display, turns)
+            return dbapi_conn
 
     # The pool logs through a Logger, or through SQLAlchemy's wrapper of one when echo is set per engine.
     _one_line_errors(getattr(engine.pool.logger, "logger", engine.pool.logger))  # type: ignore[arg-type]

@@ -262,3 +262,62 @@ def test_a_worker_waiting_for_others_connects_once_a_look(setup):
     store = Store.open(url)
     assert store.job(job_id).status is Status.RUNNING
     store.dispose()
+
+
+TURN = """
+import os, sys, time
+from jobman.jobdb.connections import ConnectionTurns
+
+open(sys.argv[2] + "." + str(os.getpid()), "w").close()  # ready
+while not os.path.exists(sys.argv[2]):  # all ask at once
+    time.sleep(0.01)
+with ConnectionTurns(sys.argv[1]).held():
+    began = time.monotonic()
+    time.sleep(1.0)
+    print(began, time.monotonic())
+"""
+
+
+def peak_at_once(server: str, processes: int, tmp_path: Path) -> int:
+    """The most of ``processes`` processes, all wanting a turn at ``server`` at once, that held one together."""
+    go = tmp_path / f"go-{uuid.uuid4().hex}"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", TURN, server, str(go)], stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob(go.name + ".*"))) < processes and time.time() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    spans = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        spans.append(tuple(float(v) for v in out.split()))
+    assert len(spans) == processes  # every one had its turn in the end
+    edges = sorted([(b, 1) for b, _e in spans] + [(e, -1) for _b, e in spans], key=lambda x: (x[0], x[1]))
+    at_once = peak = 0
+    for _t, step in edges:
+        at_once += step
+        peak = max(peak, at_once)
+    return peak
+
+
+def test_a_machines_workers_take_turns_at_connecting_as_many_at_once_as_the_server_has_room_for(
+    tmp_path: Path,
+):
+    """Each attempt takes a server slot while it lives, refused or not: processes wanting to connect to one
+    server at once are let through two at a time while nothing is known of it or it is full, and as
+    many as half the free slots the last attempt found when it has room (a PgBouncer's server)."""
+    from jobman.jobdb.connections import FEWEST_TURNS, ConnectionTurns
+
+    unknown = f"turns-{uuid.uuid4().hex}:5432"
+    assert peak_at_once(unknown, 6, tmp_path) == FEWEST_TURNS
+    full = f"turns-{uuid.uuid4().hex}:5432"
+    ConnectionTurns(full).found(-2)
+    assert peak_at_once(full, 6, tmp_path) == FEWEST_TURNS
+    roomy = f"turns-{uuid.uuid4().hex}:5432"
+    ConnectionTurns(roomy).found(8)
+    assert peak_at_once(roomy, 6, tmp_path) == 4
+    ConnectionTurns(roomy).found(60)
+    assert peak_at_once(roomy, 6, tmp_path) == 6
