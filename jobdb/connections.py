@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy.engine import Connection, make_url
 
@@ -105,7 +105,7 @@ def connection_use(conn: Connection) -> ConnectionUse:
     return ConnectionUse(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
 
 
-def refuse_past_the_spare(dbapi_conn: Any, where: str, turns: ConnectionTurns | None = None) -> None:
+def refuse_past_the_spare(dbapi_conn: Any, where: str, turns: ConnectionTurns) -> None:
     """On a worker's new connection: close it and raise :class:`ServerFull` if, with it, the server has
     fewer free slots than jobman leaves to others. The connection counts itself, so of two made at once
     the later one (or both) sees the other. What it found sets how many of this machine's ``turns``
@@ -118,8 +118,7 @@ def refuse_past_the_spare(dbapi_conn: Any, where: str, turns: ConnectionTurns | 
         cursor.close()
         dbapi_conn.rollback()
     kept = kept_connections(limit, reserved)
-    if turns is not None:
-        turns.found(limit - reserved - spare_connections(limit) - total)
+    turns.found(limit - reserved - spare_connections(limit) - total)
     if total > kept:
         dbapi_conn.close()
         raise ServerFull(
@@ -191,22 +190,10 @@ class ConnectionTurns:
             paths = [self.directory / f"{self.stem}-{i}.lock" for i in range(self.turns())]
             random.shuffle(paths)
             for path in paths:
-                fh = open(path, "a")
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    fh.close()
-                    continue
-                held = fh
-                break
-            if held is None:
-                fh = open(paths[0], "a")
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX)
-                except BaseException:
-                    fh.close()
-                    raise
-                held = fh
+                if (held := _locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB)) is not None:
+                    break
+            else:
+                held = _locked(paths[0], fcntl.LOCK_EX)
         except (ImportError, OSError):
             pass
         try:
@@ -214,3 +201,19 @@ class ConnectionTurns:
         finally:
             if held is not None:
                 held.close()
+
+
+def _locked(path: Path, how: int) -> IO[str] | None:
+    """``path`` opened and ``flock``-ed ``how``; None if a non-blocking lock is held by another."""
+    import fcntl
+
+    fh = open(path, "a")
+    try:
+        fcntl.flock(fh, how)
+    except BlockingIOError:
+        fh.close()
+        return None
+    except BaseException:
+        fh.close()
+        raise
+    return fh
